@@ -1,0 +1,60 @@
+"""Typed errors and their OpenAI error envelope: {"error": {message, type, param, code}}."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ServerError(Exception):
+    """Base of every error this server raises on purpose; carries its HTTP status and code."""
+
+    status_code = 500
+    error_type = "server_error"
+    code: str | None = None
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+
+    def envelope(self) -> dict[str, Any]:
+        return error_envelope(self.message, self.error_type, param=self.param, code=self.code)
+
+
+class InvalidRequest(ServerError):
+    """The request cannot be served as sent (HTTP 400)."""
+
+    status_code = 400
+    error_type = "invalid_request_error"
+
+
+class ContextLengthExceeded(InvalidRequest):
+    """The prompt (plus the room asked for the answer) does not fit the context window."""
+
+    code = "context_length_exceeded"
+
+
+class NotFound(ServerError):
+    status_code = 404
+    error_type = "not_found_error"
+
+
+class StartupError(Exception):
+    """The server cannot start; the message says what to do about it."""
+
+
+class ModelSourceError(StartupError):
+    """The --model argument cannot be resolved to a usable gpt-oss GGUF file."""
+
+
+class VocabularyNotFound(StartupError):
+    """No source of the o200k vocabulary that openai-harmony needs could be found."""
+
+
+def error_envelope(
+    message: str, error_type: str, *, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    """The body OpenAI clients expect for an error."""
+    return {"error": {"message": message, "type": error_type, "param": param, "code": code}}

@@ -1,0 +1,1 @@
+"""Harmony format: loading the encoding, rendering prompts, decoding sampled tokens."""

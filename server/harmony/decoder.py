@@ -1,0 +1,158 @@
+"""HarmonyDecoder: sampled token ids -> segment events, token by token, while sampling runs.
+
+The only owner of openai-harmony's StreamableParser. Each harmony assistant message becomes one
+segment (start, deltas, end) whose kind comes from its channel and recipient. Malformed output
+never raises out of here: when the parser rejects a token, the open segment is closed as
+incomplete and everything after it is reported in a DecodeWarning when the decoder finishes.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from openai_harmony import HarmonyEncoding, HarmonyError, Message, Role, StreamableParser
+
+from server.events import (
+    DecoderEvent,
+    DecodeWarning,
+    SegmentDelta,
+    SegmentEnd,
+    SegmentKind,
+    SegmentStart,
+)
+
+log = logging.getLogger(__name__)
+
+MESSAGE = 200008  # <|message|>: end of a header
+TERMINATORS = frozenset({200007, 200012, 200002})  # <|end|>, <|call|>, <|return|>
+
+
+def segment_kind(channel: str | None, recipient: str | None) -> SegmentKind:
+    """What a harmony message is for the API: tool call, reasoning, preamble or final text."""
+    if recipient and recipient != "assistant":
+        return SegmentKind.TOOL_CALL
+    if channel == "analysis":
+        return SegmentKind.REASONING
+    if channel == "commentary":
+        return SegmentKind.PREAMBLE
+    return SegmentKind.FINAL
+
+
+@dataclass
+class _Segment:
+    start: SegmentStart
+    parts: list[str] = field(default_factory=list)
+
+
+class HarmonyDecoder:
+    """Feed sampled tokens one at a time; collect the events each produces."""
+
+    def __init__(self, encoding: HarmonyEncoding) -> None:
+        self._encoding = encoding
+        self._parser = StreamableParser(encoding, Role.ASSISTANT, strict=False)
+        self._message_tokens: list[int] = []
+        self._segment: _Segment | None = None
+        self._next_index = 0
+        self._n_messages = 0
+        self._rejected: list[int] = []  # tokens after the parser gave up
+        self._error = ""
+        self.reasoning_tokens = 0
+
+    def feed(self, token: int) -> list[DecoderEvent]:
+        if self._rejected:
+            self._rejected.append(token)
+            return []
+        self._message_tokens.append(token)
+        try:
+            self._parser.process(token)
+            delta = self._parser.last_content_delta
+        except HarmonyError as exc:
+            return self._reject(token, str(exc))
+        events: list[DecoderEvent] = []
+        if token == MESSAGE and self._segment is None:
+            events.append(self._open(self._current_header()))
+        if delta and self._segment is not None:
+            events.append(self._append(self._segment, delta))
+        if token in TERMINATORS:
+            events.extend(self._message_ended())
+        return events
+
+    def finish(self) -> list[DecoderEvent]:
+        """Close whatever is open when generation stops; call once, after the last feed."""
+        if self._rejected:
+            return [self._warning(self._error, self._rejected)]
+        if self._segment is not None:
+            return [self._close(complete=False)]
+        if self._message_tokens:
+            return [self._warning("generation ended inside a message header", [])]
+        return []
+
+    def _current_header(self) -> tuple[str | None, str | None, str | None]:
+        parser = self._parser
+        return parser.current_channel, parser.current_recipient, parser.current_content_type
+
+    def _open(self, header: tuple[str | None, str | None, str | None]) -> SegmentStart:
+        channel, recipient, content_type = header
+        kind = segment_kind(channel, recipient)
+        start = SegmentStart(self._next_index, kind, channel, recipient, content_type)
+        self._next_index += 1
+        self._segment = _Segment(start)
+        return start
+
+    @staticmethod
+    def _append(segment: _Segment, text: str) -> SegmentDelta:
+        segment.parts.append(text)
+        return SegmentDelta(segment.start.index, segment.start.kind, text)
+
+    def _message_ended(self) -> list[DecoderEvent]:
+        messages = self._parser.messages
+        if len(messages) <= self._n_messages:
+            return [self._warning("a terminator token ended no message", [])]
+        self._n_messages = len(messages)
+        message = messages[-1]
+        events: list[DecoderEvent] = []
+        if self._segment is None:  # header without <|message|>: the lenient parser recovered
+            events.append(self._open((message.channel, message.recipient, message.content_type)))
+            text = _text_of(message)
+            if text and self._segment is not None:
+                events.append(self._append(self._segment, text))
+        events.append(self._close(complete=True))
+        return events
+
+    def _close(self, *, complete: bool) -> SegmentEnd:
+        assert self._segment is not None
+        start = self._segment.start
+        tokens = tuple(self._message_tokens)
+        if start.kind is SegmentKind.REASONING:
+            self.reasoning_tokens += len(tokens)
+        end = SegmentEnd(
+            index=start.index,
+            kind=start.kind,
+            text="".join(self._segment.parts),
+            tokens=tokens,
+            complete=complete,
+            channel=start.channel,
+            recipient=start.recipient,
+            content_type=start.content_type,
+        )
+        self._segment = None
+        self._message_tokens = []
+        return end
+
+    def _reject(self, token: int, error: str) -> list[DecoderEvent]:
+        log.warning("model output left the harmony format: %s", error)
+        self._error = f"model output left the harmony format: {error}"
+        self._message_tokens.pop()
+        self._rejected = [token]
+        return [self._close(complete=False)] if self._segment is not None else []
+
+    def _warning(self, message: str, tokens: list[int]) -> DecodeWarning:
+        pending = self._message_tokens + tokens if not self._rejected else tokens
+        text = self._encoding.decode(pending) if pending else ""
+        self._message_tokens = []
+        return DecodeWarning(message=message, text=text, tokens=tuple(pending))
+
+
+def _text_of(message: Message) -> str:
+    return "".join(getattr(part, "text", "") for part in message.content)

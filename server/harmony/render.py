@@ -1,0 +1,141 @@
+"""Render a Transcript into the harmony prompt token ids. Pure: same transcript, same tokens.
+
+The prompt is the system and developer messages (rendered together so harmony adds its
+conversation-level lines), then each conversation item as its own harmony message, then
+`<|start|>assistant`. Items that carry the exact tokens the model sampled are replayed as those
+tokens. Chain of thought follows harmony's rule: analysis written before the last final answer
+is dropped; the analysis of the current, unfinished tool-call chain is kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import groupby
+
+from openai_harmony import (
+    Author,
+    Conversation,
+    DeveloperContent,
+    HarmonyEncoding,
+    Message,
+    ReasoningEffort,
+    RenderConversationConfig,
+    Role,
+    SystemContent,
+    ToolDescription,
+    ToolNamespaceConfig,
+)
+
+from server.transcript import (
+    FUNCTIONS_NAMESPACE,
+    AssistantMessage,
+    DeveloperMessage,
+    Item,
+    Reasoning,
+    ToolCall,
+    ToolSpec,
+    Transcript,
+    UserMessage,
+)
+
+_NO_AUTO_DROP = RenderConversationConfig(auto_drop_analysis=False)
+_EFFORTS = {
+    "low": ReasoningEffort.LOW,
+    "medium": ReasoningEffort.MEDIUM,
+    "high": ReasoningEffort.HIGH,
+}
+
+
+def render(encoding: HarmonyEncoding, transcript: Transcript) -> list[int]:
+    """The prompt token ids for the assistant's next message."""
+    head = [_system_message(transcript)]
+    developer = _developer_message(transcript)
+    if developer is not None:
+        head.append(developer)
+    prompt_tokens = encoding.render_conversation(Conversation.from_messages(head), _NO_AUTO_DROP)
+    for item in visible_items(transcript.items):
+        prompt_tokens.extend(item_tokens(encoding, item))
+    prompt_tokens.extend(assistant_start_tokens(encoding))
+    return prompt_tokens
+
+
+def assistant_start_tokens(encoding: HarmonyEncoding) -> list[int]:
+    """`<|start|>assistant`: the prompt's last tokens, after which the model writes."""
+    return encoding.encode("<|start|>assistant", allowed_special="all")
+
+
+def visible_items(items: Sequence[Item]) -> list[Item]:
+    """Apply harmony's CoT rule: drop reasoning that precedes the last final answer."""
+    last_final = max(
+        (i for i, item in enumerate(items) if _is_final(item)),
+        default=-1,
+    )
+    return [
+        item for i, item in enumerate(items) if not (isinstance(item, Reasoning) and i < last_final)
+    ]
+
+
+def item_tokens(encoding: HarmonyEncoding, item: Item) -> list[int]:
+    """One conversation item as harmony tokens: its exact sampled tokens, or a fresh render."""
+    if isinstance(item, (Reasoning, AssistantMessage, ToolCall)) and item.tokens:
+        return list(item.tokens)
+    return encoding.render(_item_message(item))
+
+
+def _is_final(item: Item) -> bool:
+    return isinstance(item, AssistantMessage) and item.channel == "final"
+
+
+def _item_message(item: Item) -> Message:
+    if isinstance(item, UserMessage):
+        return Message.from_role_and_content(Role.USER, item.text)
+    if isinstance(item, DeveloperMessage):
+        return Message.from_role_and_content(Role.DEVELOPER, item.text)
+    if isinstance(item, Reasoning):
+        return Message.from_role_and_content(Role.ASSISTANT, item.text).with_channel("analysis")
+    if isinstance(item, AssistantMessage):
+        return Message.from_role_and_content(Role.ASSISTANT, item.text).with_channel(item.channel)
+    if isinstance(item, ToolCall):
+        call = Message.from_role_and_content(Role.ASSISTANT, item.arguments)
+        call = call.with_channel("commentary").with_recipient(item.recipient)
+        return call.with_content_type(item.content_type) if item.content_type else call
+    result = Message.from_author_and_content(Author.new(Role.TOOL, item.author), item.output)
+    return result.with_channel("commentary").with_recipient("assistant")
+
+
+def _system_message(transcript: Transcript) -> Message:
+    content = SystemContent.new().with_reasoning_effort(_EFFORTS[transcript.reasoning_effort])
+    if transcript.conversation_date:
+        content = content.with_conversation_start_date(transcript.conversation_date)
+    return Message.from_role_and_content(Role.SYSTEM, content)
+
+
+def _developer_message(transcript: Transcript) -> Message | None:
+    if not transcript.instructions and not transcript.tools:
+        return None
+    content = DeveloperContent.new()
+    if transcript.instructions:
+        content = content.with_instructions(transcript.instructions)
+    for namespace, specs in _by_namespace(transcript.tools):
+        tools = [_tool_description(spec) for spec in specs]
+        if namespace == FUNCTIONS_NAMESPACE:
+            content = content.with_function_tools(tools)
+        else:
+            config = ToolNamespaceConfig(
+                name=namespace, description=specs[0].namespace_description or None, tools=tools
+            )
+            content = content.with_tools(config)
+    return Message.from_role_and_content(Role.DEVELOPER, content)
+
+
+def _by_namespace(tools: Sequence[ToolSpec]) -> list[tuple[str, list[ToolSpec]]]:
+    """Tools grouped by namespace, `functions` first, other namespaces in order of appearance."""
+    order = {FUNCTIONS_NAMESPACE: -1}
+    for spec in tools:
+        order.setdefault(spec.namespace, len(order))
+    ranked = sorted(tools, key=lambda spec: order[spec.namespace])
+    return [(ns, list(group)) for ns, group in groupby(ranked, key=lambda spec: spec.namespace)]
+
+
+def _tool_description(spec: ToolSpec) -> ToolDescription:
+    return ToolDescription.new(spec.name, spec.description, parameters=spec.parameters)

@@ -1,0 +1,101 @@
+"""Transcript: the API-neutral request side. Chat and Responses adapters build it; render reads it.
+
+A transcript is the developer's instructions, the tools offered, the reasoning effort, and the
+conversation as an ordered list of items. Items that this server generated may carry the exact
+token ids the model sampled, so rendering can replay them instead of re-encoding text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+ReasoningEffort = Literal["low", "medium", "high"]
+AssistantChannel = Literal["final", "commentary"]
+
+FUNCTIONS_NAMESPACE = "functions"
+JSON_CONTENT_TYPE = "<|constrain|>json"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """A tool offered to the model, rendered in the developer message's `# Tools` section."""
+
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] | None = None  # JSON schema of the arguments; None = no arguments
+    namespace: str = FUNCTIONS_NAMESPACE
+    namespace_description: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class UserMessage:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeveloperMessage:
+    """A developer or system message in the middle of a conversation."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Reasoning:
+    """Chain of thought the model wrote earlier (harmony channel analysis)."""
+
+    text: str
+    tokens: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AssistantMessage:
+    """Assistant text: a final answer, or a commentary preamble shown to the user."""
+
+    text: str
+    channel: AssistantChannel = "final"
+    tokens: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A call the model made: commentary message addressed to `namespace.name`."""
+
+    call_id: str
+    name: str
+    arguments: str
+    namespace: str = FUNCTIONS_NAMESPACE
+    content_type: str | None = JSON_CONTENT_TYPE
+    tokens: tuple[int, ...] | None = None
+
+    @property
+    def recipient(self) -> str:
+        return f"{self.namespace}.{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    """The output of a tool call, authored by the tool."""
+
+    call_id: str
+    output: str
+    name: str
+    namespace: str = FUNCTIONS_NAMESPACE
+
+    @property
+    def author(self) -> str:
+        return f"{self.namespace}.{self.name}"
+
+
+Item = UserMessage | DeveloperMessage | Reasoning | AssistantMessage | ToolCall | ToolResult
+
+
+@dataclass(frozen=True, slots=True)
+class Transcript:
+    """Everything the prompt is rendered from."""
+
+    items: tuple[Item, ...]
+    instructions: str | None = None
+    tools: tuple[ToolSpec, ...] = ()
+    reasoning_effort: ReasoningEffort = "medium"
+    conversation_date: str | None = None  # YYYY-MM-DD in the system message

@@ -1,0 +1,204 @@
+"""HarmonyDecoder: literal token sequences in, segment events out, never an exception."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from openai_harmony import HarmonyEncoding
+
+from server.events import DecodeWarning, SegmentDelta, SegmentEnd, SegmentKind, SegmentStart
+from server.harmony.decoder import HarmonyDecoder
+
+Event = SegmentStart | SegmentDelta | SegmentEnd | DecodeWarning
+
+
+def decode(encoding: HarmonyEncoding, text: str) -> tuple[list[Event], HarmonyDecoder]:
+    decoder = HarmonyDecoder(encoding)
+    events: list[Event] = []
+    for token in encoding.encode(text, allowed_special="all"):
+        events.extend(decoder.feed(token))
+    events.extend(decoder.finish())
+    return events, decoder
+
+
+def ends(events: list[Event]) -> list[SegmentEnd]:
+    return [e for e in events if isinstance(e, SegmentEnd)]
+
+
+def assert_well_formed(events: list[Event]) -> None:
+    """Every segment: one start, deltas, one end; deltas add up to the end's text."""
+    open_index: int | None = None
+    parts: list[str] = []
+    for event in events:
+        if isinstance(event, SegmentStart):
+            assert open_index is None
+            open_index, parts = event.index, []
+        elif isinstance(event, SegmentDelta):
+            assert event.index == open_index
+            parts.append(event.text)
+        elif isinstance(event, SegmentEnd):
+            assert event.index == open_index
+            assert "".join(parts) == event.text
+            open_index = None
+    assert open_index is None
+
+
+def test_reasoning_then_final(encoding: HarmonyEncoding) -> None:
+    events, decoder = decode(
+        encoding,
+        "<|channel|>analysis<|message|>User says hi. Reply.<|end|>"
+        "<|start|>assistant<|channel|>final<|message|>Hello there!<|return|>",
+    )
+    assert_well_formed(events)
+    starts = [e for e in events if isinstance(e, SegmentStart)]
+    assert [(s.index, s.kind, s.channel) for s in starts] == [
+        (0, SegmentKind.REASONING, "analysis"),
+        (1, SegmentKind.FINAL, "final"),
+    ]
+    reasoning, final = ends(events)
+    assert reasoning.text == "User says hi. Reply."
+    assert final.text == "Hello there!"
+    assert reasoning.complete
+    assert final.complete
+    assert encoding.decode_utf8(list(reasoning.tokens)).startswith("<|channel|>analysis")
+    assert reasoning.tokens[-1] == 200007
+    assert encoding.decode_utf8(list(final.tokens)).startswith("<|start|>assistant<|channel|>")
+    assert final.tokens[-1] == 200002
+    assert decoder.reasoning_tokens == len(reasoning.tokens)
+    assert not any(isinstance(e, DecodeWarning) for e in events)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "<|channel|>commentary to=functions.get_weather <|constrain|>json"
+        '<|message|>{"location":"SF"}<|call|>',
+        " to=functions.get_weather<|channel|>commentary <|constrain|>json"
+        '<|message|>{"location":"SF"}<|call|>',
+        "<|channel|>analysis<|message|>Call it.<|end|>"
+        "<|start|>assistant to=functions.get_weather<|channel|>commentary <|constrain|>json"
+        '<|message|>{"location":"SF"}<|call|>',
+    ],
+    ids=["recipient-after-channel", "recipient-in-role", "recipient-in-role-second-message"],
+)
+def test_tool_call(encoding: HarmonyEncoding, text: str) -> None:
+    events, _ = decode(encoding, text)
+    assert_well_formed(events)
+    start = [e for e in events if isinstance(e, SegmentStart)][-1]
+    assert start.kind is SegmentKind.TOOL_CALL
+    assert start.recipient == "functions.get_weather"
+    assert start.content_type == "<|constrain|>json"
+    end = ends(events)[-1]
+    assert end.text == '{"location":"SF"}'
+    assert end.tokens[-1] == 200012
+    assert not any(isinstance(e, DecodeWarning) for e in events)
+
+
+def test_preamble_is_commentary_without_recipient(encoding: HarmonyEncoding) -> None:
+    events, _ = decode(
+        encoding,
+        "<|channel|>commentary<|message|>Checking the weather.<|end|>"
+        "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
+        "<|message|>{}<|call|>",
+    )
+    assert_well_formed(events)
+    assert [e.kind for e in ends(events)] == [SegmentKind.PREAMBLE, SegmentKind.TOOL_CALL]
+
+
+def test_multibyte_characters_are_never_split(encoding: HarmonyEncoding) -> None:
+    events, _ = decode(encoding, "<|channel|>final<|message|>unicorn 🦄 and ünïcödé<|return|>")
+    assert_well_formed(events)
+    deltas = [e.text for e in events if isinstance(e, SegmentDelta)]
+    assert "".join(deltas) == "unicorn 🦄 and ünïcödé"
+    assert all("\ufffd" not in d for d in deltas)
+
+
+def test_truncated_content_closes_incomplete(encoding: HarmonyEncoding) -> None:
+    events, _ = decode(encoding, "<|channel|>analysis<|message|>Thinking about")
+    assert_well_formed(events)
+    (end,) = ends(events)
+    assert end.kind is SegmentKind.REASONING
+    assert end.text == "Thinking about"
+    assert not end.complete
+
+
+def test_truncated_header_is_a_warning(encoding: HarmonyEncoding) -> None:
+    events, _ = decode(
+        encoding,
+        "<|channel|>analysis<|message|>ok<|end|><|start|>assistant<|channel|>fin",
+    )
+    assert_well_formed(events)
+    assert len(ends(events)) == 1
+    warning = events[-1]
+    assert isinstance(warning, DecodeWarning)
+    assert "header" in warning.message
+    assert warning.text == "<|start|>assistant<|channel|>fin"
+
+
+def test_text_after_end_does_not_raise(encoding: HarmonyEncoding) -> None:
+    events, _ = decode(encoding, "<|channel|>final<|message|>Hi<|end|>stray text here<|return|>")
+    assert_well_formed(events)
+    assert [e.text for e in ends(events)] == ["Hi"]
+    warning = events[-1]
+    assert isinstance(warning, DecodeWarning)
+    assert "harmony" in warning.message
+    assert warning.text == "stray text here<|return|>"
+
+
+def test_text_after_end_inside_open_segment_closes_it(encoding: HarmonyEncoding) -> None:
+    events, _ = decode(
+        encoding,
+        "<|channel|>analysis<|message|>a<|end|>oops<|start|>assistant<|channel|>final"
+        "<|message|>late<|return|>",
+    )
+    assert_well_formed(events)
+    assert [e.text for e in ends(events)] == ["a"]
+    assert isinstance(events[-1], DecodeWarning)
+
+
+def test_missing_channel_is_final(encoding: HarmonyEncoding) -> None:
+    events, _ = decode(encoding, "<|message|>Hello<|return|>")
+    assert_well_formed(events)
+    (end,) = ends(events)
+    assert end.kind is SegmentKind.FINAL
+    assert end.text == "Hello"
+
+
+def test_header_without_message_token_is_recovered(encoding: HarmonyEncoding) -> None:
+    events, _ = decode(encoding, "<|channel|>final Hello there<|return|>")
+    assert_well_formed(events)
+    (end,) = ends(events)
+    assert end.kind is SegmentKind.FINAL
+    assert "Hello there" in end.text
+
+
+SAMPLES = [
+    "<|channel|>analysis<|message|>Need ls.<|end|><|start|>assistant<|channel|>commentary "
+    'to=functions.exec_command <|constrain|>json<|message|>{"cmd":"ls"}<|call|>',
+    "<|channel|>analysis<|message|>Think 🦄.<|end|><|start|>assistant<|channel|>final"
+    "<|message|>Done.<|return|>",
+]
+
+
+def test_mutated_sequences_never_raise(encoding: HarmonyEncoding) -> None:
+    rng = random.Random(1234)
+    specials = [200002, 200003, 200005, 200006, 200007, 200008, 200012, 199999]
+    base = [encoding.encode(s, allowed_special="all") for s in SAMPLES]
+    for _ in range(400):
+        tokens = list(rng.choice(base))
+        for _ in range(rng.randint(1, 4)):
+            at = rng.randrange(len(tokens) + 1)
+            op = rng.random()
+            if op < 0.4:
+                tokens.insert(at, rng.choice(specials))
+            elif op < 0.7 and tokens:
+                del tokens[min(at, len(tokens) - 1)]
+            else:
+                tokens.insert(at, rng.randrange(0, 199998))
+        decoder = HarmonyDecoder(encoding)
+        events: list[Event] = []
+        for token in tokens:
+            events.extend(decoder.feed(token))
+        events.extend(decoder.finish())
+        assert_well_formed(events)

@@ -1,0 +1,193 @@
+"""render(): Transcript -> harmony prompt tokens, checked against harmony's own renderer."""
+
+from __future__ import annotations
+
+from openai_harmony import (
+    Author,
+    Conversation,
+    DeveloperContent,
+    HarmonyEncoding,
+    Message,
+    ReasoningEffort,
+    RenderConversationConfig,
+    Role,
+    SystemContent,
+    ToolDescription,
+)
+
+from server.harmony.render import render, visible_items
+from server.transcript import (
+    AssistantMessage,
+    Reasoning,
+    ToolCall,
+    ToolResult,
+    ToolSpec,
+    Transcript,
+    UserMessage,
+)
+
+WEATHER = ToolSpec(
+    name="get_weather",
+    description="Get the weather.",
+    parameters={
+        "type": "object",
+        "properties": {"location": {"type": "string", "description": "City"}},
+        "required": ["location"],
+    },
+)
+
+
+def _text(encoding: HarmonyEncoding, tokens: list[int]) -> str:
+    return encoding.decode_utf8(tokens)
+
+
+def test_simple_prompt_matches_harmony_conversation_render(encoding: HarmonyEncoding) -> None:
+    transcript = Transcript(
+        items=(UserMessage("Hi"),),
+        instructions="Be terse.",
+        reasoning_effort="low",
+        conversation_date="2026-11-21",
+    )
+    expected = encoding.render_conversation_for_completion(
+        Conversation.from_messages(
+            [
+                Message.from_role_and_content(
+                    Role.SYSTEM,
+                    SystemContent.new()
+                    .with_reasoning_effort(ReasoningEffort.LOW)
+                    .with_conversation_start_date("2026-11-21"),
+                ),
+                Message.from_role_and_content(
+                    Role.DEVELOPER, DeveloperContent.new().with_instructions("Be terse.")
+                ),
+                Message.from_role_and_content(Role.USER, "Hi"),
+            ]
+        ),
+        Role.ASSISTANT,
+    )
+    assert render(encoding, transcript) == expected
+    text = _text(encoding, expected)
+    assert "Reasoning: low" in text
+    assert "Current date: 2026-11-21" in text
+    assert text.endswith("<|start|>user<|message|>Hi<|end|><|start|>assistant")
+
+
+def test_no_developer_message_without_instructions_or_tools(encoding: HarmonyEncoding) -> None:
+    text = _text(encoding, render(encoding, Transcript(items=(UserMessage("Hi"),))))
+    assert "<|start|>developer" not in text
+    assert "Reasoning: medium" in text
+
+
+def test_tool_loop_matches_harmony_and_keeps_current_chain_reasoning(
+    encoding: HarmonyEncoding,
+) -> None:
+    transcript = Transcript(
+        items=(
+            UserMessage("Weather in SF?"),
+            Reasoning("Need to call get_weather."),
+            ToolCall(call_id="c1", name="get_weather", arguments='{"location":"SF"}'),
+            ToolResult(call_id="c1", name="get_weather", output='{"sunny":true}'),
+        ),
+        tools=(WEATHER,),
+        reasoning_effort="high",
+    )
+    tool = ToolDescription.new("get_weather", "Get the weather.", parameters=WEATHER.parameters)
+    messages = [
+        Message.from_role_and_content(
+            Role.SYSTEM, SystemContent.new().with_reasoning_effort(ReasoningEffort.HIGH)
+        ),
+        Message.from_role_and_content(
+            Role.DEVELOPER, DeveloperContent.new().with_function_tools([tool])
+        ),
+        Message.from_role_and_content(Role.USER, "Weather in SF?"),
+        Message.from_role_and_content(Role.ASSISTANT, "Need to call get_weather.").with_channel(
+            "analysis"
+        ),
+        Message.from_role_and_content(Role.ASSISTANT, '{"location":"SF"}')
+        .with_channel("commentary")
+        .with_recipient("functions.get_weather")
+        .with_content_type("<|constrain|>json"),
+        Message.from_author_and_content(
+            Author.new(Role.TOOL, "functions.get_weather"), '{"sunny":true}'
+        )
+        .with_channel("commentary")
+        .with_recipient("assistant"),
+    ]
+    expected = encoding.render_conversation_for_completion(
+        Conversation.from_messages(messages),
+        Role.ASSISTANT,
+        RenderConversationConfig(auto_drop_analysis=False),
+    )
+    prompt = render(encoding, transcript)
+    assert prompt == expected
+    text = _text(encoding, prompt)
+    assert "<|channel|>analysis<|message|>Need to call get_weather.<|end|>" in text
+    assert "to=functions.get_weather<|channel|>commentary <|constrain|>json<|message|>" in text
+    assert "<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>" in text
+    assert "Calls to these tools must go to the commentary channel: 'functions'." in text
+
+
+def test_reasoning_before_last_final_is_dropped(encoding: HarmonyEncoding) -> None:
+    items = (
+        UserMessage("one"),
+        Reasoning("first thought"),
+        AssistantMessage("answer one"),
+        UserMessage("two"),
+        Reasoning("second thought"),
+        ToolCall(call_id="c", name="get_weather", arguments="{}"),
+        ToolResult(call_id="c", name="get_weather", output="ok"),
+        Reasoning("third thought"),
+        AssistantMessage("answer two"),
+        UserMessage("three"),
+    )
+    kept = visible_items(items)
+    assert [i for i in kept if isinstance(i, Reasoning)] == []
+    assert len(kept) == len(items) - 3
+    text = _text(encoding, render(encoding, Transcript(items=items, tools=(WEATHER,))))
+    assert "thought" not in text
+    assert "answer one" in text
+    assert "answer two" in text
+
+
+def test_reasoning_of_unfinished_turn_survives_earlier_finals(encoding: HarmonyEncoding) -> None:
+    items = (
+        UserMessage("one"),
+        Reasoning("old"),
+        AssistantMessage("done"),
+        UserMessage("two"),
+        Reasoning("current"),
+        AssistantMessage("Checking.", channel="commentary"),
+        ToolCall(call_id="c", name="get_weather", arguments="{}"),
+        ToolResult(call_id="c", name="get_weather", output="ok"),
+    )
+    text = _text(encoding, render(encoding, Transcript(items=items, tools=(WEATHER,))))
+    assert "old" not in text
+    assert "<|channel|>analysis<|message|>current<|end|>" in text
+    assert "<|channel|>commentary<|message|>Checking.<|end|>" in text
+
+
+def test_exact_tokens_are_replayed_verbatim(encoding: HarmonyEncoding) -> None:
+    sampled = encoding.encode(
+        "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
+        '<|message|>{"location": "SF"}<|call|>',
+        allowed_special="all",
+    )
+    call = ToolCall(
+        call_id="c", name="get_weather", arguments='{"location":"SF"}', tokens=tuple(sampled)
+    )
+    prompt = render(encoding, Transcript(items=(UserMessage("x"), call), tools=(WEATHER,)))
+    tail = prompt[-len(sampled) - 2 : -2]
+    assert tail == sampled
+
+
+def test_namespaces_render_after_functions(encoding: HarmonyEncoding) -> None:
+    tools = (
+        ToolSpec(name="close_agent", namespace="multi_agent_v1", namespace_description="Agents."),
+        WEATHER,
+    )
+    text = _text(encoding, render(encoding, Transcript(items=(UserMessage("x"),), tools=tools)))
+    functions_at = text.index("namespace functions {")
+    agents_at = text.index("namespace multi_agent_v1 {")
+    assert functions_at < agents_at
+    assert "// Agents." in text
+    assert "type close_agent = () => any;" in text
