@@ -1,0 +1,1 @@
+"""Inference engines: token ids in, token ids out. No HTTP, no harmony."""

@@ -1,0 +1,105 @@
+"""The engine contract: what generation asks of an engine and what it gets back."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Protocol
+
+from server.events import Timings, Usage
+
+TokenChooser = Callable[[int], int]
+"""Given the token the sampler picked, returns the token to use instead (tests force scripts)."""
+
+SamplingHook = Callable[[Sequence[int]], TokenChooser | None]
+"""Called at the start of each generation with its prompt; may return a TokenChooser."""
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How to pick tokens, and when to stop."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    stop_tokens: frozenset[int] = frozenset()
+
+
+class StopReason(str, Enum):
+    STOP_TOKEN = "stop_token"
+    MAX_TOKENS = "max_tokens"
+    CONTEXT_FULL = "context_full"
+    CANCELLED = "cancelled"
+    ERROR = "error"
+
+
+@dataclass(frozen=True, slots=True)
+class EngineResult:
+    """How a generation ended, with its counters and timings."""
+
+    stop_reason: StopReason
+    usage: Usage
+    timings: Timings
+    stop_token: int | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """How to load the model and size the context."""
+
+    model_path: str
+    n_ctx: int = 32768
+    n_batch: int = 2048
+    n_ubatch: int = 512
+    n_threads: int | None = None  # None: every CPU this process may use
+    n_threads_batch: int | None = None
+    n_gpu_layers: int = 0
+    use_mmap: bool = False
+    flash_attn: str = "auto"  # auto | on | off
+    swa_full: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    """Facts about the loaded model."""
+
+    path: str
+    description: str
+    n_ctx: int
+    n_ctx_train: int
+    n_vocab: int
+    n_params: int
+    size_bytes: int
+
+
+class TokenStream(Protocol):
+    """The sampled tokens of one generation, in chunks, as they come."""
+
+    def __aiter__(self) -> AsyncIterator[list[int]]: ...
+
+    @property
+    def result(self) -> EngineResult:
+        """Available once the iteration has ended."""
+        ...
+
+    def cancel(self) -> None: ...
+
+
+class Engine(Protocol):
+    """Token ids in, token ids out."""
+
+    @property
+    def info(self) -> ModelInfo: ...
+
+    def submit(self, prompt_tokens: Sequence[int], params: SamplingParams) -> TokenStream: ...
+
+    def token_text(self, token_id: int) -> str:
+        """The vocabulary's text for a token id (as stored in the model file)."""
+        ...
+
+    def close(self) -> None: ...

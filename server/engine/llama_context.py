@@ -1,0 +1,199 @@
+"""LlamaContext: a loaded gpt-oss model and its llama.cpp context, driven through the C API.
+
+Owned by exactly one thread (the engine's worker). Knows how to evaluate tokens at positions of
+sequence 0, trim the KV cache back to a prefix, and build sampler chains. Logits never leave
+llama.cpp: samplers read them in place.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+from array import array
+from collections.abc import Sequence
+from typing import Any
+
+import llama_cpp.llama_cpp as lc
+
+from server.engine.base import EngineConfig, ModelInfo, SamplingParams
+
+log = logging.getLogger(__name__)
+llama_log = logging.getLogger("llama_cpp")
+
+_FLASH_ATTN = {
+    "auto": lc.LLAMA_FLASH_ATTN_TYPE_AUTO,
+    "on": lc.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+    "off": lc.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+}
+# ggml_log_level: 1 debug, 2 info, 3 warn, 4 error, 5 continuation of the previous line
+_LOG_LEVELS = {2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
+
+
+@lc.llama_log_callback  # type: ignore[untyped-decorator]
+def _route_llama_log(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
+    message = text.decode("utf-8", errors="replace").rstrip()
+    if message:
+        llama_log.log(_LOG_LEVELS.get(level, logging.DEBUG), "%s", message)
+
+
+class DecodeError(RuntimeError):
+    """llama_decode failed; `code` is its return value (1: no KV slot, 2: aborted, <0: fatal)."""
+
+    def __init__(self, code: int):
+        super().__init__(f"llama_decode failed with code {code}")
+        self.code = code
+
+
+def default_threads() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+class LlamaContext:
+    """One model, one context, one reusable batch; positions of sequence 0 only."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        lc.llama_log_set(_route_llama_log, ctypes.c_void_p(0))
+        lc.llama_backend_init()
+        self._model = self._load_model(config)
+        self._ctx = self._new_context(config)
+        self._vocab = lc.llama_model_get_vocab(self._model)
+        self._memory = lc.llama_get_memory(self._ctx)
+        self.n_ctx = int(lc.llama_n_ctx(self._ctx))
+        self.n_batch = int(lc.llama_n_batch(self._ctx))
+        self.n_swa = int(lc.llama_model_n_swa(self._model))
+        self._batch = lc.llama_batch_init(self.n_batch, 0, 1)
+        for i in range(self.n_batch):
+            self._batch.n_seq_id[i] = 1
+            self._batch.seq_id[i][0] = 0
+        self.info = self._model_info(config.model_path)
+
+    @staticmethod
+    def _load_model(config: EngineConfig) -> Any:
+        params = lc.llama_model_default_params()
+        params.n_gpu_layers = config.n_gpu_layers
+        params.use_mmap = config.use_mmap
+        model = lc.llama_model_load_from_file(config.model_path.encode(), params)
+        if not model:
+            raise RuntimeError(f"llama.cpp could not load {config.model_path}")
+        return model
+
+    def _new_context(self, config: EngineConfig) -> Any:
+        params = lc.llama_context_default_params()
+        params.n_ctx = config.n_ctx
+        params.n_batch = config.n_batch
+        params.n_ubatch = min(config.n_ubatch, config.n_batch)
+        params.n_seq_max = 1
+        params.n_threads = config.n_threads or default_threads()
+        params.n_threads_batch = config.n_threads_batch or params.n_threads
+        params.flash_attn_type = _FLASH_ATTN[config.flash_attn]
+        params.swa_full = config.swa_full
+        params.no_perf = True
+        ctx = lc.llama_init_from_model(self._model, params)
+        if not ctx:
+            lc.llama_model_free(self._model)
+            raise RuntimeError("llama.cpp could not create a context (out of memory?)")
+        return ctx
+
+    def _model_info(self, path: str) -> ModelInfo:
+        buf = ctypes.create_string_buffer(256)
+        lc.llama_model_desc(self._model, buf, len(buf))
+        return ModelInfo(
+            path=path,
+            description=buf.value.decode("utf-8", errors="replace"),
+            n_ctx=self.n_ctx,
+            n_ctx_train=int(lc.llama_model_n_ctx_train(self._model)),
+            n_vocab=int(lc.llama_vocab_n_tokens(self._vocab)),
+            n_params=int(lc.llama_model_n_params(self._model)),
+            size_bytes=int(lc.llama_model_size(self._model)),
+        )
+
+    def token_text(self, token_id: int) -> str:
+        if not 0 <= token_id < self.info.n_vocab:
+            raise ValueError(f"token id {token_id} is outside the vocabulary")
+        text = lc.llama_vocab_get_text(self._vocab, token_id)
+        return text.decode("utf-8", errors="replace") if text else ""
+
+    def close(self) -> None:
+        lc.llama_batch_free(self._batch)
+        lc.llama_free(self._ctx)
+        lc.llama_model_free(self._model)
+
+    def reusable_prefix(self, n_common: int) -> int:
+        """How much of a common prefix of `n_common` tokens the KV cache can really keep.
+
+        With a sliding-window cache that is not full-size, positions far behind the last one
+        are gone; rolling back past them would silently attend to nothing.
+        """
+        if n_common <= 0:
+            return 0
+        pos_min = int(lc.llama_memory_seq_pos_min(self._memory, 0))
+        if self.n_swa > 0 and pos_min > max(0, n_common - self.n_swa):
+            return 0
+        return n_common
+
+    def truncate(self, n_keep: int) -> int:
+        """Drop KV entries at positions >= n_keep; returns how many positions remain."""
+        if lc.llama_memory_seq_rm(self._memory, 0, n_keep, -1):
+            return n_keep
+        lc.llama_memory_clear(self._memory, True)
+        return 0
+
+    def evaluate(self, tokens: Sequence[int], start_pos: int) -> None:
+        """Evaluate tokens at consecutive positions; logits are kept for the last one only."""
+        n = len(tokens)
+        batch = self._batch
+        ctypes.memmove(batch.token, array("i", tokens).tobytes(), 4 * n)
+        ctypes.memmove(batch.pos, array("i", range(start_pos, start_pos + n)).tobytes(), 4 * n)
+        ctypes.memset(batch.logits, 0, n)
+        batch.logits[n - 1] = 1
+        batch.n_tokens = n
+        code = lc.llama_decode(self._ctx, batch)
+        if code != 0:
+            raise DecodeError(int(code))
+
+    def evaluate_one(self, token: int, pos: int) -> None:
+        """evaluate() for the decode loop's single token, without building arrays."""
+        batch = self._batch
+        batch.token[0] = token
+        batch.pos[0] = pos
+        batch.logits[0] = 1
+        batch.n_tokens = 1
+        code = lc.llama_decode(self._ctx, batch)
+        if code != 0:
+            raise DecodeError(int(code))
+
+    def new_sampler(self, params: SamplingParams) -> Sampler:
+        return Sampler(self._ctx, params)
+
+
+class Sampler:
+    """A llama.cpp sampler chain; `sample()` picks from the last evaluated logits."""
+
+    def __init__(self, ctx: Any, params: SamplingParams) -> None:
+        self._ctx = ctx
+        self._chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
+        for sampler in _sampler_stages(params):
+            lc.llama_sampler_chain_add(self._chain, sampler)
+
+    def sample(self) -> int:
+        return int(lc.llama_sampler_sample(self._chain, self._ctx, -1))
+
+    def free(self) -> None:
+        lc.llama_sampler_free(self._chain)
+
+
+def _sampler_stages(params: SamplingParams) -> list[Any]:
+    if params.temperature <= 0:
+        return [lc.llama_sampler_init_greedy()]
+    stages = []
+    if params.top_k > 0:
+        stages.append(lc.llama_sampler_init_top_k(params.top_k))
+    if params.top_p < 1.0:
+        stages.append(lc.llama_sampler_init_top_p(params.top_p, 1))
+    if params.min_p > 0.0:
+        stages.append(lc.llama_sampler_init_min_p(params.min_p, 1))
+    stages.append(lc.llama_sampler_init_temp(params.temperature))
+    seed = lc.LLAMA_DEFAULT_SEED if params.seed is None else params.seed & 0xFFFFFFFF
+    stages.append(lc.llama_sampler_init_dist(seed))
+    return stages

@@ -1,0 +1,68 @@
+"""Fixtures shared by every test layer.
+
+The harmony encoding is loaded offline; the tiny synthetic gpt-oss GGUF is built once per
+machine; one real LlamaEngine runs on it for the whole session, with a forced-token hook so a
+test can script what the model says.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from openai_harmony import HarmonyEncoding
+
+from scripts.build_synthetic_gguf import cached_gguf
+from server.engine.base import EngineConfig
+from server.engine.llama import LlamaEngine
+from server.harmony.encoding import ENV_VAR, load_encoding
+from server.runtime import Runtime
+from tests.support.forced import ForcedScript
+
+TEST_N_CTX = 4096
+
+
+@pytest.fixture(scope="session")
+def vocab_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("vocab")
+
+
+@pytest.fixture(scope="session")
+def encoding(vocab_dir: Path) -> HarmonyEncoding:
+    os.environ.pop(ENV_VAR, None)
+    return load_encoding(vocab_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf() -> Path:
+    return cached_gguf("tiny")
+
+
+@pytest.fixture(scope="session")
+def forced(encoding: HarmonyEncoding) -> ForcedScript:
+    return ForcedScript(encoding)
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_scripts(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A script a test queued but did not use must not leak into the next test."""
+    yield
+    if "forced" in request.fixturenames:
+        request.getfixturevalue("forced").clear()
+
+
+@pytest.fixture(scope="session")
+def engine(tiny_gguf: Path, forced: ForcedScript) -> Iterator[LlamaEngine]:
+    logging.getLogger("llama_cpp").setLevel(logging.WARNING)
+    config = EngineConfig(model_path=str(tiny_gguf), n_ctx=TEST_N_CTX, n_threads=2)
+    engine = LlamaEngine(config, sampling_hook=forced)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="session")
+def runtime(engine: LlamaEngine, encoding: HarmonyEncoding) -> Runtime:
+    return Runtime(engine=engine, encoding=encoding, model_name="gpt-oss-tiny")

@@ -1,0 +1,197 @@
+"""LlamaEngine on the real tiny gpt-oss GGUF: stops, limits, cancellation, KV reuse, timings."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+from openai_harmony import HarmonyEncoding
+
+from server.engine.base import EngineConfig, EngineResult, SamplingParams, StopReason
+from server.engine.llama import LlamaEngine
+from server.harmony.render import render
+from server.transcript import Transcript, UserMessage
+from tests.support.forced import ForcedScript
+
+STOPS = frozenset({200002, 200012})
+GREEDY = SamplingParams(max_tokens=16, temperature=0.0, stop_tokens=STOPS)
+
+
+def run(
+    engine: LlamaEngine, prompt: Sequence[int], params: SamplingParams
+) -> tuple[list[int], EngineResult]:
+    async def collect() -> tuple[list[int], EngineResult]:
+        stream = engine.submit(prompt, params)
+        tokens = [t async for chunk in stream for t in chunk]
+        return tokens, stream.result
+
+    return asyncio.run(collect())
+
+
+def unique_prompt(encoding: HarmonyEncoding, text: str) -> list[int]:
+    """A prompt whose first token differs from anything cached by other tests."""
+    nonce = random.Random(text).randrange(1000, 100000)
+    transcript = Transcript(items=(UserMessage(f"{text}"),), instructions=f"Run {nonce}.")
+    return [nonce, *render(encoding, transcript)]
+
+
+def test_stops_on_return(
+    engine: LlamaEngine, forced: ForcedScript, encoding: HarmonyEncoding
+) -> None:
+    script = forced.push("<|channel|>final<|message|>Done.<|return|><|start|>assistant")
+    tokens, result = run(engine, unique_prompt(encoding, "stop"), GREEDY)
+    assert tokens == script[: script.index(200002) + 1]
+    assert result.stop_reason is StopReason.STOP_TOKEN
+    assert result.stop_token == 200002
+    assert result.usage.completion_tokens == len(tokens)
+
+
+def test_stops_on_call_not_on_end(
+    engine: LlamaEngine, forced: ForcedScript, encoding: HarmonyEncoding
+) -> None:
+    script = forced.push(
+        "<|channel|>analysis<|message|>Need ls.<|end|><|start|>assistant<|channel|>commentary"
+        ' to=functions.ls <|constrain|>json<|message|>{"dir":"."}<|call|>'
+    )
+    params = SamplingParams(max_tokens=100, temperature=0.0, stop_tokens=STOPS)
+    tokens, result = run(engine, unique_prompt(encoding, "call"), params)
+    assert tokens == script
+    assert 200007 in tokens  # <|end|> did not stop generation
+    assert result.stop_token == 200012
+
+
+def test_max_tokens(engine: LlamaEngine, encoding: HarmonyEncoding) -> None:
+    params = SamplingParams(max_tokens=5, temperature=0.0, stop_tokens=frozenset())
+    tokens, result = run(engine, unique_prompt(encoding, "limit"), params)
+    assert len(tokens) == 5
+    assert result.stop_reason is StopReason.MAX_TOKENS
+
+
+def test_cancellation_mid_generation(engine: LlamaEngine, encoding: HarmonyEncoding) -> None:
+    params = SamplingParams(max_tokens=3000, temperature=1.0, seed=3, stop_tokens=frozenset())
+
+    async def cancel_after_some() -> tuple[int, EngineResult]:
+        stream = engine.submit(unique_prompt(encoding, "cancel"), params)
+        received = 0
+        async for chunk in stream:
+            received += len(chunk)
+            if received >= 5:
+                stream.cancel()
+        return received, stream.result
+
+    received, result = asyncio.run(cancel_after_some())
+    assert result.stop_reason is StopReason.CANCELLED
+    assert 5 <= result.usage.completion_tokens < 3000
+    assert received == result.usage.completion_tokens
+    tokens, after = run(engine, unique_prompt(encoding, "after cancel"), GREEDY)
+    assert after.stop_reason is StopReason.MAX_TOKENS
+    assert len(tokens) == GREEDY.max_tokens
+
+
+def test_extension_evaluates_only_new_tokens(
+    engine: LlamaEngine, forced: ForcedScript, encoding: HarmonyEncoding
+) -> None:
+    prompt = unique_prompt(encoding, "What is in this directory?")
+    generated = forced.push(
+        '<|channel|>commentary to=functions.ls <|constrain|>json<|message|>{"dir":"."}<|call|>'
+    )
+    tokens, first = run(engine, prompt, GREEDY.__class__(50, 0.0, stop_tokens=STOPS))
+    assert tokens == generated
+    assert first.usage.cached_tokens == 0
+    assert first.usage.evaluated_tokens == len(prompt)
+    new = encoding.encode(
+        "<|start|>functions.ls to=assistant<|channel|>commentary<|message|>a.txt b.txt<|end|>"
+        "<|start|>assistant",
+        allowed_special="all",
+    )
+    _, second = run(engine, prompt + tokens + new, GREEDY)
+    # the last sampled token was never evaluated, so it is evaluated with the new ones
+    assert second.usage.cached_tokens == len(prompt) + len(tokens) - 1
+    assert second.usage.evaluated_tokens == len(new) + 1
+    assert second.usage.prompt_tokens == len(prompt) + len(tokens) + len(new)
+
+
+def test_identical_prompt_reevaluates_one_token(
+    engine: LlamaEngine, encoding: HarmonyEncoding
+) -> None:
+    prompt = unique_prompt(encoding, "same again")
+    run(engine, prompt, GREEDY)
+    _, again = run(engine, prompt, GREEDY)
+    assert again.usage.cached_tokens == len(prompt) - 1
+    assert again.usage.evaluated_tokens == 1
+
+
+def test_greedy_output_same_with_and_without_reused_cache(
+    engine: LlamaEngine, tiny_gguf: Path, encoding: HarmonyEncoding
+) -> None:
+    prompt = unique_prompt(encoding, "Tell me a story about caches.")
+    first, _ = run(engine, prompt, GREEDY)
+    extended = prompt + first + encoding.encode(" More, please.")
+    warm, warm_result = run(engine, extended, GREEDY)
+    assert warm_result.usage.cached_tokens == len(prompt) + len(first) - 1
+    fresh_engine = LlamaEngine(EngineConfig(model_path=str(tiny_gguf), n_ctx=1024, n_threads=2))
+    try:
+        cold, cold_result = run(fresh_engine, extended, GREEDY)
+    finally:
+        fresh_engine.close()
+    assert cold_result.usage.cached_tokens == 0
+    assert warm == cold
+
+
+def test_prompt_longer_than_context_is_an_error(engine: LlamaEngine) -> None:
+    tokens, result = run(engine, [1000] * (engine.info.n_ctx + 1), GREEDY)
+    assert tokens == []
+    assert result.stop_reason is StopReason.ERROR
+    assert "does not fit" in (result.error or "")
+
+
+def test_generation_stops_when_context_is_full(tiny_gguf: Path, encoding: HarmonyEncoding) -> None:
+    small = LlamaEngine(EngineConfig(model_path=str(tiny_gguf), n_ctx=256, n_threads=2))
+    try:
+        prompt = unique_prompt(encoding, "fill")
+        params = SamplingParams(max_tokens=10_000, temperature=0.0, stop_tokens=frozenset())
+        tokens, result = run(small, prompt, params)
+    finally:
+        small.close()
+    assert result.stop_reason is StopReason.CONTEXT_FULL
+    assert len(prompt) + len(tokens) == small.info.n_ctx
+
+
+@pytest.mark.parametrize("swa_full", [True, False])
+def test_far_rollback_respects_the_sliding_window(
+    tiny_gguf: Path, encoding: HarmonyEncoding, swa_full: bool
+) -> None:
+    config = EngineConfig(model_path=str(tiny_gguf), n_ctx=2048, n_threads=2, swa_full=swa_full)
+    engine = LlamaEngine(config)
+    rng = random.Random(7)
+    shared = [rng.randrange(1000, 100000) for _ in range(50)]
+    # long enough that the windowed cache (n_swa + n_ubatch cells, padded) has to evict
+    long_tail = [rng.randrange(1000, 100000) for _ in range(1500)]
+    other_tail = [rng.randrange(1000, 100000) for _ in range(20)]
+    try:
+        run(engine, shared + long_tail, GREEDY)
+        rolled_back, result = run(engine, shared + other_tail, GREEDY)
+    finally:
+        engine.close()
+    # a full-size SWA cache keeps every position; a windowed one has lost the shared prefix
+    assert result.usage.cached_tokens == (len(shared) if swa_full else 0)
+    fresh = LlamaEngine(config)
+    try:
+        expected, _ = run(fresh, shared + other_tail, GREEDY)
+    finally:
+        fresh.close()
+    assert rolled_back == expected
+
+
+def test_timings_are_measured(engine: LlamaEngine, encoding: HarmonyEncoding) -> None:
+    _, result = run(engine, unique_prompt(encoding, "timings"), GREEDY)
+    timings = result.timings
+    assert timings.evaluated_tokens == result.usage.evaluated_tokens > 0
+    assert timings.prefill_s > 0
+    assert timings.prefill_tokens_per_s > 0
+    assert timings.decode_tokens_per_s > 0
+    assert timings.ttft_s >= timings.prefill_s
+    assert timings.completion_tokens == GREEDY.max_tokens
