@@ -1,0 +1,1 @@
+"""HTTP API: OpenAI-compatible endpoints on the shared generation core."""

@@ -1,0 +1,1 @@
+"""/v1/chat/completions with the OpenRouter reasoning convention."""

@@ -1,0 +1,136 @@
+"""Chat Completions wire shapes: pydantic request models, TypedDict response shapes.
+
+Requests are lenient: unknown fields are accepted and ignored, as OpenAI clients send many.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, TypedDict
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class ContentPart(_Lenient):
+    type: str
+    text: str | None = None
+
+
+class FunctionCallIn(_Lenient):
+    name: str
+    arguments: str = ""
+
+
+class ToolCallIn(_Lenient):
+    id: str
+    type: str = "function"
+    function: FunctionCallIn
+
+
+class ReasoningDetail(_Lenient):
+    type: str
+    text: str | None = None
+
+
+class ChatMessageIn(_Lenient):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    reasoning: str | None = None
+    reasoning_content: str | None = None
+    reasoning_details: list[ReasoningDetail] | None = None
+    thinking: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
+
+
+class ReasoningConfig(_Lenient):
+    effort: str | None = None
+    exclude: bool = False
+    max_tokens: int | None = Field(None, ge=1)
+    enabled: bool | None = None
+
+
+class StreamOptions(_Lenient):
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(_Lenient):
+    model: str = ""
+    messages: list[ChatMessageIn] = Field(min_length=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    seed: int | None = None
+    n: int | None = Field(None, ge=1)
+    reasoning: ReasoningConfig | None = None
+    reasoning_effort: str | None = None
+    include_reasoning: bool | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    stop: str | list[str] | None = None
+    logprobs: bool | None = None
+
+
+class Delta(TypedDict, total=False):
+    role: str
+    content: str
+    reasoning: str
+    reasoning_content: str
+
+
+class ChunkChoice(TypedDict):
+    index: int
+    delta: Delta
+    finish_reason: str | None
+    logprobs: None
+
+
+class UsageOut(TypedDict):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: dict[str, int]
+    completion_tokens_details: dict[str, int]
+
+
+class ChatCompletionChunk(TypedDict, total=False):
+    id: str
+    object: Literal["chat.completion.chunk"]
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: UsageOut | None
+    timings: dict[str, float]
+
+
+class MessageOut(TypedDict, total=False):
+    role: Literal["assistant"]
+    content: str | None
+    reasoning: str
+    reasoning_content: str
+    reasoning_details: list[dict[str, Any]]
+    refusal: None
+
+
+class ChoiceOut(TypedDict):
+    index: int
+    message: MessageOut
+    finish_reason: str | None
+    logprobs: None
+
+
+class ChatCompletion(TypedDict, total=False):
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChoiceOut]
+    usage: UsageOut
+    timings: dict[str, float]

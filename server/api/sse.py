@@ -1,0 +1,24 @@
+"""Server-sent events on the wire: the only place that formats SSE bytes."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi.sse import format_sse_event
+
+DONE = format_sse_event(data_str="[DONE]")
+
+
+def encode_json(payload: Any) -> str:
+    return json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+
+
+def sse_data(payload: Any) -> bytes:
+    """`data: <json>` event, as Chat Completions streams use."""
+    return format_sse_event(data_str=encode_json(payload))
+
+
+def sse_event(event: str, payload: Any) -> bytes:
+    """`event: <name>` + `data: <json>`, as Responses streams use."""
+    return format_sse_event(event=event, data_str=encode_json(payload))

@@ -1,0 +1,43 @@
+"""create_app(): the FastAPI application. Wiring only: state, routers, error handlers."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from server import __version__
+from server.api.chat.router import router as chat_router
+from server.api.error_handlers import install_error_handlers
+from server.api.models import router as models_router
+from server.config import Settings
+from server.generation import Generator, SamplingDefaults
+from server.runtime import Runtime, load_runtime
+
+
+def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
+    """The app; loads the model at startup unless a ready runtime is given (then not owned)."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        loaded = runtime if runtime is not None else await asyncio.to_thread(load_runtime, settings)
+        app.state.settings = settings
+        app.state.runtime = loaded
+        app.state.model_name = loaded.model_name
+        app.state.started_at = int(time.time())
+        defaults = SamplingDefaults(temperature=settings.temperature, top_p=settings.top_p)
+        app.state.generator = Generator(loaded.engine, loaded.encoding, defaults)
+        try:
+            yield
+        finally:
+            if runtime is None:
+                loaded.close()
+
+    app = FastAPI(title="gpt-oss-server", version=__version__, lifespan=lifespan)
+    install_error_handlers(app)
+    app.include_router(models_router)
+    app.include_router(chat_router)
+    return app

@@ -1,0 +1,79 @@
+"""Settings: one pydantic-settings model for flags, environment (GPT_OSS_*) and defaults.
+
+Precedence: command-line flags > environment variables > defaults.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def default_cache_dir() -> Path:
+    return Path.home() / ".cache" / "gpt-oss-server"
+
+
+class Settings(BaseSettings):
+    """Everything the server can be told."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="GPT_OSS_", extra="ignore", cli_kebab_case=True, cli_implicit_flags=True
+    )
+
+    model: str = Field(
+        "gpt-oss-20b",
+        description="Catalog alias (gpt-oss-20b, gpt-oss-120b), a path to a .gguf file, or a "
+        "Hugging Face repo as owner/name[:file.gguf].",
+    )
+    served_model_name: str | None = Field(
+        None, description="Model id reported by /v1/models; default: the alias or file name."
+    )
+    host: str = Field("127.0.0.1", description="Address to bind.")
+    port: int = Field(8000, ge=1, le=65535, description="Port to bind.")
+    n_ctx: int = Field(
+        32768,
+        ge=0,
+        description="Context window in tokens (0: the model's full 131072). The KV cache costs "
+        "about 48 KiB per token for gpt-oss-20b with the full-size sliding-window cache.",
+    )
+    n_batch: int = Field(2048, ge=1, description="Prompt tokens evaluated per llama_decode call.")
+    n_ubatch: int = Field(512, ge=1, description="Physical batch size inside llama.cpp.")
+    n_threads: int | None = Field(
+        None, ge=1, description="Threads for generation; default: every CPU this process may use."
+    )
+    n_threads_batch: int | None = Field(
+        None, ge=1, description="Threads for prompt evaluation; default: same as n_threads."
+    )
+    n_gpu_layers: int = Field(
+        0, ge=-1, description="Layers to offload to the GPU (-1: all). Needs a CUDA build."
+    )
+    use_mmap: bool = Field(
+        False,
+        description="Memory-map the model file. Off by default: on CPU llama.cpp repacks the "
+        "MXFP4 experts, and with mmap both copies stay resident (≈21.5 GiB instead of ≈12 GiB "
+        "for gpt-oss-20b).",
+    )
+    flash_attn: Literal["auto", "on", "off"] = Field("auto", description="Flash attention.")
+    swa_full: bool = Field(
+        True,
+        description="Full-size cache for the sliding-window layers, so the KV cache can roll "
+        "back to any earlier prefix (costs ≈24 KiB per token of context for gpt-oss-20b).",
+    )
+    temperature: float = Field(1.0, ge=0.0, le=2.0, description="Default sampling temperature.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Default nucleus sampling threshold.")
+    reasoning_effort: Literal["low", "medium", "high"] = Field(
+        "medium", description="Reasoning effort when a request does not say."
+    )
+    cache_dir: Path = Field(
+        default_factory=default_cache_dir,
+        description="Where the server keeps its own files (the o200k vocabulary copy).",
+    )
+    download_dir: Path | None = Field(
+        None, description="Hugging Face cache for model downloads; default: huggingface-hub's."
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="Logging level."
+    )

@@ -1,0 +1,125 @@
+"""The generation core shared by every endpoint: Transcript -> prompt -> engine -> events.
+
+`Generator.prepare()` renders the prompt and rejects what cannot run (before any HTTP response
+has started); `Prepared.events()` streams decoder events while the engine samples and ends with
+exactly one `Finished` event, also on cancellation and engine errors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from openai_harmony import HarmonyEncoding
+
+from server.engine.base import Engine, EngineResult, SamplingParams, StopReason
+from server.errors import ContextLengthExceeded, InvalidRequest
+from server.events import Finished, FinishReason, GenerationEvent
+from server.harmony.decoder import HarmonyDecoder
+from server.harmony.render import render
+from server.transcript import Transcript
+
+CALL_TOKEN = 200012  # <|call|>
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingOptions:
+    """What a request asks of sampling; None means the server's default."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingDefaults:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+
+
+class Generator:
+    """Owns the engine and the encoding; one per app."""
+
+    def __init__(
+        self, engine: Engine, encoding: HarmonyEncoding, defaults: SamplingDefaults | None = None
+    ) -> None:
+        self.engine = engine
+        self.encoding = encoding
+        self.defaults = defaults or SamplingDefaults()
+        self._stop_tokens = frozenset(encoding.stop_tokens_for_assistant_actions())
+
+    def prepare(self, transcript: Transcript, options: SamplingOptions) -> Prepared:
+        """Render and validate; raises InvalidRequest / ContextLengthExceeded."""
+        prompt_tokens = render(self.encoding, transcript)
+        n_ctx = self.engine.info.n_ctx
+        room = n_ctx - len(prompt_tokens)
+        if room <= 0:
+            raise ContextLengthExceeded(
+                f"This model's context window is {n_ctx} tokens; the prompt has "
+                f"{len(prompt_tokens)}. Shorten the conversation or restart the server with a "
+                "larger --n-ctx.",
+                param="messages",
+            )
+        if options.max_tokens is not None and options.max_tokens < 1:
+            raise InvalidRequest("max tokens must be at least 1", param="max_tokens")
+        max_tokens = min(options.max_tokens or room, room)
+        params = SamplingParams(
+            max_tokens=max_tokens,
+            temperature=_pick(options.temperature, self.defaults.temperature),
+            top_p=_pick(options.top_p, self.defaults.top_p),
+            top_k=self.defaults.top_k,
+            min_p=self.defaults.min_p,
+            seed=options.seed,
+            stop_tokens=self._stop_tokens,
+        )
+        return Prepared(self, prompt_tokens, params)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A validated generation, ready to run."""
+
+    generator: Generator
+    prompt_tokens: list[int]
+    params: SamplingParams
+
+    async def events(self) -> AsyncIterator[GenerationEvent]:
+        decoder = HarmonyDecoder(self.generator.encoding)
+        stream = self.generator.engine.submit(self.prompt_tokens, self.params)
+        try:
+            async for chunk in stream:
+                for token in chunk:
+                    for event in decoder.feed(token):
+                        yield event
+        finally:
+            stream.cancel()  # no-op once finished; stops the engine if the consumer left
+        for event in decoder.finish():
+            yield event
+        yield _finished(stream.result, decoder.reasoning_tokens)
+
+
+def _finished(result: EngineResult, reasoning_tokens: int) -> Finished:
+    return Finished(
+        reason=finish_reason(result),
+        usage=dataclasses.replace(result.usage, reasoning_tokens=reasoning_tokens),
+        timings=result.timings,
+        error=result.error,
+    )
+
+
+def finish_reason(result: EngineResult) -> FinishReason:
+    if result.stop_reason is StopReason.STOP_TOKEN:
+        return FinishReason.TOOL_CALL if result.stop_token == CALL_TOKEN else FinishReason.STOP
+    if result.stop_reason in (StopReason.MAX_TOKENS, StopReason.CONTEXT_FULL):
+        return FinishReason.LENGTH
+    if result.stop_reason is StopReason.CANCELLED:
+        return FinishReason.CANCELLED
+    return FinishReason.ERROR
+
+
+def _pick(value: float | None, default: float) -> float:
+    return default if value is None else value

@@ -1,0 +1,72 @@
+"""Runtime: the loaded model, its engine and the harmony encoding, built from Settings."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from openai_harmony import HarmonyEncoding
+
+from server.config import Settings
+from server.engine.base import Engine, EngineConfig, SamplingHook
+from server.engine.llama import LlamaEngine
+from server.errors import StartupError
+from server.gguf_meta import vocabulary_bytes
+from server.harmony.encoding import load_encoding
+from server.model_source import resolve_model
+
+log = logging.getLogger(__name__)
+
+HARMONY_SPECIALS = {200002: "<|return|>", 200006: "<|start|>", 200012: "<|call|>"}
+
+
+@dataclass
+class Runtime:
+    engine: Engine
+    encoding: HarmonyEncoding
+    model_name: str
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+def engine_config(settings: Settings, model_path: Path) -> EngineConfig:
+    return EngineConfig(
+        model_path=str(model_path),
+        n_ctx=settings.n_ctx,
+        n_batch=settings.n_batch,
+        n_ubatch=settings.n_ubatch,
+        n_threads=settings.n_threads,
+        n_threads_batch=settings.n_threads_batch,
+        n_gpu_layers=settings.n_gpu_layers,
+        use_mmap=settings.use_mmap,
+        flash_attn=settings.flash_attn,
+        swa_full=settings.swa_full,
+    )
+
+
+def load_runtime(settings: Settings, sampling_hook: SamplingHook | None = None) -> Runtime:
+    """Resolve (and download) the model, load the vocabulary and the engine."""
+    model = resolve_model(settings.model, settings.download_dir)
+    encoding = load_encoding(settings.cache_dir / "vocab", lambda: vocabulary_bytes(model.path))
+    log.info("loading %s", model.path)
+    try:
+        engine = LlamaEngine(engine_config(settings, model.path), sampling_hook)
+    except RuntimeError as exc:
+        raise StartupError(f"could not load {model.path}: {exc}") from exc
+    check_token_ids(engine, encoding)
+    name = settings.served_model_name or model.name
+    return Runtime(engine=engine, encoding=encoding, model_name=name)
+
+
+def check_token_ids(engine: Engine, encoding: HarmonyEncoding) -> None:
+    """The model's vocabulary must give harmony's special tokens harmony's ids."""
+    for token_id, text in HARMONY_SPECIALS.items():
+        in_model = engine.token_text(token_id) if token_id < engine.info.n_vocab else None
+        in_harmony = encoding.decode_utf8([token_id])
+        if in_model != text or in_harmony != text:
+            raise StartupError(
+                f"token {token_id} is {in_model!r} in the model and {in_harmony!r} in harmony, "
+                f"expected {text!r}: the file is not a gpt-oss (o200k_harmony) model"
+            )
