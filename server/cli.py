@@ -52,7 +52,7 @@ class Download(BaseModel):
     def cli_cmd(self) -> None:
         configure_logging("info")
         try:
-            model = resolve_model(self.model, self.download_dir)
+            model = resolve_model(self.model, self.download_dir, refresh=True)
         except StartupError as exc:
             log.error("%s", exc)
             sys.exit(1)

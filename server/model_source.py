@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
 
-from huggingface_hub import hf_hub_download, list_repo_files
+from huggingface_hub import hf_hub_download, list_repo_files, try_to_load_from_cache
 from huggingface_hub.errors import (
     EntryNotFoundError,
     GatedRepoError,
@@ -30,6 +31,8 @@ from server.gguf_meta import GGUFFormatError, read_metadata
 log = logging.getLogger(__name__)
 
 ARCHITECTURE = "gpt-oss"
+SPLIT_SUFFIX = re.compile(r"-\d{5}-of-\d{5}$")
+HF_SPEC = re.compile(r"(?P<repo>[\w-][\w.-]*/[\w.-]+)(?::(?P<file>[^:]+\.gguf))?")
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,24 +51,38 @@ class ResolvedModel:
     name: str  # the id reported to clients
 
 
-def resolve_model(spec: str, download_dir: Path | None = None) -> ResolvedModel:
-    """A local gpt-oss GGUF for `spec`; raises ModelSourceError saying what to do."""
+def resolve_model(
+    spec: str, download_dir: Path | None = None, *, refresh: bool = False
+) -> ResolvedModel:
+    """A local gpt-oss GGUF for `spec`; raises ModelSourceError saying what to do.
+
+    Files already in the Hugging Face cache are used without network access unless `refresh`
+    asks to check the Hub for a newer revision.
+    """
     entry = find_catalog_entry(spec)
     if entry is not None:
-        path = download(entry.repo, entry.files, download_dir)
+        path = download(entry.repo, entry.files, download_dir, refresh=refresh, label=entry.alias)
         return ResolvedModel(check_gguf(path), entry.alias)
     local = Path(spec).expanduser()
-    if local.exists() or _looks_like_path(spec):
-        return ResolvedModel(check_gguf(local), local.stem)
-    repo, _, filename = spec.partition(":")
-    if repo.count("/") != 1:
+    if local.exists():
+        return ResolvedModel(check_gguf(local), model_name(local.name))
+    hf_repo = HF_SPEC.fullmatch(spec)
+    if hf_repo is None or (hf_repo["file"] is None and spec.endswith(".gguf")):
+        if spec.endswith(".gguf") or "/" in spec:
+            return ResolvedModel(check_gguf(local), model_name(local.name))  # raises
         raise ModelSourceError(
-            f"--model {spec!r} is not a catalog alias ({', '.join(catalog())}), an existing file, "
-            "or a Hugging Face repo in the form owner/name[:file.gguf]."
+            f"--model {spec!r} is not a catalog alias ({', '.join(catalog())}), an existing "
+            "file, or a Hugging Face repo in the form owner/name[:file.gguf]."
         )
+    repo, filename = hf_repo["repo"], hf_repo["file"]
     files = (filename,) if filename else _repo_gguf_files(repo)
-    path = download(repo, files, download_dir)
-    return ResolvedModel(check_gguf(path), Path(files[0]).stem)
+    path = download(repo, files, download_dir, refresh=refresh, label=spec)
+    return ResolvedModel(check_gguf(path), model_name(files[0]))
+
+
+def model_name(filename: str) -> str:
+    """The id clients see for a model file: its name without .gguf and split numbering."""
+    return SPLIT_SUFFIX.sub("", Path(filename).stem)
 
 
 def check_gguf(path: Path) -> Path:
@@ -92,20 +109,32 @@ def check_gguf(path: Path) -> Path:
     return path
 
 
-def download(repo: str, files: tuple[str, ...], download_dir: Path | None) -> Path:
-    """Fetch every file (or find it in the cache); returns the first file's local path."""
-    paths = [_download_one(repo, name, download_dir) for name in files]
+def download(
+    repo: str,
+    files: tuple[str, ...],
+    download_dir: Path | None,
+    *,
+    refresh: bool = False,
+    label: str = "",
+) -> Path:
+    """Every file from the cache or the Hub (with progress bars); the first file's path."""
+    paths = [_fetch(repo, name, download_dir, refresh, label or repo) for name in files]
     return paths[0]
 
 
-def _download_one(repo: str, filename: str, download_dir: Path | None) -> Path:
+def _fetch(repo: str, filename: str, download_dir: Path | None, refresh: bool, label: str) -> Path:
+    if not refresh:
+        cached = try_to_load_from_cache(repo, filename, cache_dir=download_dir)
+        if isinstance(cached, str):
+            return Path(cached)
+    log.info("downloading %s from %s", filename, repo)
     try:
         return Path(hf_hub_download(repo, filename, cache_dir=download_dir))
     except LocalEntryNotFoundError as exc:
         raise ModelSourceError(
             f"cannot download {repo}/{filename}: the Hugging Face Hub cannot be reached and the "
-            "file is not in the local cache. Connect to the internet and run "
-            f"`gpt-oss-server download {repo}:{filename}`, or pass --model /path/to/file.gguf."
+            "file is not in the local cache. On a machine with internet access run "
+            f"`gpt-oss-server download {label}`, or pass --model /path/to/file.gguf."
         ) from exc
     except (RepositoryNotFoundError, GatedRepoError) as exc:
         raise ModelSourceError(
@@ -137,10 +166,6 @@ def _repo_gguf_files(repo: str) -> tuple[str, ...]:
         return (first,)
     prefix = first.split("-00001-of-")[0]
     return tuple(n for n in ggufs if n.startswith(prefix + "-0"))
-
-
-def _looks_like_path(spec: str) -> bool:
-    return spec.endswith(".gguf") or spec.startswith((".", "/", "~"))
 
 
 def find_catalog_entry(spec: str) -> CatalogEntry | None:

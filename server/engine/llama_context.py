@@ -26,8 +26,10 @@ _FLASH_ATTN = {
     "on": lc.LLAMA_FLASH_ATTN_TYPE_ENABLED,
     "off": lc.LLAMA_FLASH_ATTN_TYPE_DISABLED,
 }
-# ggml_log_level: 1 debug, 2 info, 3 warn, 4 error, 5 continuation of the previous line
-_LOG_LEVELS = {2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
+# ggml_log_level: 1 debug, 2 info, 3 warn, 4 error, 5 continuation of the previous line.
+# llama.cpp warns about normal gpt-oss facts at load (token attributes, EOG list, SWA cache
+# size), so its warnings are logged at INFO; errors stay errors.
+_LOG_LEVELS = {2: logging.DEBUG, 3: logging.INFO, 4: logging.ERROR}
 
 
 @lc.llama_log_callback  # type: ignore[untyped-decorator]

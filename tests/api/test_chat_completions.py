@@ -1,0 +1,255 @@
+"""/v1/chat/completions over real HTTP handling on the real tiny engine, outputs forced."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from openai_harmony import HarmonyEncoding
+
+from tests.support.forced import ForcedScript
+from tests.support.sse import parse_sse
+
+REASON_THEN_ANSWER = (
+    "<|channel|>analysis<|message|>User greets. Reply briefly.<|end|>"
+    "<|start|>assistant<|channel|>final<|message|>Hello! 👋 How can I help?<|return|>"
+)
+USER_HI = [{"role": "user", "content": "Hi"}]
+
+
+def post(client: TestClient, **body: Any) -> Any:
+    return client.post("/v1/chat/completions", json={"model": "gpt-oss-tiny", **body})
+
+
+def stream(client: TestClient, **body: Any) -> list[str]:
+    with client.stream(
+        "POST", "/v1/chat/completions", json={"model": "gpt-oss-tiny", "stream": True, **body}
+    ) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        return [event.data for event in parse_sse(response.iter_lines())]
+
+
+def chunks_of(datas: list[str]) -> list[ChatCompletionChunk]:
+    assert datas[-1] == "[DONE]"
+    return [ChatCompletionChunk.model_validate_json(d) for d in datas[:-1]]
+
+
+def joined(chunks: list[ChatCompletionChunk], field: str) -> str:
+    parts = []
+    for chunk in chunks:
+        for choice in chunk.choices:
+            value = getattr(choice.delta, field, None)
+            if value is None and choice.delta.model_extra:
+                value = choice.delta.model_extra.get(field)
+            parts.append(value or "")
+    return "".join(parts)
+
+
+def test_stream_splits_reasoning_and_answer(client: TestClient, forced: ForcedScript) -> None:
+    forced.push(REASON_THEN_ANSWER)
+    chunks = chunks_of(stream(client, messages=USER_HI, stream_options={"include_usage": True}))
+    assert len({c.id for c in chunks}) == 1
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert joined(chunks, "reasoning") == "User greets. Reply briefly."
+    assert joined(chunks, "reasoning_content") == "User greets. Reply briefly."
+    assert joined(chunks, "content") == "Hello! 👋 How can I help?"
+    finals = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert [c.choices[0].finish_reason for c in finals] == ["stop"]
+    usage_chunk = chunks[-1]
+    assert usage_chunk.choices == []
+    usage = usage_chunk.usage
+    assert usage is not None
+    assert usage.completion_tokens_details is not None
+    reasoning_tokens = usage.completion_tokens_details.reasoning_tokens or 0
+    assert usage.completion_tokens > reasoning_tokens > 0
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_non_stream_is_the_fold_of_the_stream(
+    client: TestClient, forced: ForcedScript, encoding: HarmonyEncoding
+) -> None:
+    forced.push(REASON_THEN_ANSWER)
+    streamed = chunks_of(stream(client, messages=USER_HI))
+    forced.push(REASON_THEN_ANSWER)
+    response = post(client, messages=USER_HI)
+    assert response.status_code == 200
+    body = ChatCompletion.model_validate(response.json())
+    message = body.choices[0].message
+    extra = message.model_extra or {}
+    assert message.content == joined(streamed, "content")
+    assert extra["reasoning"] == joined(streamed, "reasoning")
+    assert extra["reasoning_content"] == extra["reasoning"]
+    assert extra["reasoning_details"] == [
+        {"type": "reasoning.text", "text": extra["reasoning"], "format": "unknown", "index": 0}
+    ]
+    assert body.choices[0].finish_reason == "stop"
+    script_tokens = encoding.encode(REASON_THEN_ANSWER, allowed_special="all")
+    analysis = encoding.encode(
+        "<|channel|>analysis<|message|>User greets. Reply briefly.<|end|>", allowed_special="all"
+    )
+    assert body.usage is not None
+    assert body.usage.completion_tokens == len(script_tokens)
+    assert body.usage.completion_tokens_details is not None
+    assert body.usage.completion_tokens_details.reasoning_tokens == len(analysis)
+    assert body.usage.total_tokens == body.usage.prompt_tokens + body.usage.completion_tokens
+
+
+def test_exclude_hides_reasoning_but_the_model_still_reasons(
+    client: TestClient, forced: ForcedScript
+) -> None:
+    for request in ({"reasoning": {"exclude": True}}, {"include_reasoning": False}):
+        forced.push(REASON_THEN_ANSWER)
+        datas = stream(client, messages=USER_HI, **request)
+        assert "User greets" not in "".join(datas)
+        assert joined(chunks_of(datas), "content") == "Hello! 👋 How can I help?"
+        forced.push(REASON_THEN_ANSWER)
+        body = post(client, messages=USER_HI, **request).json()
+        message = body["choices"][0]["message"]
+        assert "reasoning" not in message
+        assert "reasoning_content" not in message
+        assert body["usage"]["completion_tokens_details"]["reasoning_tokens"] > 0
+
+
+def test_several_analysis_messages_are_one_reasoning_text(
+    client: TestClient, forced: ForcedScript
+) -> None:
+    script = (
+        "<|channel|>analysis<|message|>First.<|end|>"
+        "<|start|>assistant<|channel|>analysis<|message|>Second.<|end|>"
+        "<|start|>assistant<|channel|>final<|message|>Done.<|return|>"
+    )
+    forced.push(script)
+    streamed = joined(chunks_of(stream(client, messages=USER_HI)), "reasoning")
+    forced.push(script)
+    folded = post(client, messages=USER_HI).json()["choices"][0]["message"]["reasoning"]
+    assert streamed == folded == "First.\nSecond."
+
+
+@pytest.mark.parametrize(
+    ("request_fields", "expected"),
+    [
+        ({"reasoning": {"effort": "xhigh"}}, "Reasoning: high"),
+        ({"reasoning": {"effort": "minimal"}}, "Reasoning: low"),
+        ({"reasoning_effort": "low"}, "Reasoning: low"),
+        ({"reasoning": {"max_tokens": 10000}}, "Reasoning: high"),
+        ({}, "Reasoning: medium"),
+    ],
+)
+def test_reasoning_effort_reaches_the_system_message(
+    client: TestClient,
+    forced: ForcedScript,
+    encoding: HarmonyEncoding,
+    request_fields: dict[str, Any],
+    expected: str,
+) -> None:
+    forced.push("<|channel|>final<|message|>ok<|return|>")
+    assert post(client, messages=USER_HI, **request_fields).status_code == 200
+    assert expected in encoding.decode_utf8(forced.prompts[-1])
+
+
+def test_history_renders_instructions_and_drops_finished_reasoning(
+    client: TestClient, forced: ForcedScript, encoding: HarmonyEncoding
+) -> None:
+    messages = [
+        {"role": "system", "content": "Be terse."},
+        {"role": "developer", "content": [{"type": "text", "text": "Answer in English."}]},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!", "reasoning_content": "OLD-THOUGHT"},
+        {"role": "user", "content": "Bye"},
+    ]
+    forced.push("<|channel|>final<|message|>Bye!<|return|>")
+    assert post(client, messages=messages).status_code == 200
+    prompt = encoding.decode_utf8(forced.prompts[-1])
+    assert "# Instructions\n\nBe terse.\n\nAnswer in English." in prompt
+    assert "OLD-THOUGHT" not in prompt
+    assert "<|start|>assistant<|channel|>final<|message|>Hello!<|end|>" in prompt
+    assert prompt.endswith("<|start|>user<|message|>Bye<|end|><|start|>assistant")
+
+
+def test_max_tokens_finishes_with_length(client: TestClient, forced: ForcedScript) -> None:
+    forced.push("<|channel|>final<|message|>one two three four five six seven<|return|>")
+    body = post(client, messages=USER_HI, max_tokens=5).json()
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"]["completion_tokens"] == 5
+
+
+def test_malformed_model_output_is_not_an_error(client: TestClient, forced: ForcedScript) -> None:
+    forced.push("<|channel|>final<|message|>Hi<|end|>stray text<|return|>")
+    response = post(client, messages=USER_HI, max_tokens=50)
+    assert response.status_code == 200
+    assert response.json()["choices"][0]["message"]["content"] == "Hi"
+    forced.push("<|channel|>final<|message|>Hi<|end|>stray text<|return|>")
+    datas = stream(client, messages=USER_HI, max_tokens=50)
+    assert joined(chunks_of(datas), "content") == "Hi"
+
+
+def test_unknown_fields_are_ignored(client: TestClient, forced: ForcedScript) -> None:
+    forced.push("<|channel|>final<|message|>ok<|return|>")
+    response = post(client, messages=USER_HI, frobnicate=3, user="u1", metadata={"a": "b"})
+    assert response.status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "messages.0.role"),
+        ({"messages": USER_HI, "n": 2}, "n"),
+        ({"messages": USER_HI, "temperature": 5}, "temperature"),
+        ({"messages": USER_HI, "reasoning": {"effort": "extreme"}}, "reasoning.effort"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+            "messages[0].content",
+        ),
+        (
+            {"messages": [*USER_HI, {"role": "tool", "tool_call_id": "nope", "content": "x"}]},
+            "messages[1].tool_call_id",
+        ),
+    ],
+)
+def test_bad_requests_get_openai_errors(
+    client: TestClient, body: dict[str, Any], param: str
+) -> None:
+    response = client.post("/v1/chat/completions", json=body)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["param"] == param
+    assert error["message"]
+
+
+def test_invalid_json_is_a_400(client: TestClient) -> None:
+    response = client.post(
+        "/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 400
+    assert "not valid JSON" in response.json()["error"]["message"]
+
+
+def test_prompt_longer_than_context_is_rejected_before_compute(
+    client: TestClient, forced: ForcedScript
+) -> None:
+    before = len(forced.prompts)
+    response = post(client, messages=[{"role": "user", "content": "word " * 5000}])
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "context_length_exceeded"
+    assert len(forced.prompts) == before  # nothing reached the engine
+
+
+def test_unknown_route_is_an_openai_404(client: TestClient) -> None:
+    response = client.get("/v1/nothing")
+    assert response.status_code == 404
+    assert response.json()["error"]["type"] == "not_found_error"
+
+
+def test_health_and_models(client: TestClient) -> None:
+    assert client.get("/health").json() == {"status": "ok", "model": "gpt-oss-tiny"}
+    models = client.get("/v1/models").json()
+    assert models["object"] == "list"
+    (model,) = models["data"]
+    assert model["id"] == "gpt-oss-tiny"
+    assert model["context_length"] == 4096
+    assert model["meta"]["n_vocab"] == 201088

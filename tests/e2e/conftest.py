@@ -1,0 +1,41 @@
+"""End-to-end: uvicorn on 127.0.0.1 and real clients."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import uvicorn
+
+from server.app import create_app
+from server.config import Settings
+from server.runtime import Runtime
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def base_url(runtime: Runtime) -> Iterator[str]:
+    """The app on the session's engine, served by uvicorn in a thread."""
+    port = free_port()
+    config = uvicorn.Config(
+        create_app(Settings(), runtime), host="127.0.0.1", port=port, log_level="warning"
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if time.monotonic() > deadline:
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}/v1"
+    server.should_exit = True
+    thread.join(timeout=10)

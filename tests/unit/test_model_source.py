@@ -1,0 +1,130 @@
+"""Model resolution: catalog aliases, paths, Hugging Face repos, and the errors users see."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import huggingface_hub.constants
+import pytest
+
+from server.errors import ModelSourceError
+from server.gguf_meta import read_metadata, vocabulary_bytes
+from server.model_source import (
+    catalog,
+    check_gguf,
+    find_catalog_entry,
+    model_name,
+    resolve_model,
+)
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def fill_hf_cache(cache: Path, repo: str, files: dict[str, Path]) -> None:
+    """Lay files out the way huggingface-hub's cache stores a downloaded snapshot."""
+    root = cache / f"models--{repo.replace('/', '--')}"
+    (root / "refs").mkdir(parents=True)
+    (root / "refs" / "main").write_text(COMMIT)
+    snapshot = root / "snapshots" / COMMIT
+    snapshot.mkdir(parents=True)
+    for name, source in files.items():
+        (snapshot / name).symlink_to(source)
+
+
+@pytest.fixture
+def offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+
+
+def test_catalog_has_both_models_with_split_files() -> None:
+    models = catalog()
+    assert models["gpt-oss-20b"].repo == "ggml-org/gpt-oss-20b-GGUF"
+    assert models["gpt-oss-20b"].files == ("gpt-oss-20b-mxfp4.gguf",)
+    parts = models["gpt-oss-120b"].files
+    assert len(parts) == 3
+    assert all(f"-0000{i}-of-00003.gguf" in p for i, p in enumerate(parts, 1))
+    entry = find_catalog_entry("openai/gpt-oss-20b")
+    assert entry is not None
+    assert entry.alias == "gpt-oss-20b"
+
+
+def test_local_gpt_oss_file(tiny_gguf: Path) -> None:
+    model = resolve_model(str(tiny_gguf))
+    assert model.path == tiny_gguf
+    assert model.name == tiny_gguf.stem
+
+
+def test_model_names_drop_split_numbering() -> None:
+    assert model_name("gpt-oss-120b-mxfp4-00001-of-00003.gguf") == "gpt-oss-120b-mxfp4"
+    assert model_name("gpt-oss-20b-mxfp4.gguf") == "gpt-oss-20b-mxfp4"
+
+
+def test_missing_file_says_what_to_pass(tmp_path: Path) -> None:
+    with pytest.raises(ModelSourceError, match=r"does not exist.*catalog alias"):
+        resolve_model(str(tmp_path / "missing.gguf"))
+
+
+def test_not_a_gguf(tmp_path: Path) -> None:
+    bogus = tmp_path / "weights.gguf"
+    bogus.write_text("definitely not gguf")
+    with pytest.raises(ModelSourceError, match="not a usable GGUF file"):
+        check_gguf(bogus)
+
+
+def test_other_architecture_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "llama.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(1)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ModelSourceError, match="architecture 'llama', not 'gpt-oss'"):
+        check_gguf(path)
+
+
+def test_unrecognised_spec(tmp_path: Path) -> None:
+    with pytest.raises(ModelSourceError, match="not a catalog alias"):
+        resolve_model("just-a-word")
+
+
+def test_alias_resolves_from_the_hf_cache_offline(
+    tiny_gguf: Path, tmp_path: Path, offline: None
+) -> None:
+    fill_hf_cache(tmp_path, "ggml-org/gpt-oss-20b-GGUF", {"gpt-oss-20b-mxfp4.gguf": tiny_gguf})
+    model = resolve_model("gpt-oss-20b", download_dir=tmp_path)
+    assert model.name == "gpt-oss-20b"
+    assert model.path.resolve() == tiny_gguf.resolve()
+    assert model.path.parent.name == COMMIT
+
+
+def test_split_model_needs_every_part(tiny_gguf: Path, tmp_path: Path, offline: None) -> None:
+    parts = catalog()["gpt-oss-120b"].files
+    fill_hf_cache(tmp_path, "ggml-org/gpt-oss-120b-GGUF", {parts[0]: tiny_gguf})
+    with pytest.raises(ModelSourceError, match=f"cannot download .*{parts[1]}"):
+        resolve_model("gpt-oss-120b", download_dir=tmp_path)
+
+
+def test_repo_with_file_from_the_cache(tiny_gguf: Path, tmp_path: Path, offline: None) -> None:
+    fill_hf_cache(tmp_path, "someone/my-gpt-oss", {"tuned.gguf": tiny_gguf})
+    model = resolve_model("someone/my-gpt-oss:tuned.gguf", download_dir=tmp_path)
+    assert model.name == "tuned"
+
+
+def test_offline_without_cache_says_what_to_do(tmp_path: Path, offline: None) -> None:
+    with pytest.raises(ModelSourceError) as raised:
+        resolve_model("gpt-oss-20b", download_dir=tmp_path)
+    message = str(raised.value)
+    assert "cannot be reached" in message
+    assert "gpt-oss-server download gpt-oss-20b" in message
+    assert "--model /path/to/file.gguf" in message
+
+
+def test_metadata_reader_agrees_with_the_file(tiny_gguf: Path) -> None:
+    meta = read_metadata(tiny_gguf, ["general.architecture", "gpt-oss.context_length", "nope"])
+    assert meta == {"general.architecture": "gpt-oss", "gpt-oss.context_length": 131072}
+    ranks = vocabulary_bytes(tiny_gguf)
+    assert len(ranks) == 201088
+    assert ranks[0] == b"!"
+    assert ranks[200006] == b"<|start|>"
