@@ -29,6 +29,7 @@ class SegmentStart:
     channel: str | None
     recipient: str | None = None
     content_type: str | None = None
+    call_id: str | None = None  # tool calls only: a fresh id clients send back with the result
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +53,7 @@ class SegmentEnd:
     channel: str | None = None
     recipient: str | None = None
     content_type: str | None = None
+    call_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,28 +9,32 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from openai_harmony import HarmonyEncoding
 
 from server.engine.base import Engine, EngineResult, SamplingParams, StopReason
 from server.errors import ContextLengthExceeded, InvalidRequest
-from server.events import Finished, FinishReason, GenerationEvent
+from server.events import Finished, FinishReason, GenerationEvent, SegmentEnd
 from server.harmony.decoder import HarmonyDecoder
-from server.harmony.render import render
-from server.transcript import Transcript
+from server.harmony.render import assistant_start_tokens, render
+from server.history import History
+from server.transcript import ToolChoice, Transcript
 
 CALL_TOKEN = 200012  # <|call|>
 
 
 @dataclass(frozen=True, slots=True)
-class SamplingOptions:
-    """What a request asks of sampling; None means the server's default."""
+class GenerationOptions:
+    """What a request asks of generation; None means the server's default."""
 
-    max_tokens: int | None = None
+    max_tokens: int | None = None  # all output tokens, reasoning included
     temperature: float | None = None
     top_p: float | None = None
     seed: int | None = None
+    tool_choice: ToolChoice = field(default_factory=ToolChoice)
+    reasoning_budget: int | None = None  # analysis tokens before the answer is forced to start
+    stop: tuple[str, ...] = ()  # strings that end the final answer
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,16 +49,21 @@ class Generator:
     """Owns the engine and the encoding; one per app."""
 
     def __init__(
-        self, engine: Engine, encoding: HarmonyEncoding, defaults: SamplingDefaults | None = None
+        self,
+        engine: Engine,
+        encoding: HarmonyEncoding,
+        defaults: SamplingDefaults | None = None,
+        history: History | None = None,
     ) -> None:
         self.engine = engine
         self.encoding = encoding
         self.defaults = defaults or SamplingDefaults()
+        self.history = history or History(assistant_start_tokens(encoding))
         self._stop_tokens = frozenset(encoding.stop_tokens_for_assistant_actions())
 
-    def prepare(self, transcript: Transcript, options: SamplingOptions) -> Prepared:
+    def prepare(self, transcript: Transcript, options: GenerationOptions) -> Prepared:
         """Render and validate; raises InvalidRequest / ContextLengthExceeded."""
-        prompt_tokens = render(self.encoding, transcript)
+        prompt_tokens = render(self.encoding, self.history.apply(transcript))
         n_ctx = self.engine.info.n_ctx
         room = n_ctx - len(prompt_tokens)
         if room <= 0:
@@ -88,17 +97,25 @@ class Prepared:
     params: SamplingParams
 
     async def events(self) -> AsyncIterator[GenerationEvent]:
+        """Decoder events while the engine samples, then one Finished event.
+
+        Complete messages are recorded in the history, so the next request can replay them.
+        """
         decoder = HarmonyDecoder(self.generator.encoding)
         stream = self.generator.engine.submit(self.prompt_tokens, self.params)
+        ended: list[SegmentEnd] = []
         try:
             async for chunk in stream:
                 for token in chunk:
                     for event in decoder.feed(token):
+                        if isinstance(event, SegmentEnd):
+                            ended.append(event)
                         yield event
         finally:
             stream.cancel()  # no-op once finished; stops the engine if the consumer left
         for event in decoder.finish():
             yield event
+        self.generator.history.record(ended)
         yield _finished(stream.result, decoder.reasoning_tokens)
 
 

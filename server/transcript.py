@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 ReasoningEffort = Literal["low", "medium", "high"]
 AssistantChannel = Literal["final", "commentary"]
+ToolKind = Literal["function", "custom"]
 
 FUNCTIONS_NAMESPACE = "functions"
 JSON_CONTENT_TYPE = "<|constrain|>json"
@@ -19,13 +20,42 @@ JSON_CONTENT_TYPE = "<|constrain|>json"
 
 @dataclass(frozen=True, slots=True)
 class ToolSpec:
-    """A tool offered to the model, rendered in the developer message's `# Tools` section."""
+    """A tool offered to the model, rendered in the developer message's `# Tools` section.
+
+    A `custom` (freeform) tool takes raw text; the model sees it as a function with a single
+    string parameter `input`.
+    """
 
     name: str
     description: str = ""
     parameters: dict[str, Any] | None = None  # JSON schema of the arguments; None = no arguments
     namespace: str = FUNCTIONS_NAMESPACE
     namespace_description: str = ""
+    kind: ToolKind = "function"
+
+    @property
+    def recipient(self) -> str:
+        return f"{self.namespace}.{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseFormat:
+    """Structured output for the final answer: `json_object`, or `json_schema` with a schema."""
+
+    kind: Literal["json_object", "json_schema"]
+    name: str = "response"
+    schema: dict[str, Any] | None = None
+    description: str = ""
+    strict: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ToolChoice:
+    """Whether the model may, must, or must not call a tool (`named`: that one tool)."""
+
+    mode: Literal["auto", "none", "required", "named"] = "auto"
+    name: str | None = None
+    namespace: str = FUNCTIONS_NAMESPACE
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,3 +129,4 @@ class Transcript:
     tools: tuple[ToolSpec, ...] = ()
     reasoning_effort: ReasoningEffort = "medium"
     conversation_date: str | None = None  # YYYY-MM-DD in the system message
+    response_format: ResponseFormat | None = None

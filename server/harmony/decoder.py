@@ -9,6 +9,8 @@ incomplete and everything after it is reported in a DecodeWarning when the decod
 from __future__ import annotations
 
 import logging
+import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from openai_harmony import HarmonyEncoding, HarmonyError, Message, Role, StreamableParser
@@ -26,6 +28,10 @@ log = logging.getLogger(__name__)
 
 MESSAGE = 200008  # <|message|>: end of a header
 TERMINATORS = frozenset({200007, 200012, 200002})  # <|end|>, <|call|>, <|return|>
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
 
 
 def segment_kind(channel: str | None, recipient: str | None) -> SegmentKind:
@@ -48,8 +54,11 @@ class _Segment:
 class HarmonyDecoder:
     """Feed sampled tokens one at a time; collect the events each produces."""
 
-    def __init__(self, encoding: HarmonyEncoding) -> None:
+    def __init__(
+        self, encoding: HarmonyEncoding, new_call_id: Callable[[], str] = new_call_id
+    ) -> None:
         self._encoding = encoding
+        self._new_call_id = new_call_id
         self._parser = StreamableParser(encoding, Role.ASSISTANT, strict=False)
         self._message_tokens: list[int] = []
         self._segment: _Segment | None = None
@@ -95,7 +104,8 @@ class HarmonyDecoder:
     def _open(self, header: tuple[str | None, str | None, str | None]) -> SegmentStart:
         channel, recipient, content_type = header
         kind = segment_kind(channel, recipient)
-        start = SegmentStart(self._next_index, kind, channel, recipient, content_type)
+        call_id = self._new_call_id() if kind is SegmentKind.TOOL_CALL else None
+        start = SegmentStart(self._next_index, kind, channel, recipient, content_type, call_id)
         self._next_index += 1
         self._segment = _Segment(start)
         return start
@@ -135,6 +145,7 @@ class HarmonyDecoder:
             channel=start.channel,
             recipient=start.recipient,
             content_type=start.content_type,
+            call_id=start.call_id,
         )
         self._segment = None
         self._message_tokens = []

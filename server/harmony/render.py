@@ -39,6 +39,14 @@ from server.transcript import (
 )
 
 _NO_AUTO_DROP = RenderConversationConfig(auto_drop_analysis=False)
+
+# A freeform (custom) tool takes raw text; harmony only knows JSON-argument functions, so the
+# model sees one string parameter and its calls carry {"input": "..."}.
+FREEFORM_PARAMETERS = {
+    "type": "object",
+    "properties": {"input": {"type": "string", "description": "The raw input of the tool."}},
+    "required": ["input"],
+}
 _EFFORTS = {
     "low": ReasoningEffort.LOW,
     "medium": ReasoningEffort.MEDIUM,
@@ -138,4 +146,5 @@ def _by_namespace(tools: Sequence[ToolSpec]) -> list[tuple[str, list[ToolSpec]]]
 
 
 def _tool_description(spec: ToolSpec) -> ToolDescription:
-    return ToolDescription.new(spec.name, spec.description, parameters=spec.parameters)
+    parameters = spec.parameters if spec.kind == "function" else FREEFORM_PARAMETERS
+    return ToolDescription.new(spec.name, spec.description, parameters=parameters)

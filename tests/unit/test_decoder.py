@@ -13,13 +13,19 @@ from server.harmony.decoder import HarmonyDecoder
 Event = SegmentStart | SegmentDelta | SegmentEnd | DecodeWarning
 
 
-def decode(encoding: HarmonyEncoding, text: str) -> tuple[list[Event], HarmonyDecoder]:
+def decode_tokens(
+    encoding: HarmonyEncoding, tokens: list[int]
+) -> tuple[list[Event], HarmonyDecoder]:
     decoder = HarmonyDecoder(encoding)
     events: list[Event] = []
-    for token in encoding.encode(text, allowed_special="all"):
+    for token in tokens:
         events.extend(decoder.feed(token))
     events.extend(decoder.finish())
     return events, decoder
+
+
+def decode(encoding: HarmonyEncoding, text: str) -> tuple[list[Event], HarmonyDecoder]:
+    return decode_tokens(encoding, encoding.encode(text, allowed_special="all"))
 
 
 def ends(events: list[Event]) -> list[SegmentEnd]:
@@ -196,9 +202,5 @@ def test_mutated_sequences_never_raise(encoding: HarmonyEncoding) -> None:
                 del tokens[min(at, len(tokens) - 1)]
             else:
                 tokens.insert(at, rng.randrange(0, 199998))
-        decoder = HarmonyDecoder(encoding)
-        events: list[Event] = []
-        for token in tokens:
-            events.extend(decoder.feed(token))
-        events.extend(decoder.finish())
+        events, _ = decode_tokens(encoding, tokens)
         assert_well_formed(events)

@@ -191,3 +191,12 @@ def test_namespaces_render_after_functions(encoding: HarmonyEncoding) -> None:
     assert functions_at < agents_at
     assert "// Agents." in text
     assert "type close_agent = () => any;" in text
+
+
+def test_custom_tools_take_one_string(encoding: HarmonyEncoding) -> None:
+    patch = ToolSpec(name="apply_patch", description="Edit files.", kind="custom")
+    text = _text(encoding, render(encoding, Transcript(items=(UserMessage("x"),), tools=(patch,))))
+    assert (
+        "// Edit files.\ntype apply_patch = (_: {\n// The raw input of the tool.\n"
+        "input: string,\n}) => any;" in text
+    )

@@ -29,7 +29,7 @@ from server.events import (
     SegmentStart,
     Usage,
 )
-from server.generation import SamplingOptions
+from server.generation import GenerationOptions
 from server.transcript import (
     AssistantMessage,
     DeveloperMessage,
@@ -98,8 +98,8 @@ def requested_effort(request: ChatCompletionRequest) -> ReasoningEffort | None:
     return None
 
 
-def sampling_options(request: ChatCompletionRequest) -> SamplingOptions:
-    return SamplingOptions(
+def generation_options(request: ChatCompletionRequest) -> GenerationOptions:
+    return GenerationOptions(
         max_tokens=request.max_completion_tokens or request.max_tokens,
         temperature=request.temperature,
         top_p=request.top_p,

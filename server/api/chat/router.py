@@ -13,8 +13,8 @@ from server.api.chat.adapter import (
     ChatTranslator,
     ChunkFactory,
     fold,
+    generation_options,
     include_reasoning,
-    sampling_options,
     to_transcript,
 )
 from server.api.chat.schemas import ChatCompletionRequest, Delta
@@ -37,7 +37,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     generator: Generator = request.app.state.generator
     today = datetime.date.today().isoformat()
     transcript = to_transcript(body, settings.reasoning_effort, today)
-    prepared = generator.prepare(transcript, sampling_options(body))
+    prepared = generator.prepare(transcript, generation_options(body))
     translator = ChatTranslator(include_reasoning=include_reasoning(body))
     factory = ChunkFactory(new_id("chatcmpl-"), now(), body.model or request.app.state.model_name)
     if body.stream:
