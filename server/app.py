@@ -7,11 +7,13 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 
 from server import __version__
+from server.api.auth import require_api_key
 from server.api.chat.router import router as chat_router
 from server.api.error_handlers import install_error_handlers
+from server.api.models import health_router
 from server.api.models import router as models_router
 from server.config import Settings
 from server.generation import Generator, SamplingDefaults
@@ -38,6 +40,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
 
     app = FastAPI(title="gpt-oss-server", version=__version__, lifespan=lifespan)
     install_error_handlers(app)
-    app.include_router(models_router)
-    app.include_router(chat_router)
+    app.include_router(health_router)
+    for router in (models_router, chat_router):
+        app.include_router(router, dependencies=[Depends(require_api_key)])
     return app

@@ -5,15 +5,21 @@ Precedence: command-line flags > environment variables > defaults.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 def default_cache_dir() -> Path:
     return Path.home() / ".cache" / "gpt-oss-server"
+
+
+def default_responses_store() -> Path:
+    data_home = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(data_home) / "gpt-oss-server" / "responses.sqlite3"
 
 
 class Settings(BaseSettings):
@@ -67,6 +73,15 @@ class Settings(BaseSettings):
     reasoning_effort: Literal["low", "medium", "high"] = Field(
         "medium", description="Reasoning effort when a request does not say."
     )
+    reasoning_content: bool = Field(
+        True,
+        description="Also send Chat Completions reasoning as `reasoning_content` (the name "
+        "llama.cpp and DeepSeek clients read), besides `reasoning`.",
+    )
+    api_key: SecretStr | None = Field(
+        None,
+        description="When set, every /v1 request must carry `Authorization: Bearer <key>`.",
+    )
     cache_dir: Path = Field(
         default_factory=default_cache_dir,
         description="Where the server keeps its own files (the o200k vocabulary copy).",
@@ -76,4 +91,22 @@ class Settings(BaseSettings):
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         "info", description="Logging level."
+    )
+    responses_store_path: Path = Field(
+        default_factory=default_responses_store,
+        description="SQLite file of the /v1/responses store (store=true, previous_response_id); "
+        "default: $XDG_DATA_HOME/gpt-oss-server/responses.sqlite3 (~/.local/share/...).",
+    )
+    responses_store_max_entries: int = Field(
+        1000, ge=1, description="Most responses kept in the store; the oldest go first."
+    )
+    responses_store_max_mb: int = Field(
+        256, ge=1, description="Most megabytes of responses kept in the store."
+    )
+    responses_keepalive_s: float = Field(
+        5.0,
+        gt=0,
+        description="Seconds without output (e.g. a long prompt being evaluated) after which a "
+        "/v1/responses stream sends a response.in_progress event; Codex resets its idle timer "
+        "only on real events.",
     )

@@ -8,18 +8,24 @@ exactly one `Finished` event, also on cancellation and engine errors.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 
 from openai_harmony import HarmonyEncoding
 
 from server.engine.base import Engine, EngineResult, SamplingParams, StopReason
+from server.engine.grammar import json_grammar
 from server.errors import ContextLengthExceeded, InvalidRequest
 from server.events import Finished, FinishReason, GenerationEvent, SegmentEnd
 from server.harmony.decoder import HarmonyDecoder
 from server.harmony.render import assistant_start_tokens, render
+from server.harmony.steering import SteeringPlan, plan_steering
 from server.history import History
-from server.transcript import ToolChoice, Transcript
+from server.stop_strings import StopStrings
+from server.transcript import ResponseFormat, ToolChoice, Transcript
+
+log = logging.getLogger(__name__)
 
 CALL_TOKEN = 200012  # <|call|>
 
@@ -63,7 +69,8 @@ class Generator:
 
     def prepare(self, transcript: Transcript, options: GenerationOptions) -> Prepared:
         """Render and validate; raises InvalidRequest / ContextLengthExceeded."""
-        prompt_tokens = render(self.encoding, self.history.apply(transcript))
+        transcript = self.history.apply(transcript)
+        prompt_tokens = render(self.encoding, transcript)
         n_ctx = self.engine.info.n_ctx
         room = n_ctx - len(prompt_tokens)
         if room <= 0:
@@ -73,11 +80,15 @@ class Generator:
                 "larger --n-ctx.",
                 param="messages",
             )
+        params = self._sampling(options, room)
+        steering = self._steering(transcript, options)
+        return Prepared(self, prompt_tokens, params, steering, options.stop)
+
+    def _sampling(self, options: GenerationOptions, room: int) -> SamplingParams:
         if options.max_tokens is not None and options.max_tokens < 1:
             raise InvalidRequest("max tokens must be at least 1", param="max_tokens")
-        max_tokens = min(options.max_tokens or room, room)
-        params = SamplingParams(
-            max_tokens=max_tokens,
+        return SamplingParams(
+            max_tokens=min(options.max_tokens or room, room),
             temperature=_pick(options.temperature, self.defaults.temperature),
             top_p=_pick(options.top_p, self.defaults.top_p),
             top_k=self.defaults.top_k,
@@ -85,7 +96,40 @@ class Generator:
             seed=options.seed,
             stop_tokens=self._stop_tokens,
         )
-        return Prepared(self, prompt_tokens, params)
+
+    def _steering(self, transcript: Transcript, options: GenerationOptions) -> SteeringPlan:
+        recipients = [spec.recipient for spec in transcript.tools]
+        choice = options.tool_choice
+        if choice.mode in ("required", "named") and not recipients:
+            raise InvalidRequest(f"tool_choice {choice.mode!r} needs tools", param="tool_choice")
+        if choice.mode == "named" and f"{choice.namespace}.{choice.name}" not in recipients:
+            raise InvalidRequest(
+                f"tool_choice names {choice.name!r}, which is not among the tools",
+                param="tool_choice",
+            )
+        if options.reasoning_budget is not None and options.reasoning_budget < 1:
+            raise InvalidRequest("the reasoning budget must be positive", param="reasoning")
+        return plan_steering(
+            self.encoding,
+            recipients,
+            choice,
+            final_grammar=self._final_grammar(transcript.response_format),
+            reasoning_budget=options.reasoning_budget,
+        )
+
+    def _final_grammar(self, response_format: ResponseFormat | None) -> str | None:
+        if response_format is None:
+            return None
+        schema = response_format.schema if response_format.kind == "json_schema" else None
+        try:
+            grammar = json_grammar(schema)
+            self.engine.validate_grammar(grammar)
+        except ValueError as exc:
+            raise InvalidRequest(
+                f"the response format's JSON schema cannot be enforced: {exc}",
+                param="response_format",
+            ) from exc
+        return grammar
 
 
 @dataclass(frozen=True)
@@ -95,6 +139,8 @@ class Prepared:
     generator: Generator
     prompt_tokens: list[int]
     params: SamplingParams
+    steering: SteeringPlan
+    stop: tuple[str, ...] = ()
 
     async def events(self) -> AsyncIterator[GenerationEvent]:
         """Decoder events while the engine samples, then one Finished event.
@@ -102,26 +148,46 @@ class Prepared:
         Complete messages are recorded in the history, so the next request can replay them.
         """
         decoder = HarmonyDecoder(self.generator.encoding)
-        stream = self.generator.engine.submit(self.prompt_tokens, self.params)
+        stops = StopStrings(self.stop)
+        steering = self.steering.start()
+        stream = self.generator.engine.submit(self.prompt_tokens, self.params, steering)
         ended: list[SegmentEnd] = []
         try:
             async for chunk in stream:
-                for token in chunk:
-                    for event in decoder.feed(token):
-                        if isinstance(event, SegmentEnd):
-                            ended.append(event)
-                        yield event
+                for event in _decoded(decoder, stops, chunk):
+                    if isinstance(event, SegmentEnd):
+                        ended.append(event)
+                    yield event
+                if stops.hit:
+                    break
         finally:
             stream.cancel()  # no-op once finished; stops the engine if the consumer left
-        for event in decoder.finish():
-            yield event
+        if stops.hit:
+            async for _ in stream:  # the engine stops within a token; wait for its result
+                pass
+        else:
+            for event in decoder.finish():
+                for passed in stops.filter(event):
+                    yield passed
+        if steering.left_grammar:
+            log.warning("the model's output left the harmony grammar; steering was switched off")
         self.generator.history.record(ended)
-        yield _finished(stream.result, decoder.reasoning_tokens)
+        yield _finished(stream.result, decoder.reasoning_tokens, stopped=stops.hit)
 
 
-def _finished(result: EngineResult, reasoning_tokens: int) -> Finished:
+def _decoded(
+    decoder: HarmonyDecoder, stops: StopStrings, tokens: list[int]
+) -> Iterator[GenerationEvent]:
+    for token in tokens:
+        for event in decoder.feed(token):
+            yield from stops.filter(event)
+            if stops.hit:
+                return
+
+
+def _finished(result: EngineResult, reasoning_tokens: int, *, stopped: bool) -> Finished:
     return Finished(
-        reason=finish_reason(result),
+        reason=FinishReason.STOP if stopped else finish_reason(result),
         usage=dataclasses.replace(result.usage, reasoning_tokens=reasoning_tokens),
         timings=result.timings,
         error=result.error,

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any
+from typing import Any, Literal
 
 from server.errors import InvalidRequest
 from server.events import Timings, Usage
-from server.transcript import ReasoningEffort
+from server.transcript import (
+    FUNCTIONS_NAMESPACE,
+    ReasoningEffort,
+    ResponseFormat,
+    ToolChoice,
+)
 
 _EFFORTS: dict[str, ReasoningEffort] = {
     "none": "low",
@@ -74,3 +79,80 @@ def text_of_parts(parts: list[Any], allowed: tuple[str, ...], param: str) -> str
             )
         texts.append(part.text or "")
     return "\n".join(texts)
+
+
+_CHOICE_MODES: dict[str, Literal["auto", "none", "required"]] = {
+    "auto": "auto",
+    "none": "none",
+    "required": "required",
+}
+
+
+def to_tool_choice(value: str | dict[str, Any] | None) -> ToolChoice:
+    """tool_choice of either API -> ToolChoice (generation checks that a named tool exists).
+
+    Accepts "auto" | "none" | "required", `{"type": "function", "name": ...}` (Responses, with an
+    optional `namespace`), `{"type": "function", "function": {"name": ...}}` (Chat),
+    `{"type": "custom", ...}` and `{"type": "allowed_tools", "mode": ...}` (the subset is not
+    enforced: it is treated as its mode).
+    """
+    if value is None:
+        return ToolChoice()
+    if isinstance(value, str):
+        mode = _CHOICE_MODES.get(value)
+        if mode is None:
+            raise InvalidRequest(
+                f"tool_choice must be one of {', '.join(_CHOICE_MODES)} or an object naming a "
+                f"tool, not {value!r}",
+                param="tool_choice",
+            )
+        return ToolChoice(mode=mode)
+    kind = value.get("type")
+    if kind == "allowed_tools":
+        nested = value.get("allowed_tools")
+        mode_name = (nested if isinstance(nested, dict) else value).get("mode", "auto")
+        return to_tool_choice(str(mode_name))
+    if kind in ("function", "custom"):
+        nested = value.get(kind)
+        named = nested if isinstance(nested, dict) else value
+        name = named.get("name")
+        if not isinstance(name, str) or not name:
+            raise InvalidRequest("tool_choice names no tool", param="tool_choice")
+        namespace = named.get("namespace") or FUNCTIONS_NAMESPACE
+        return ToolChoice(mode="named", name=name, namespace=str(namespace))
+    raise InvalidRequest(
+        f"tool_choice of type {kind!r} is not supported: this server runs function and custom "
+        "tools only",
+        param="tool_choice",
+    )
+
+
+def to_response_format(value: dict[str, Any] | None, param: str) -> ResponseFormat | None:
+    """Chat `response_format` or Responses `text.format` -> ResponseFormat (None: plain text).
+
+    Chat nests the schema (`{"type": "json_schema", "json_schema": {name, schema, ...}}`);
+    Responses puts it beside the type (`{"type": "json_schema", "name", "schema", ...}`).
+    """
+    if value is None:
+        return None
+    kind = value.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return ResponseFormat(kind="json_object")
+    if kind != "json_schema":
+        raise InvalidRequest(
+            f"unknown format type {kind!r}; use text, json_object or json_schema", param=param
+        )
+    nested = value.get("json_schema")
+    spec = nested if isinstance(nested, dict) else value
+    schema = spec.get("schema")
+    if not isinstance(schema, dict):
+        raise InvalidRequest("a json_schema format needs a `schema` object", param=param)
+    return ResponseFormat(
+        kind="json_schema",
+        name=str(spec.get("name") or "response"),
+        schema=schema,
+        description=str(spec.get("description") or ""),
+        strict=bool(spec.get("strict")),
+    )

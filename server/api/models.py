@@ -9,9 +9,10 @@ from fastapi import APIRouter, Request
 from server.runtime import Runtime
 
 router = APIRouter()
+health_router = APIRouter()
 
 
-@router.get("/health")
+@health_router.get("/health")
 async def health(request: Request) -> dict[str, Any]:
     runtime: Runtime = request.app.state.runtime
     return {"status": "ok", "model": runtime.model_name}

@@ -12,7 +12,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from server.engine.base import (
@@ -21,11 +21,12 @@ from server.engine.base import (
     ModelInfo,
     SamplingHook,
     SamplingParams,
+    Steering,
     StopReason,
-    TokenChooser,
 )
 from server.engine.channel import TokenChannel
 from server.engine.llama_context import DecodeError, LlamaContext
+from server.engine.picker import TokenPicker
 from server.events import Timings, Usage
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,7 @@ class _Job:
     prompt_tokens: list[int]
     params: SamplingParams
     channel: TokenChannel
+    steering: Steering | None = None
     submitted: float = field(default_factory=time.perf_counter)
 
 
@@ -90,10 +92,19 @@ class LlamaEngine:
         assert self._ctx is not None
         return self._ctx.info
 
-    def submit(self, prompt_tokens: Sequence[int], params: SamplingParams) -> TokenChannel:
+    def submit(
+        self,
+        prompt_tokens: Sequence[int],
+        params: SamplingParams,
+        steering: Steering | None = None,
+    ) -> TokenChannel:
         channel = TokenChannel(asyncio.get_running_loop())
-        self._jobs.put(_Job(list(prompt_tokens), params, channel))
+        self._jobs.put(_Job(list(prompt_tokens), params, channel, steering))
         return channel
+
+    def validate_grammar(self, grammar: str) -> None:
+        assert self._ctx is not None
+        self._ctx.validate_grammar(grammar)  # reads only the vocabulary
 
     def token_text(self, token_id: int) -> str:
         assert self._ctx is not None
@@ -141,11 +152,11 @@ class LlamaEngine:
             state.finish(StopReason.CANCELLED)
             return
         chooser = self._hook(prompt) if self._hook is not None else None
-        sampler = ctx.new_sampler(state.job.params)
+        picker = TokenPicker(ctx, state.job.params, state.job.steering, chooser)
         try:
-            reason = self._decode_loop(ctx, state, sampler.sample, chooser)
+            reason = self._decode_loop(ctx, state, picker)
         finally:
-            sampler.free()
+            picker.free()
         state.finish(reason)
 
     def _prefill(self, ctx: LlamaContext, state: _Generation) -> bool:
@@ -166,32 +177,31 @@ class LlamaEngine:
         return True
 
     def _decode_loop(
-        self,
-        ctx: LlamaContext,
-        state: _Generation,
-        sample: Callable[[], int],
-        chooser: TokenChooser | None,
+        self, ctx: LlamaContext, state: _Generation, picker: TokenPicker
     ) -> StopReason:
         params = state.job.params
         channel = state.job.channel
         stop_tokens = params.stop_tokens
         cached = self._cached_tokens
         while True:
-            token = sample()
-            if chooser is not None:
-                token = chooser(token)
-            state.add_token(token)
-            if token in stop_tokens:
-                state.stop_token = token
-                return StopReason.STOP_TOKEN
-            if state.completed >= params.max_tokens:
-                return StopReason.MAX_TOKENS
+            tokens = picker.next_tokens()
+            for token in tokens:
+                picker.accept(token)
+                state.add_token(token)
+                if token in stop_tokens:
+                    state.stop_token = token
+                    return StopReason.STOP_TOKEN
+                if state.completed >= params.max_tokens:
+                    return StopReason.MAX_TOKENS
             if channel.cancelled:
                 return StopReason.CANCELLED
-            if len(cached) + 1 >= ctx.n_ctx:
+            if len(cached) + len(tokens) >= ctx.n_ctx:
                 return StopReason.CONTEXT_FULL
-            ctx.evaluate_one(token, len(cached))
-            cached.append(token)
+            if len(tokens) == 1:
+                ctx.evaluate_one(tokens[0], len(cached))
+            else:
+                ctx.evaluate(tokens, len(cached))
+            cached.extend(tokens)
 
     def _forget_cache(self, ctx: LlamaContext) -> None:
         self._cached_tokens.clear()

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import math
 import os
 from array import array
 from collections.abc import Sequence
 from typing import Any
 
 import llama_cpp.llama_cpp as lc
+import numpy as np
 
-from server.engine.base import EngineConfig, ModelInfo, SamplingParams
+from server.engine.base import Constrain, EngineConfig, ModelInfo, SamplingParams
 
 log = logging.getLogger(__name__)
 llama_log = logging.getLogger("llama_cpp")
@@ -165,24 +167,72 @@ class LlamaContext:
         if code != 0:
             raise DecodeError(int(code))
 
-    def new_sampler(self, params: SamplingParams) -> Sampler:
-        return Sampler(self._ctx, params)
+    def new_sampler(self, params: SamplingParams, constraint: Constrain | None = None) -> Sampler:
+        return Sampler(self._ctx, self._vocab, params, constraint)
+
+    def validate_grammar(self, grammar: str) -> None:
+        sampler = lc.llama_sampler_init_grammar(self._vocab, grammar.encode(), b"root")
+        if not sampler:
+            raise ValueError("llama.cpp rejected the grammar")
+        lc.llama_sampler_free(sampler)
+
+    def sample_among(
+        self, allowed: Sequence[int], params: SamplingParams, rng: np.random.Generator
+    ) -> int:
+        """Sample from the last logits restricted to `allowed`, with temperature and top-p."""
+        logits = np.ctypeslib.as_array(lc.llama_get_logits_ith(self._ctx, -1), (self.info.n_vocab,))
+        candidates = np.asarray(allowed, dtype=np.int64)
+        chosen = logits[candidates].astype(np.float64)
+        if params.temperature <= 0 or len(candidates) == 1:
+            return int(candidates[int(np.argmax(chosen))])
+        weights = np.exp((chosen - chosen.max()) / params.temperature)
+        probs = weights / weights.sum()
+        if params.top_p < 1.0:
+            order = np.argsort(-probs)
+            keep = order[: int(np.searchsorted(np.cumsum(probs[order]), params.top_p)) + 1]
+            probs = np.zeros_like(probs)
+            probs[keep] = weights[keep] / weights[keep].sum()
+        return int(candidates[rng.choice(len(candidates), p=probs)])
 
 
 class Sampler:
     """A llama.cpp sampler chain; `sample()` picks from the last evaluated logits."""
 
-    def __init__(self, ctx: Any, params: SamplingParams) -> None:
+    def __init__(
+        self, ctx: Any, vocab: Any, params: SamplingParams, constraint: Constrain | None
+    ) -> None:
         self._ctx = ctx
+        stages = _constraint_stages(vocab, constraint) + _sampler_stages(params)
         self._chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
-        for sampler in _sampler_stages(params):
-            lc.llama_sampler_chain_add(self._chain, sampler)
+        for stage in stages:
+            lc.llama_sampler_chain_add(self._chain, stage)  # the chain owns its stages
 
     def sample(self) -> int:
         return int(lc.llama_sampler_sample(self._chain, self._ctx, -1))
 
     def free(self) -> None:
         lc.llama_sampler_free(self._chain)
+
+
+def _constraint_stages(vocab: Any, constraint: Constrain | None) -> list[Any]:
+    if constraint is None:
+        return []
+    stages: list[Any] = []
+    if constraint.banned:
+        n_vocab = int(lc.llama_vocab_n_tokens(vocab))
+        banned = sorted(constraint.banned)
+        biases = (lc.llama_logit_bias * len(banned))(
+            *(lc.llama_logit_bias(token, -math.inf) for token in banned)
+        )
+        stages.append(lc.llama_sampler_init_logit_bias(n_vocab, len(banned), biases))
+    if constraint.grammar is not None:
+        grammar = lc.llama_sampler_init_grammar(vocab, constraint.grammar.encode(), b"root")
+        if not grammar:
+            for stage in stages:
+                lc.llama_sampler_free(stage)
+            raise ValueError("llama.cpp rejected the grammar")
+        stages.append(grammar)
+    return stages
 
 
 def _sampler_stages(params: SamplingParams) -> list[Any]:

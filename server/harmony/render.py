@@ -9,6 +9,7 @@ is dropped; the analysis of the current, unfinished tool-call chain is kept.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from itertools import groupby
 
@@ -32,6 +33,7 @@ from server.transcript import (
     DeveloperMessage,
     Item,
     Reasoning,
+    ResponseFormat,
     ToolCall,
     ToolSpec,
     Transcript,
@@ -39,6 +41,7 @@ from server.transcript import (
 )
 
 _NO_AUTO_DROP = RenderConversationConfig(auto_drop_analysis=False)
+MESSAGE = 200008  # <|message|>
 
 # A freeform (custom) tool takes raw text; harmony only knows JSON-argument functions, so the
 # model sees one string parameter and its calls carry {"input": "..."}.
@@ -61,6 +64,8 @@ def render(encoding: HarmonyEncoding, transcript: Transcript) -> list[int]:
     if developer is not None:
         head.append(developer)
     prompt_tokens = encoding.render_conversation(Conversation.from_messages(head), _NO_AUTO_DROP)
+    if transcript.response_format is not None:
+        prompt_tokens = _with_response_format(encoding, prompt_tokens, transcript.response_format)
     for item in visible_items(transcript.items):
         prompt_tokens.extend(item_tokens(encoding, item))
     prompt_tokens.extend(assistant_start_tokens(encoding))
@@ -119,7 +124,7 @@ def _system_message(transcript: Transcript) -> Message:
 
 
 def _developer_message(transcript: Transcript) -> Message | None:
-    if not transcript.instructions and not transcript.tools:
+    if not transcript.instructions and not transcript.tools and not transcript.response_format:
         return None
     content = DeveloperContent.new()
     if transcript.instructions:
@@ -134,6 +139,27 @@ def _developer_message(transcript: Transcript) -> Message | None:
             )
             content = content.with_tools(config)
     return Message.from_role_and_content(Role.DEVELOPER, content)
+
+
+def _with_response_format(
+    encoding: HarmonyEncoding, head_tokens: list[int], response_format: ResponseFormat
+) -> list[int]:
+    """Append harmony's `# Response Formats` section to the developer message.
+
+    openai-harmony has no API for it, so the developer message's content is re-encoded with the
+    section at its end, as ordinary text (exactly as harmony encodes message content).
+    """
+    start = len(head_tokens) - 1 - head_tokens[::-1].index(MESSAGE)
+    content = encoding.decode_utf8(head_tokens[start + 1 : -1])
+    schema = response_format.schema if response_format.kind == "json_schema" else {"type": "object"}
+    description = response_format.description or "Respond with JSON that matches this schema."
+    section = (
+        f"# Response Formats\n\n## {response_format.name}\n\n// {description}\n"
+        f"{json.dumps(schema, separators=(',', ':'))}"
+    )
+    text = f"{content}\n\n{section}" if content else section
+    body = encoding.encode(text, disallowed_special=())
+    return [*head_tokens[: start + 1], *body, head_tokens[-1]]
 
 
 def _by_namespace(tools: Sequence[ToolSpec]) -> list[tuple[str, list[ToolSpec]]]:

@@ -1,34 +1,16 @@
-"""Chat Completions <-> the generation core: request -> Transcript; events -> deltas -> chunks.
-
-Streaming sends each delta in a chunk as it comes; the non-streaming body folds the very same
-deltas, so both answers always agree.
-"""
+"""Chat Completions request -> the neutral Transcript and GenerationOptions."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from server.api.chat.schemas import (
-    ChatCompletion,
-    ChatCompletionChunk,
     ChatCompletionRequest,
     ChatMessageIn,
-    Delta,
-    MessageOut,
-    UsageOut,
+    NamedToolChoice,
+    ResponseFormatIn,
+    ToolIn,
 )
-from server.api.common import clamp_effort, effort_for_budget, text_of_parts, timings_out
+from server.api.common import clamp_effort, effort_for_budget, text_of_parts
 from server.errors import InvalidRequest
-from server.events import (
-    DecodeWarning,
-    Finished,
-    FinishReason,
-    GenerationEvent,
-    SegmentDelta,
-    SegmentKind,
-    SegmentStart,
-    Usage,
-)
 from server.generation import GenerationOptions
 from server.transcript import (
     AssistantMessage,
@@ -36,19 +18,15 @@ from server.transcript import (
     Item,
     Reasoning,
     ReasoningEffort,
+    ResponseFormat,
     ToolCall,
+    ToolChoice,
     ToolResult,
+    ToolSpec,
     Transcript,
     UserMessage,
 )
 
-FINISH_REASONS = {
-    FinishReason.STOP: "stop",
-    FinishReason.TOOL_CALL: "tool_calls",
-    FinishReason.LENGTH: "length",
-    FinishReason.CANCELLED: "stop",
-    FinishReason.ERROR: "stop",
-}
 TEXT_PARTS = ("text", "input_text", "output_text")
 
 
@@ -57,10 +35,6 @@ def check_supported(request: ChatCompletionRequest) -> None:
         raise InvalidRequest("only n=1 is supported", param="n")
     if request.logprobs:
         raise InvalidRequest("logprobs are not supported", param="logprobs")
-    if request.tools:
-        raise InvalidRequest("tools are not supported by this endpoint yet", param="tools")
-    if request.stop:
-        raise InvalidRequest("stop sequences are not supported yet", param="stop")
 
 
 def to_transcript(
@@ -80,8 +54,24 @@ def to_transcript(
     return Transcript(
         items=tuple(items),
         instructions=instructions or None,
+        tools=tuple(_tool_spec(tool, i) for i, tool in enumerate(request.tools or [])),
         reasoning_effort=requested_effort(request) or default_effort,
         conversation_date=date,
+        response_format=_response_format(request.response_format),
+    )
+
+
+def generation_options(request: ChatCompletionRequest) -> GenerationOptions:
+    stop = request.stop
+    budget = request.reasoning.max_tokens if request.reasoning is not None else None
+    return GenerationOptions(
+        max_tokens=request.max_completion_tokens or request.max_tokens,
+        temperature=request.temperature,
+        top_p=request.top_p,
+        seed=request.seed,
+        tool_choice=_tool_choice(request.tool_choice),
+        reasoning_budget=budget,
+        stop=(stop,) if isinstance(stop, str) else tuple(stop or ()),
     )
 
 
@@ -98,19 +88,52 @@ def requested_effort(request: ChatCompletionRequest) -> ReasoningEffort | None:
     return None
 
 
-def generation_options(request: ChatCompletionRequest) -> GenerationOptions:
-    return GenerationOptions(
-        max_tokens=request.max_completion_tokens or request.max_tokens,
-        temperature=request.temperature,
-        top_p=request.top_p,
-        seed=request.seed,
-    )
-
-
 def include_reasoning(request: ChatCompletionRequest) -> bool:
     if request.reasoning is not None and request.reasoning.exclude:
         return False
     return request.include_reasoning is not False
+
+
+def _tool_spec(tool: ToolIn, index: int) -> ToolSpec:
+    if tool.type != "function" or tool.function is None:
+        raise InvalidRequest(
+            f"tool type {tool.type!r} is not supported here; use function tools "
+            "(custom tools are supported on /v1/responses)",
+            param=f"tools[{index}]",
+        )
+    function = tool.function
+    return ToolSpec(
+        name=function.name,
+        description=function.description or "",
+        parameters=function.parameters,
+    )
+
+
+def _tool_choice(choice: str | NamedToolChoice | None) -> ToolChoice:
+    if choice is None or choice == "auto":
+        return ToolChoice()
+    if isinstance(choice, NamedToolChoice):
+        return ToolChoice(mode="named", name=choice.function.name)
+    return ToolChoice(mode="none" if choice == "none" else "required")
+
+
+def _response_format(response_format: ResponseFormatIn | None) -> ResponseFormat | None:
+    if response_format is None or response_format.type == "text":
+        return None
+    if response_format.type == "json_object":
+        return ResponseFormat(kind="json_object")
+    spec = response_format.json_schema
+    if spec is None or spec.schema_ is None:
+        raise InvalidRequest(
+            "response_format json_schema needs json_schema.schema", param="response_format"
+        )
+    return ResponseFormat(
+        kind="json_schema",
+        name=spec.name,
+        schema=spec.schema_,
+        description=spec.description or "",
+        strict=bool(spec.strict),
+    )
 
 
 def _text(message: ChatMessageIn, index: int) -> str:
@@ -168,125 +191,10 @@ def _tool_result(message: ChatMessageIn, index: int, names: dict[str, str]) -> T
         raise InvalidRequest(
             "a tool message needs tool_call_id", param=f"messages[{index}].tool_call_id"
         )
-    name = names.get(call_id) or message.name
+    name = names.get(call_id)
     if name is None:
         raise InvalidRequest(
             f"tool_call_id {call_id!r} matches no earlier assistant tool call",
             param=f"messages[{index}].tool_call_id",
         )
     return ToolResult(call_id=call_id, name=name, output=_text(message, index))
-
-
-@dataclass
-class ChatTranslator:
-    """Turns generation events into chat deltas; remembers how the generation finished.
-
-    Several analysis messages become one reasoning text, separated by a newline.
-    """
-
-    include_reasoning: bool
-    finished: Finished | None = None
-    warnings: list[DecodeWarning] = field(default_factory=list)
-    _has_reasoning: bool = False
-    _needs_separator: bool = False
-
-    def deltas(self, event: GenerationEvent) -> list[Delta]:
-        if isinstance(event, SegmentDelta):
-            return self._delta(event)
-        if isinstance(event, SegmentStart) and event.kind is SegmentKind.REASONING:
-            self._needs_separator = self._has_reasoning
-        elif isinstance(event, DecodeWarning):
-            self.warnings.append(event)
-        elif isinstance(event, Finished):
-            self.finished = event
-        return []
-
-    def _delta(self, event: SegmentDelta) -> list[Delta]:
-        if event.kind is SegmentKind.REASONING:
-            if not self.include_reasoning:
-                return []
-            text = "\n" + event.text if self._needs_separator else event.text
-            self._has_reasoning, self._needs_separator = True, False
-            return [Delta(reasoning=text, reasoning_content=text)]
-        if event.kind in (SegmentKind.FINAL, SegmentKind.PREAMBLE):
-            return [Delta(content=event.text)]
-        return []
-
-    @property
-    def finish_reason(self) -> str:
-        reason = self.finished.reason if self.finished else FinishReason.ERROR
-        return FINISH_REASONS[reason]
-
-
-def usage_out(usage: Usage) -> UsageOut:
-    return UsageOut(
-        prompt_tokens=usage.prompt_tokens,
-        completion_tokens=usage.completion_tokens,
-        total_tokens=usage.total_tokens,
-        prompt_tokens_details={"cached_tokens": usage.cached_tokens},
-        completion_tokens_details={"reasoning_tokens": usage.reasoning_tokens},
-    )
-
-
-@dataclass(frozen=True)
-class ChunkFactory:
-    """Builds chunks that share one id, timestamp and model name."""
-
-    id: str
-    created: int
-    model: str
-
-    def chunk(self, delta: Delta, finish_reason: str | None = None) -> ChatCompletionChunk:
-        return ChatCompletionChunk(
-            id=self.id,
-            object="chat.completion.chunk",
-            created=self.created,
-            model=self.model,
-            choices=[
-                {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
-            ],
-        )
-
-    def usage_chunk(self, finished: Finished) -> ChatCompletionChunk:
-        chunk = ChatCompletionChunk(
-            id=self.id,
-            object="chat.completion.chunk",
-            created=self.created,
-            model=self.model,
-            choices=[],
-            usage=usage_out(finished.usage),
-        )
-        chunk["timings"] = timings_out(finished.timings, finished.usage)
-        return chunk
-
-
-def fold(deltas: list[Delta], translator: ChatTranslator, factory: ChunkFactory) -> ChatCompletion:
-    """The non-streaming body: the same deltas, merged."""
-    content = "".join(d.get("content", "") for d in deltas)
-    reasoning = "".join(d.get("reasoning", "") for d in deltas)
-    message = MessageOut(role="assistant", content=content or None)
-    if reasoning:
-        message["reasoning"] = reasoning
-        message["reasoning_content"] = reasoning
-        message["reasoning_details"] = [
-            {"type": "reasoning.text", "text": reasoning, "format": "unknown", "index": 0}
-        ]
-    finished = translator.finished
-    body = ChatCompletion(
-        id=factory.id,
-        object="chat.completion",
-        created=factory.created,
-        model=factory.model,
-        choices=[
-            {
-                "index": 0,
-                "message": message,
-                "finish_reason": translator.finish_reason,
-                "logprobs": None,
-            }
-        ],
-    )
-    if finished is not None:
-        body["usage"] = usage_out(finished.usage)
-        body["timings"] = timings_out(finished.timings, finished.usage)
-    return body

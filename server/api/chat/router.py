@@ -9,14 +9,8 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from server.api.chat.adapter import (
-    ChatTranslator,
-    ChunkFactory,
-    fold,
-    generation_options,
-    include_reasoning,
-    to_transcript,
-)
+from server.api.chat.adapter import generation_options, include_reasoning, to_transcript
+from server.api.chat.output import ChatTranslator, ChunkFactory, fold
 from server.api.chat.schemas import ChatCompletionRequest, Delta
 from server.api.common import new_id, now
 from server.api.sse import DONE, sse_data
@@ -38,7 +32,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     today = datetime.date.today().isoformat()
     transcript = to_transcript(body, settings.reasoning_effort, today)
     prepared = generator.prepare(transcript, generation_options(body))
-    translator = ChatTranslator(include_reasoning=include_reasoning(body))
+    translator = ChatTranslator(
+        include_reasoning=include_reasoning(body), reasoning_content=settings.reasoning_content
+    )
     factory = ChunkFactory(new_id("chatcmpl-"), now(), body.model or request.app.state.model_name)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)

@@ -58,6 +58,39 @@ class StreamOptions(_Lenient):
     include_usage: bool = False
 
 
+class FunctionDefinition(_Lenient):
+    name: str = Field(min_length=1, max_length=128)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolIn(_Lenient):
+    type: str
+    function: FunctionDefinition | None = None
+
+
+class NamedFunction(_Lenient):
+    name: str
+
+
+class NamedToolChoice(_Lenient):
+    type: str = "function"
+    function: NamedFunction
+
+
+class JsonSchemaFormat(_Lenient):
+    name: str = "response"
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+
+class ResponseFormatIn(_Lenient):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
 class ChatCompletionRequest(_Lenient):
     model: str = ""
     messages: list[ChatMessageIn] = Field(min_length=1)
@@ -72,10 +105,24 @@ class ChatCompletionRequest(_Lenient):
     reasoning: ReasoningConfig | None = None
     reasoning_effort: str | None = None
     include_reasoning: bool | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tools: list[ToolIn] | None = None
+    tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormatIn | None = None
     stop: str | list[str] | None = None
     logprobs: bool | None = None
+
+
+class FunctionDelta(TypedDict, total=False):
+    name: str
+    arguments: str
+
+
+class ToolCallDelta(TypedDict, total=False):
+    index: int
+    id: str
+    type: Literal["function"]
+    function: FunctionDelta
 
 
 class Delta(TypedDict, total=False):
@@ -83,6 +130,13 @@ class Delta(TypedDict, total=False):
     content: str
     reasoning: str
     reasoning_content: str
+    tool_calls: list[ToolCallDelta]
+
+
+class ToolCallOut(TypedDict):
+    id: str
+    type: Literal["function"]
+    function: FunctionDelta
 
 
 class ChunkChoice(TypedDict):
@@ -116,6 +170,7 @@ class MessageOut(TypedDict, total=False):
     reasoning: str
     reasoning_content: str
     reasoning_details: list[dict[str, Any]]
+    tool_calls: list[ToolCallOut]
     refusal: None
 
 

@@ -1,0 +1,231 @@
+"""HarmonySteering: keeps sampled output inside harmony's grammar and the request's rules.
+
+Runs on the engine thread, token by token. Message headers are sampled from a token trie of the
+headers this request allows (channels, the tools offered, tool_choice); content is sampled by
+llama.cpp with the tokens that cannot occur there banned (structural specials, the wrong
+terminator), the final answer follows a response-format grammar when one is asked for, and a
+reasoning budget ends the analysis by forcing the next header. A token from outside the grammar
+(only a test hook can produce one) switches steering off for the rest of the generation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+
+from openai_harmony import HarmonyEncoding
+
+from server.engine.base import Allow, Constrain, Directive, Force
+from server.events import SegmentKind
+from server.transcript import ToolChoice
+
+FIRST_SPECIAL, N_VOCAB = 199998, 201088
+RETURN, CONSTRAIN, CHANNEL, START, END, MESSAGE, CALL = (
+    200002,
+    200003,
+    200005,
+    200006,
+    200007,
+    200008,
+    200012,
+)
+SPECIALS = frozenset(range(FIRST_SPECIAL, N_VOCAB))
+TERMINATOR = {
+    SegmentKind.REASONING: END,
+    SegmentKind.PREAMBLE: END,
+    SegmentKind.TOOL_CALL: CALL,
+    SegmentKind.FINAL: RETURN,
+}
+
+
+@dataclass
+class _Node:
+    children: dict[int, _Node] = field(default_factory=dict)
+    kind: SegmentKind | None = None  # set on the node reached by <|message|>
+    allowed: tuple[int, ...] = ()
+
+
+def _build_trie(headers: Sequence[tuple[list[int], SegmentKind]]) -> _Node:
+    root = _Node()
+    for tokens, kind in headers:
+        node = root
+        for token in tokens:
+            node = node.children.setdefault(token, _Node())
+        node.kind = kind
+    _freeze(root)
+    return root
+
+
+def _freeze(node: _Node) -> None:
+    node.allowed = tuple(sorted(node.children))
+    for child in node.children.values():
+        _freeze(child)
+
+
+@dataclass(frozen=True)
+class SteeringPlan:
+    """What one request allows; built once per request, shared by its steering state."""
+
+    header_trie: _Node
+    header_trie_after_budget: _Node
+    content: dict[SegmentKind, Constrain]
+    reasoning_budget: int | None
+    budget_force: tuple[int, ...]
+    assistant: int  # the role token after <|start|>
+
+    def start(self) -> HarmonySteering:
+        return HarmonySteering(self)
+
+
+def plan_steering(
+    encoding: HarmonyEncoding,
+    recipients: Sequence[str],
+    tool_choice: ToolChoice,
+    final_grammar: str | None = None,
+    reasoning_budget: int | None = None,
+) -> SteeringPlan:
+    """The plan for a request offering `recipients` (e.g. "functions.get_weather")."""
+    offered = _callable(recipients, tool_choice)
+    kinds = _allowed_kinds(bool(recipients), tool_choice)
+    headers = _headers(encoding, kinds, offered)
+    after_budget = [(tokens, kind) for tokens, kind in headers if kind is not SegmentKind.REASONING]
+    start_assistant = encoding.encode("<|start|>assistant", allowed_special="all")
+    force = [END, *start_assistant]
+    if SegmentKind.FINAL in kinds:
+        force += encoding.encode("<|channel|>final<|message|>", allowed_special="all")
+    content = {kind: Constrain(banned=SPECIALS - {TERMINATOR[kind]}) for kind in TERMINATOR}
+    content[SegmentKind.FINAL] = Constrain(banned=SPECIALS - {RETURN}, grammar=final_grammar)
+    return SteeringPlan(
+        header_trie=_build_trie(headers),
+        header_trie_after_budget=_build_trie(after_budget),
+        content=content,
+        reasoning_budget=reasoning_budget,
+        budget_force=tuple(force),
+        assistant=start_assistant[-1],
+    )
+
+
+def _callable(recipients: Sequence[str], choice: ToolChoice) -> list[str]:
+    if choice.mode == "none":
+        return []
+    if choice.mode == "named":
+        return [r for r in recipients if r == f"{choice.namespace}.{choice.name}"]
+    return list(recipients)
+
+
+def _allowed_kinds(has_tools: bool, choice: ToolChoice) -> set[SegmentKind]:
+    kinds = {SegmentKind.REASONING}
+    if choice.mode in ("auto", "none"):
+        kinds.add(SegmentKind.FINAL)
+    if has_tools and choice.mode != "none":
+        kinds |= {SegmentKind.PREAMBLE, SegmentKind.TOOL_CALL}
+    return kinds
+
+
+def _headers(
+    encoding: HarmonyEncoding, kinds: set[SegmentKind], recipients: Sequence[str]
+) -> list[tuple[list[int], SegmentKind]]:
+    texts: list[tuple[str, SegmentKind]] = []
+    if SegmentKind.REASONING in kinds:
+        texts.append(("<|channel|>analysis<|message|>", SegmentKind.REASONING))
+    if SegmentKind.FINAL in kinds:
+        texts.append(("<|channel|>final<|message|>", SegmentKind.FINAL))
+    if SegmentKind.PREAMBLE in kinds:
+        texts.append(("<|channel|>commentary<|message|>", SegmentKind.PREAMBLE))
+    if SegmentKind.TOOL_CALL in kinds:
+        for recipient in recipients:
+            for text in _call_headers(recipient):
+                texts.append((text, SegmentKind.TOOL_CALL))
+    return [(encoding.encode(text, allowed_special="all"), kind) for text, kind in texts]
+
+
+def _call_headers(recipient: str) -> list[str]:
+    """The ways gpt-oss writes a call header: recipient after the channel or in the role."""
+    return [
+        f"<|channel|>commentary to={recipient} <|constrain|>json<|message|>",
+        f"<|channel|>commentary to={recipient}<|message|>",
+        f" to={recipient}<|channel|>commentary <|constrain|>json<|message|>",
+        f" to={recipient}<|channel|>commentary<|message|>",
+    ]
+
+
+class _Phase(Enum):
+    HEADER = 1
+    CONTENT = 2
+    AFTER_END = 3  # expects <|start|>
+    AFTER_START = 4  # expects the role: assistant
+    OFF = 5
+
+
+class HarmonySteering:
+    """The steering state of one generation (engine.base.Steering)."""
+
+    def __init__(self, plan: SteeringPlan) -> None:
+        self._plan = plan
+        self._phase = _Phase.HEADER
+        self._node = plan.header_trie
+        self._kind = SegmentKind.FINAL
+        self._reasoning_tokens = 0
+        self._budget_spent = False
+        self.left_grammar = False
+
+    def next(self) -> Directive:
+        phase = self._phase
+        if phase is _Phase.CONTENT:
+            if self._kind is SegmentKind.REASONING and self._over_budget():
+                self._budget_spent = True
+                return Force(self._plan.budget_force)
+            return self._plan.content[self._kind]
+        if phase is _Phase.HEADER:
+            return Allow(self._node.allowed) if self._node.allowed else None
+        if phase is _Phase.AFTER_END:
+            return Allow((START,))
+        if phase is _Phase.AFTER_START:
+            return Allow((self._plan.assistant,))
+        return None
+
+    def accept(self, token: int) -> None:
+        phase = self._phase
+        if phase is _Phase.CONTENT:
+            self._accept_content(token)
+        elif phase is _Phase.HEADER:
+            self._accept_header(token)
+        elif phase is _Phase.AFTER_END:
+            self._expect(token == START, _Phase.AFTER_START)
+        elif phase is _Phase.AFTER_START:
+            self._expect(token == self._plan.assistant, _Phase.HEADER)
+            self._node = self._root()
+
+    def _accept_content(self, token: int) -> None:
+        if token == END:
+            self._phase = _Phase.AFTER_END
+        elif self._kind is SegmentKind.REASONING:
+            self._reasoning_tokens += 1
+
+    def _accept_header(self, token: int) -> None:
+        child = self._node.children.get(token)
+        if child is None:
+            self._leave()
+            return
+        self._node = child
+        if child.kind is not None:
+            self._kind = child.kind
+            self._phase = _Phase.CONTENT
+
+    def _expect(self, ok: bool, phase: _Phase) -> None:
+        if ok:
+            self._phase = phase
+        else:
+            self._leave()
+
+    def _leave(self) -> None:
+        self._phase = _Phase.OFF
+        self.left_grammar = True
+
+    def _root(self) -> _Node:
+        return self._plan.header_trie_after_budget if self._budget_spent else self._plan.header_trie
+
+    def _over_budget(self) -> bool:
+        budget = self._plan.reasoning_budget
+        return budget is not None and not self._budget_spent and self._reasoning_tokens >= budget

@@ -1,0 +1,197 @@
+"""Sampling rules on the real engine: tool_choice, reasoning budgets, JSON output, stop strings.
+
+Where a rule is enforced by steering, the model samples for real (random tiny weights) after a
+short forced prefix, so the test shows the rule holding, not a script obeying it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from server.app import create_app
+from server.config import Settings
+from server.runtime import Runtime
+from tests.api.test_chat_completions import USER_HI, chunks_of, joined, post, stream
+from tests.support.forced import ForcedScript
+
+TOOLS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": f"The {name} tool.",
+            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
+        },
+    }
+    for name in ("get_weather", "get_time")
+]
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "answer": {"type": "integer"},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+    },
+    "required": ["answer", "unit"],
+    "additionalProperties": False,
+}
+
+
+def test_json_schema_constrains_only_the_final_answer(
+    client: TestClient, forced: ForcedScript
+) -> None:
+    # the reasoning and the final header are scripted; the answer is sampled under the grammar
+    forced.push(
+        "<|channel|>analysis<|message|>Think freely {not json.<|end|>"
+        "<|start|>assistant<|channel|>final<|message|>"
+    )
+    response_format = {"type": "json_schema", "json_schema": {"name": "temp", "schema": SCHEMA}}
+    chunks = chunks_of(
+        stream(
+            client,
+            messages=USER_HI,
+            response_format=response_format,
+            max_tokens=300,
+            temperature=1.0,
+            seed=11,
+        )
+    )
+    assert joined(chunks, "reasoning") == "Think freely {not json."
+    answer = json.loads(joined(chunks, "content"))
+    assert set(answer) == {"answer", "unit"}
+    assert isinstance(answer["answer"], int)
+    assert answer["unit"] in ("celsius", "fahrenheit")
+    finish = [
+        c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+    ]
+    assert finish == ["stop"]
+
+
+def test_json_object_mode(client: TestClient, forced: ForcedScript) -> None:
+    forced.push(
+        "<|channel|>analysis<|message|>ok<|end|><|start|>assistant<|channel|>final<|message|>"
+    )
+    body = post(
+        client,
+        messages=USER_HI,
+        response_format={"type": "json_object"},
+        max_tokens=400,
+        temperature=0.0,
+    ).json()
+    message = body["choices"][0]["message"]
+    if body["choices"][0]["finish_reason"] == "stop":
+        assert isinstance(json.loads(message["content"]), dict)
+    else:  # the random model may still be inside the object at the limit
+        assert message["content"].lstrip().startswith("{")
+
+
+def test_named_tool_choice_forces_that_call(client: TestClient, forced: ForcedScript) -> None:
+    # no script: the random model samples; the budget of 1 ends any analysis at once
+    body = post(
+        client,
+        messages=USER_HI,
+        tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "get_time"}},
+        reasoning={"max_tokens": 1},
+        max_tokens=40,
+        seed=5,
+    ).json()
+    calls = body["choices"][0]["message"]["tool_calls"]
+    assert [c["function"]["name"] for c in calls] == ["get_time"]
+    assert calls[0]["id"].startswith("call_")
+
+
+def test_tool_choice_none_forbids_calls(client: TestClient, forced: ForcedScript) -> None:
+    body = post(
+        client,
+        messages=USER_HI,
+        tools=TOOLS,
+        tool_choice="none",
+        reasoning={"max_tokens": 1},
+        max_tokens=20,
+        seed=6,
+    ).json()
+    message = body["choices"][0]["message"]
+    assert "tool_calls" not in message
+    assert message["content"]
+
+
+def test_reasoning_budget_ends_the_analysis(client: TestClient, forced: ForcedScript) -> None:
+    # three analysis tokens are allowed; the forced header then turns the rest into the answer
+    forced.push("<|channel|>analysis<|message|>alpha beta gamma The answer.<|return|>")
+    body = post(client, messages=USER_HI, reasoning={"max_tokens": 3}).json()
+    message = body["choices"][0]["message"]
+    assert message["reasoning"] == "alpha beta gamma"
+    assert message["content"] == " The answer."
+    assert body["choices"][0]["finish_reason"] == "stop"
+    assert body["usage"]["completion_tokens_details"]["reasoning_tokens"] > 0
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_stop_strings_end_the_answer(
+    client: TestClient, forced: ForcedScript, streaming: bool
+) -> None:
+    forced.push(
+        "<|channel|>analysis<|message|>Say it. END is fine here.<|end|>"
+        "<|start|>assistant<|channel|>final<|message|>Hello world. The END of it.<|return|>"
+    )
+    request = {"messages": USER_HI, "stop": ["END", "never"]}
+    if streaming:
+        chunks = chunks_of(stream(client, **request))
+        content = joined(chunks, "content")
+        reasoning = joined(chunks, "reasoning")
+        finish = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+    else:
+        choice = post(client, **request).json()["choices"][0]
+        content, reasoning = choice["message"]["content"], choice["message"]["reasoning"]
+        finish = choice["finish_reason"]
+    assert content == "Hello world. The "
+    assert reasoning == "Say it. END is fine here."  # stop strings apply to the answer only
+    assert finish == "stop"
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        (
+            {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "x"}}},
+            "tool_choice",
+        ),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tools": [{"type": "web_search"}]}, "tools[0]"),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+            "response_format",
+        ),
+        ({"reasoning": {"max_tokens": 0}}, "reasoning.max_tokens"),
+    ],
+)
+def test_invalid_tool_and_format_requests(
+    client: TestClient, fields: dict[str, Any], param: str
+) -> None:
+    response = post(client, messages=USER_HI, **fields)
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == param
+
+
+def test_api_key_is_required_when_configured(runtime: Runtime, forced: ForcedScript) -> None:
+    app = create_app(Settings(api_key="s3cret"), runtime)
+    with TestClient(app) as secured:
+        assert secured.get("/health").status_code == 200
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            response = secured.post(
+                "/v1/chat/completions", json={"messages": USER_HI}, headers=headers
+            )
+            assert response.status_code == 401
+            assert response.json()["error"]["type"] == "authentication_error"
+        assert secured.get("/v1/models").status_code == 401
+        forced.push("<|channel|>final<|message|>ok<|return|>")
+        ok = secured.post(
+            "/v1/chat/completions",
+            json={"messages": USER_HI},
+            headers={"Authorization": "Bearer s3cret"},
+        )
+        assert ok.status_code == 200

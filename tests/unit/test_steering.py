@@ -1,0 +1,131 @@
+"""HarmonySteering: which tokens each request allows, token by token."""
+
+from __future__ import annotations
+
+from openai_harmony import HarmonyEncoding
+
+from server.engine.base import Allow, Constrain, Force
+from server.events import SegmentKind
+from server.harmony.steering import CALL, END, RETURN, SPECIALS, START, plan_steering
+from server.transcript import ToolChoice
+
+RECIPIENTS = ["functions.get_weather", "functions.get_time", "agents.spawn"]
+
+
+def tokens(encoding: HarmonyEncoding, text: str) -> list[int]:
+    return encoding.encode(text, allowed_special="all")
+
+
+def walk(encoding: HarmonyEncoding, choice: ToolChoice, text: str, **kwargs: object):  # type: ignore[no-untyped-def]
+    """Feed `text` through a fresh steering; returns it (or fails if a token was not allowed)."""
+    steering = plan_steering(encoding, RECIPIENTS, choice, **kwargs).start()  # type: ignore[arg-type]
+    for token in tokens(encoding, text):
+        directive = steering.next()
+        if isinstance(directive, Allow):
+            assert token in directive.tokens, encoding.decode_utf8([token])
+        steering.accept(token)
+    return steering
+
+
+def allowed_texts(encoding: HarmonyEncoding, directive: object) -> set[str]:
+    assert isinstance(directive, Allow)
+    return {encoding.decode_utf8([t]) for t in directive.tokens}
+
+
+def test_auto_allows_every_channel_and_offered_tool(encoding: HarmonyEncoding) -> None:
+    steering = walk(encoding, ToolChoice(), "<|channel|>")
+    assert allowed_texts(encoding, steering.next()) == {"analysis", "final", "comment"}
+    for header in (
+        "<|channel|>analysis<|message|>",
+        "<|channel|>commentary<|message|>",
+        "<|channel|>final<|message|>",
+        "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>",
+        "<|channel|>commentary to=agents.spawn<|message|>",
+        " to=functions.get_time<|channel|>commentary <|constrain|>json<|message|>",
+    ):
+        steering = walk(encoding, ToolChoice(), header)
+        assert isinstance(steering.next(), Constrain)
+        assert not steering.left_grammar
+
+
+def test_content_bans_structure_and_the_wrong_terminators(encoding: HarmonyEncoding) -> None:
+    cases = {
+        "<|channel|>analysis<|message|>": END,
+        "<|channel|>final<|message|>": RETURN,
+        "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>": CALL,
+    }
+    for header, terminator in cases.items():
+        directive = walk(encoding, ToolChoice(), header).next()
+        assert isinstance(directive, Constrain)
+        assert directive.banned == SPECIALS - {terminator}
+
+
+def test_none_offers_no_tool_headers(encoding: HarmonyEncoding) -> None:
+    root = plan_steering(encoding, RECIPIENTS, ToolChoice(mode="none")).start().next()
+    assert allowed_texts(encoding, root) == {"<|channel|>"}
+    steering = walk(encoding, ToolChoice(mode="none"), "<|channel|>")
+    assert allowed_texts(encoding, steering.next()) == {"analysis", "final"}
+
+
+def test_required_offers_no_final_answer(encoding: HarmonyEncoding) -> None:
+    steering = walk(encoding, ToolChoice(mode="required"), "<|channel|>")
+    assert allowed_texts(encoding, steering.next()) == {"analysis", "comment"}
+
+
+def test_named_choice_allows_only_that_recipient(encoding: HarmonyEncoding) -> None:
+    choice = ToolChoice(mode="named", name="get_time")
+    steering = walk(encoding, choice, "<|channel|>commentary to=functions.get")
+    assert allowed_texts(encoding, steering.next()) == {"_time"}
+    steering.accept(tokens(encoding, "_weather")[0])
+    assert steering.left_grammar
+
+
+def test_between_messages_only_start_assistant(encoding: HarmonyEncoding) -> None:
+    steering = walk(encoding, ToolChoice(), "<|channel|>analysis<|message|>hmm<|end|>")
+    assert steering.next() == Allow((START,))
+    steering.accept(START)
+    assert allowed_texts(encoding, steering.next()) == {"assistant"}
+
+
+def test_budget_forces_the_final_header(encoding: HarmonyEncoding) -> None:
+    steering = walk(
+        encoding, ToolChoice(), "<|channel|>analysis<|message|>one two three", reasoning_budget=3
+    )
+    forced = steering.next()
+    assert isinstance(forced, Force)
+    assert encoding.decode_utf8(list(forced.tokens)) == (
+        "<|end|><|start|>assistant<|channel|>final<|message|>"
+    )
+    for token in forced.tokens:
+        steering.accept(token)
+    final = steering.next()
+    assert isinstance(final, Constrain)
+    assert RETURN not in final.banned
+
+
+def test_budget_with_required_tool_forces_a_call_header(encoding: HarmonyEncoding) -> None:
+    steering = walk(
+        encoding,
+        ToolChoice(mode="required"),
+        "<|channel|>analysis<|message|>a b",
+        reasoning_budget=2,
+    )
+    forced = steering.next()
+    assert isinstance(forced, Force)
+    assert encoding.decode_utf8(list(forced.tokens)) == "<|end|><|start|>assistant"
+    for token in forced.tokens:
+        steering.accept(token)
+    steering.accept(tokens(encoding, "<|channel|>")[0])
+    # no more analysis once the budget is spent: only a tool call can follow
+    assert allowed_texts(encoding, steering.next()) == {"comment"}
+
+
+def test_final_grammar_is_attached_to_the_answer_only(encoding: HarmonyEncoding) -> None:
+    plan = plan_steering(encoding, [], ToolChoice(), final_grammar='root ::= "{}"')
+    assert [kind for kind, rule in plan.content.items() if rule.grammar] == [SegmentKind.FINAL]
+    steering = walk(
+        encoding, ToolChoice(), "<|channel|>final<|message|>", final_grammar='root ::= "{}"'
+    )
+    directive = steering.next()
+    assert isinstance(directive, Constrain)
+    assert directive.grammar == 'root ::= "{}"'
