@@ -45,6 +45,20 @@ class Settings(BaseSettings):
         description="Context window in tokens (0: the model's full 131072). The KV cache costs "
         "about 48 KiB per token for gpt-oss-20b with the full-size sliding-window cache.",
     )
+    n_slots: int = Field(
+        4,
+        ge=1,
+        le=64,
+        description="Sequences in the context: conversations whose KV cache is kept (a Codex "
+        "session with sub-agents, several users) and requests generated in parallel. They share "
+        "the n_ctx cells; the least recently used idle conversation gives way when full.",
+    )
+    prefill_chunk: int = Field(
+        512,
+        ge=1,
+        description="Prompt tokens evaluated per step while other requests are generating, so "
+        "their streams keep flowing.",
+    )
     n_batch: int = Field(2048, ge=1, description="Prompt tokens evaluated per llama_decode call.")
     n_ubatch: int = Field(512, ge=1, description="Physical batch size inside llama.cpp.")
     n_threads: int | None = Field(

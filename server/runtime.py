@@ -35,6 +35,8 @@ def engine_config(settings: Settings, model_path: Path) -> EngineConfig:
     return EngineConfig(
         model_path=str(model_path),
         n_ctx=settings.n_ctx,
+        n_slots=settings.n_slots,
+        prefill_chunk=settings.prefill_chunk,
         n_batch=settings.n_batch,
         n_ubatch=settings.n_ubatch,
         n_threads=settings.n_threads,

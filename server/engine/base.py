@@ -95,7 +95,9 @@ class EngineConfig:
     """How to load the model and size the context."""
 
     model_path: str
-    n_ctx: int = 32768
+    n_ctx: int = 32768  # shared by all sequences (a unified KV cache)
+    n_slots: int = 4  # sequences: conversations kept in the cache / generated in parallel
+    prefill_chunk: int = 512  # prompt tokens per step while other sequences are generating
     n_batch: int = 2048
     n_ubatch: int = 512
     n_threads: int | None = None  # None: every CPU this process may use

@@ -1,8 +1,8 @@
-"""LlamaEngine: the one thread that owns llama.cpp, running one generation at a time.
+"""LlamaEngine: the one thread that owns llama.cpp, serving every request through its scheduler.
 
-Requests queue up; the worker evaluates each prompt after the longest prefix already in the KV
-cache (so a tool round that extends the previous prompt evaluates only its new tokens), then
-samples until a stop token, the token limit, the end of the context, or cancellation.
+Requests are queued by submit() from any event loop; the worker thread admits them into the
+context's sequences and advances all running generations together (see scheduler.py). A request
+whose prompt extends what a sequence already holds evaluates only its new tokens.
 """
 
 from __future__ import annotations
@@ -11,63 +11,14 @@ import asyncio
 import logging
 import queue
 import threading
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
-from server.engine.base import (
-    EngineConfig,
-    EngineResult,
-    ModelInfo,
-    SamplingHook,
-    SamplingParams,
-    Steering,
-    StopReason,
-)
+from server.engine.base import EngineConfig, ModelInfo, SamplingHook, SamplingParams, Steering
 from server.engine.channel import TokenChannel
-from server.engine.llama_context import DecodeError, LlamaContext
-from server.engine.picker import TokenPicker
-from server.events import Timings, Usage
+from server.engine.llama_context import LlamaContext
+from server.engine.scheduler import Job, Scheduler
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class _Job:
-    prompt_tokens: list[int]
-    params: SamplingParams
-    channel: TokenChannel
-    steering: Steering | None = None
-    submitted: float = field(default_factory=time.perf_counter)
-
-
-@dataclass
-class _Clock:
-    """Timestamps of one generation."""
-
-    submitted: float
-    started: float = 0.0
-    prefilled: float = 0.0
-    first_token: float = 0.0
-    last_token: float = 0.0
-
-    def timings(self, evaluated: int, completed: int) -> Timings:
-        return Timings(
-            queue_s=self.started - self.submitted,
-            prefill_s=max(self.prefilled - self.started, 0.0),
-            decode_s=max(self.last_token - self.first_token, 0.0),
-            ttft_s=max(self.first_token - self.submitted, 0.0) if completed else 0.0,
-            evaluated_tokens=evaluated,
-            completion_tokens=completed,
-        )
-
-
-def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
 
 
 class LlamaEngine:
@@ -76,8 +27,7 @@ class LlamaEngine:
     def __init__(self, config: EngineConfig, sampling_hook: SamplingHook | None = None) -> None:
         self._config = config
         self._hook = sampling_hook
-        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self._cached_tokens: list[int] = []  # tokens whose KV state is in sequence 0, in order
+        self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self._ready = threading.Event()
         self._load_error: BaseException | None = None
         self._ctx: LlamaContext | None = None
@@ -99,7 +49,7 @@ class LlamaEngine:
         steering: Steering | None = None,
     ) -> TokenChannel:
         channel = TokenChannel(asyncio.get_running_loop())
-        self._jobs.put(_Job(list(prompt_tokens), params, channel, steering))
+        self._jobs.put(Job(list(prompt_tokens), params, channel, steering))
         return channel
 
     def validate_grammar(self, grammar: str) -> None:
@@ -123,122 +73,26 @@ class LlamaEngine:
             self._ready.set()
             return
         self._ready.set()
+        scheduler = Scheduler(self._ctx, self._hook, self._config.prefill_chunk)
         try:
-            while (job := self._jobs.get()) is not None:
-                self._serve(self._ctx, job)
+            while self._receive(scheduler):
+                scheduler.step()
         finally:
+            scheduler.shutdown()
             self._ctx.close()
 
-    def _serve(self, ctx: LlamaContext, job: _Job) -> None:
-        clock = _Clock(submitted=job.submitted, started=time.perf_counter())
-        state = _Generation(job, clock)
-        try:
-            self._generate(ctx, state)
-        except DecodeError as exc:
-            log.exception("generation failed")
-            self._forget_cache(ctx)
-            state.finish(StopReason.ERROR, error=str(exc))
-        except Exception as exc:  # never let one request kill the worker
-            log.exception("generation failed")
-            self._forget_cache(ctx)
-            state.finish(StopReason.ERROR, error=f"{type(exc).__name__}: {exc}")
-
-    def _generate(self, ctx: LlamaContext, state: _Generation) -> None:
-        prompt = state.job.prompt_tokens
-        if not prompt or len(prompt) >= ctx.n_ctx:
-            state.finish(StopReason.ERROR, error=f"prompt of {len(prompt)} tokens does not fit")
-            return
-        if not self._prefill(ctx, state):
-            state.finish(StopReason.CANCELLED)
-            return
-        chooser = self._hook(prompt) if self._hook is not None else None
-        picker = TokenPicker(ctx, state.job.params, state.job.steering, chooser)
-        try:
-            reason = self._decode_loop(ctx, state, picker)
-        finally:
-            picker.free()
-        state.finish(reason)
-
-    def _prefill(self, ctx: LlamaContext, state: _Generation) -> bool:
-        """Evaluate the prompt after its cached prefix; False if cancelled midway."""
-        prompt = state.job.prompt_tokens
-        n_common = min(common_prefix_length(self._cached_tokens, prompt), len(prompt) - 1)
-        n_keep = ctx.truncate(ctx.reusable_prefix(n_common))
-        del self._cached_tokens[n_keep:]
-        state.cached = n_keep
-        for start in range(n_keep, len(prompt), ctx.n_batch):
-            if state.job.channel.cancelled:
+    def _receive(self, scheduler: Scheduler) -> bool:
+        """Move submitted jobs to the scheduler (waiting when idle); False to stop."""
+        if not scheduler.busy:
+            job = self._jobs.get()
+            if job is None:
                 return False
-            chunk = prompt[start : start + ctx.n_batch]
-            ctx.evaluate(chunk, start)
-            self._cached_tokens.extend(chunk)
-            state.evaluated += len(chunk)
-        state.clock.prefilled = time.perf_counter()
-        return True
-
-    def _decode_loop(
-        self, ctx: LlamaContext, state: _Generation, picker: TokenPicker
-    ) -> StopReason:
-        params = state.job.params
-        channel = state.job.channel
-        stop_tokens = params.stop_tokens
-        cached = self._cached_tokens
+            scheduler.add(job)
         while True:
-            tokens = picker.next_tokens()
-            for token in tokens:
-                picker.accept(token)
-                state.add_token(token)
-                if token in stop_tokens:
-                    state.stop_token = token
-                    return StopReason.STOP_TOKEN
-                if state.completed >= params.max_tokens:
-                    return StopReason.MAX_TOKENS
-            if channel.cancelled:
-                return StopReason.CANCELLED
-            if len(cached) + len(tokens) >= ctx.n_ctx:
-                return StopReason.CONTEXT_FULL
-            if len(tokens) == 1:
-                ctx.evaluate_one(tokens[0], len(cached))
-            else:
-                ctx.evaluate(tokens, len(cached))
-            cached.extend(tokens)
-
-    def _forget_cache(self, ctx: LlamaContext) -> None:
-        self._cached_tokens.clear()
-        ctx.truncate(0)
-
-
-@dataclass
-class _Generation:
-    """Progress of the generation being served."""
-
-    job: _Job
-    clock: _Clock
-    cached: int = 0
-    evaluated: int = 0
-    completed: int = 0
-    stop_token: int | None = None
-
-    def add_token(self, token: int) -> None:
-        now = time.perf_counter()
-        if self.completed == 0:
-            self.clock.first_token = now
-        self.clock.last_token = now
-        self.completed += 1
-        self.job.channel.push(token)
-
-    def finish(self, reason: StopReason, error: str | None = None) -> None:
-        usage = Usage(
-            prompt_tokens=len(self.job.prompt_tokens),
-            cached_tokens=self.cached,
-            evaluated_tokens=self.evaluated,
-            completion_tokens=self.completed,
-        )
-        result = EngineResult(
-            stop_reason=reason,
-            usage=usage,
-            timings=self.clock.timings(self.evaluated, self.completed),
-            stop_token=self.stop_token,
-            error=error,
-        )
-        self.job.channel.close(result)
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                return True
+            if job is None:
+                return False
+            scheduler.add(job)

@@ -13,6 +13,7 @@ import math
 import os
 from array import array
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import llama_cpp.llama_cpp as lc
@@ -53,8 +54,18 @@ def default_threads() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+@dataclass(frozen=True, slots=True)
+class BatchPart:
+    """Tokens of one sequence at consecutive positions, evaluated within a batch."""
+
+    seq_id: int
+    tokens: Sequence[int]
+    start_pos: int
+    logits: bool  # keep the logits of the last token (to sample from)
+
+
 class LlamaContext:
-    """One model, one context, one reusable batch; positions of sequence 0 only."""
+    """One model, one context with `n_seq` sequences sharing a unified KV cache."""
 
     def __init__(self, config: EngineConfig) -> None:
         lc.llama_log_set(_route_llama_log, ctypes.c_void_p(0))
@@ -65,11 +76,9 @@ class LlamaContext:
         self._memory = lc.llama_get_memory(self._ctx)
         self.n_ctx = int(lc.llama_n_ctx(self._ctx))
         self.n_batch = int(lc.llama_n_batch(self._ctx))
+        self.n_seq = int(lc.llama_n_seq_max(self._ctx))
         self.n_swa = int(lc.llama_model_n_swa(self._model))
         self._batch = lc.llama_batch_init(self.n_batch, 0, 1)
-        for i in range(self.n_batch):
-            self._batch.n_seq_id[i] = 1
-            self._batch.seq_id[i][0] = 0
         self.info = self._model_info(config.model_path)
 
     @staticmethod
@@ -87,7 +96,8 @@ class LlamaContext:
         params.n_ctx = config.n_ctx
         params.n_batch = config.n_batch
         params.n_ubatch = min(config.n_ubatch, config.n_batch)
-        params.n_seq_max = 1
+        params.n_seq_max = config.n_slots
+        params.kv_unified = True  # sequences share the cells: one conversation may use them all
         params.n_threads = config.n_threads or default_threads()
         params.n_threads_batch = config.n_threads_batch or params.n_threads
         params.flash_attn_type = _FLASH_ATTN[config.flash_attn]
@@ -123,52 +133,72 @@ class LlamaContext:
         lc.llama_free(self._ctx)
         lc.llama_model_free(self._model)
 
-    def reusable_prefix(self, n_common: int) -> int:
-        """How much of a common prefix of `n_common` tokens the KV cache can really keep.
+    def reusable_prefix(self, seq_id: int, n_common: int) -> int:
+        """How much of a common prefix of `n_common` tokens a sequence can really keep.
 
         With a sliding-window cache that is not full-size, positions far behind the last one
         are gone; rolling back past them would silently attend to nothing.
         """
         if n_common <= 0:
             return 0
-        pos_min = int(lc.llama_memory_seq_pos_min(self._memory, 0))
+        pos_min = int(lc.llama_memory_seq_pos_min(self._memory, seq_id))
         if self.n_swa > 0 and pos_min > max(0, n_common - self.n_swa):
             return 0
         return n_common
 
-    def truncate(self, n_keep: int) -> int:
-        """Drop KV entries at positions >= n_keep; returns how many positions remain."""
-        if lc.llama_memory_seq_rm(self._memory, 0, n_keep, -1):
+    def truncate(self, seq_id: int, n_keep: int) -> int:
+        """Drop a sequence's KV entries at positions >= n_keep; returns how many remain."""
+        if lc.llama_memory_seq_rm(self._memory, seq_id, n_keep, -1):
             return n_keep
-        lc.llama_memory_clear(self._memory, True)
+        lc.llama_memory_seq_rm(self._memory, seq_id, -1, -1)  # removing a whole sequence works
         return 0
 
-    def evaluate(self, tokens: Sequence[int], start_pos: int) -> None:
-        """Evaluate tokens at consecutive positions; logits are kept for the last one only."""
-        n = len(tokens)
+    def share_prefix(self, source: int, target: int, n_tokens: int) -> None:
+        """Give `target` the first `n_tokens` of `source` (cells are shared, nothing is copied)."""
+        lc.llama_memory_seq_rm(self._memory, target, -1, -1)
+        lc.llama_memory_seq_cp(self._memory, source, target, 0, n_tokens)
+
+    def decode(self, parts: Sequence[BatchPart]) -> list[int]:
+        """Evaluate every part in one llama_decode; the batch index of each part's logits.
+
+        Raises DecodeError (code 1: the KV cache has no room for the batch).
+        """
         batch = self._batch
-        ctypes.memmove(batch.token, array("i", tokens).tobytes(), 4 * n)
-        ctypes.memmove(batch.pos, array("i", range(start_pos, start_pos + n)).tobytes(), 4 * n)
-        ctypes.memset(batch.logits, 0, n)
-        batch.logits[n - 1] = 1
+        n = 0
+        indices = []
+        for part in parts:
+            count = len(part.tokens)
+            offset = ctypes.sizeof(ctypes.c_int32) * n
+            ctypes.memmove(
+                ctypes.addressof(batch.token.contents) + offset,
+                array("i", part.tokens).tobytes(),
+                4 * count,
+            )
+            positions = array("i", range(part.start_pos, part.start_pos + count))
+            ctypes.memmove(
+                ctypes.addressof(batch.pos.contents) + offset, positions.tobytes(), 4 * count
+            )
+            for i in range(n, n + count):
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = part.seq_id
+                batch.logits[i] = 0
+            n += count
+            if part.logits:
+                batch.logits[n - 1] = 1
+            indices.append(n - 1 if part.logits else -1)
         batch.n_tokens = n
         code = lc.llama_decode(self._ctx, batch)
         if code != 0:
             raise DecodeError(int(code))
-
-    def evaluate_one(self, token: int, pos: int) -> None:
-        """evaluate() for the decode loop's single token, without building arrays."""
-        batch = self._batch
-        batch.token[0] = token
-        batch.pos[0] = pos
-        batch.logits[0] = 1
-        batch.n_tokens = 1
-        code = lc.llama_decode(self._ctx, batch)
-        if code != 0:
-            raise DecodeError(int(code))
+        return indices
 
     def new_sampler(self, params: SamplingParams, constraint: Constrain | None = None) -> Sampler:
         return Sampler(self._ctx, self._vocab, params, constraint)
+
+    def logits(self, index: int) -> np.ndarray[Any, np.dtype[np.float32]]:
+        """The logits of batch position `index`, as a view (no copy)."""
+        pointer = lc.llama_get_logits_ith(self._ctx, index)
+        return np.ctypeslib.as_array(pointer, (self.info.n_vocab,))
 
     def validate_grammar(self, grammar: str) -> None:
         sampler = lc.llama_sampler_init_grammar(self._vocab, grammar.encode(), b"root")
@@ -177,10 +207,14 @@ class LlamaContext:
         lc.llama_sampler_free(sampler)
 
     def sample_among(
-        self, allowed: Sequence[int], params: SamplingParams, rng: np.random.Generator
+        self,
+        index: int,
+        allowed: Sequence[int],
+        params: SamplingParams,
+        rng: np.random.Generator,
     ) -> int:
-        """Sample from the last logits restricted to `allowed`, with temperature and top-p."""
-        logits = np.ctypeslib.as_array(lc.llama_get_logits_ith(self._ctx, -1), (self.info.n_vocab,))
+        """Sample from the logits at batch `index` restricted to `allowed` (temperature, top-p)."""
+        logits = self.logits(index)
         candidates = np.asarray(allowed, dtype=np.int64)
         chosen = logits[candidates].astype(np.float64)
         if params.temperature <= 0 or len(candidates) == 1:
@@ -207,8 +241,9 @@ class Sampler:
         for stage in stages:
             lc.llama_sampler_chain_add(self._chain, stage)  # the chain owns its stages
 
-    def sample(self) -> int:
-        return int(lc.llama_sampler_sample(self._chain, self._ctx, -1))
+    def sample(self, index: int) -> int:
+        """Sample (and accept) a token from the logits of batch position `index`."""
+        return int(lc.llama_sampler_sample(self._chain, self._ctx, index))
 
     def free(self) -> None:
         lc.llama_sampler_free(self._chain)

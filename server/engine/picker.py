@@ -39,17 +39,17 @@ class TokenPicker:
         self._constrained: dict[Constrain, Sampler] = {}
         self._rng = np.random.default_rng(params.seed)
 
-    def next_tokens(self) -> tuple[int, ...]:
-        """The forced tokens, or the one token picked for the next position."""
+    def next_tokens(self, index: int) -> tuple[int, ...]:
+        """The forced tokens, or one token picked from the logits at batch position `index`."""
         directive = self._steering.next() if self._steering is not None else None
         if isinstance(directive, Force):
             return directive.tokens
         if isinstance(directive, Allow):
-            token = self._ctx.sample_among(directive.tokens, self._params, self._rng)
+            token = self._ctx.sample_among(index, directive.tokens, self._params, self._rng)
         elif isinstance(directive, Constrain):
-            token = self._sampler_for(directive).sample()
+            token = self._sampler_for(directive).sample(index)
         else:
-            token = self._base.sample()
+            token = self._base.sample(index)
         if self._chooser is not None:
             token = self._chooser(token)
         return (token,)

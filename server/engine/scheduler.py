@@ -1,0 +1,260 @@
+"""Scheduler: continuous batching over the context's sequences, one llama_decode per step.
+
+Each step's batch holds the pending token(s) of every generating request plus a chunk of the
+prompt of the oldest request still being prefilled (a small chunk while others generate, so their
+streams keep flowing). After the decode, each request whose logits came back picks its next
+token(s) with its own sampler and steering. Requests wait when every slot is busy; a prompt goes
+to the slot with the longest cached prefix (see slots.py); when the KV cache is full, the least
+recently used idle conversation is dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from enum import Enum
+
+from server.engine.base import EngineResult, SamplingHook, SamplingParams, Steering, StopReason
+from server.engine.channel import TokenChannel
+from server.engine.llama_context import BatchPart, DecodeError, LlamaContext
+from server.engine.picker import TokenPicker
+from server.engine.slots import Placement, Slot, eviction_order, place
+from server.events import Timings, Usage
+
+log = logging.getLogger(__name__)
+
+NO_ROOM = 1  # llama_decode: no KV cells left for the batch
+
+
+class _Phase(Enum):
+    WAITING = 1
+    RUNNING = 2
+    DONE = 3
+
+
+@dataclass
+class Job:
+    """One generation request and its progress."""
+
+    prompt_tokens: list[int]
+    params: SamplingParams
+    channel: TokenChannel
+    steering: Steering | None = None
+    submitted: float = field(default_factory=time.perf_counter)
+    phase: _Phase = _Phase.WAITING
+    slot: Slot | None = None
+    picker: TokenPicker | None = None
+    next_prompt: int = 0  # index of the next prompt token to evaluate
+    pending: tuple[int, ...] = ()  # emitted tokens not evaluated yet
+    cached: int = 0
+    evaluated: int = 0
+    completed: int = 0
+    stop_token: int | None = None
+    started: float = 0.0
+    prefilled: float = 0.0
+    first_token: float = 0.0
+    last_token: float = 0.0
+
+    @property
+    def prefilling(self) -> bool:
+        return self.next_prompt < len(self.prompt_tokens)
+
+    def result(self, reason: StopReason, error: str | None) -> EngineResult:
+        usage = Usage(
+            prompt_tokens=len(self.prompt_tokens),
+            cached_tokens=self.cached,
+            evaluated_tokens=self.evaluated,
+            completion_tokens=self.completed,
+        )
+        started = self.started or time.perf_counter()
+        timings = Timings(
+            queue_s=started - self.submitted,
+            prefill_s=max(self.prefilled - started, 0.0) if self.prefilled else 0.0,
+            decode_s=max(self.last_token - self.first_token, 0.0),
+            ttft_s=max(self.first_token - self.submitted, 0.0) if self.completed else 0.0,
+            evaluated_tokens=self.evaluated,
+            completion_tokens=self.completed,
+        )
+        return EngineResult(reason, usage, timings, self.stop_token, error)
+
+
+class Scheduler:
+    """Owns the slots and the running jobs; used by the engine thread only."""
+
+    def __init__(self, ctx: LlamaContext, hook: SamplingHook | None, prefill_chunk: int) -> None:
+        self._ctx = ctx
+        self._hook = hook
+        self._prefill_chunk = max(1, prefill_chunk)
+        self.slots = [Slot(seq_id) for seq_id in range(ctx.n_seq)]
+        self._waiting: deque[Job] = deque()
+        self._running: list[Job] = []
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._waiting or self._running)
+
+    def add(self, job: Job) -> None:
+        self._waiting.append(job)
+
+    def shutdown(self) -> None:
+        for job in [*self._running, *self._waiting]:
+            self._finish(job, StopReason.ERROR, "the engine shut down")
+
+    def step(self) -> None:
+        """Admit what fits, run one batch, let each request pick its next tokens."""
+        self._retire()
+        self._admit()
+        parts, owners = self._plan()
+        if not parts:
+            return
+        indices = self._decode(parts, owners)
+        if indices is None:
+            return
+        for part, job, index in zip(parts, owners, indices, strict=True):
+            try:
+                self._advance(job, part, index)
+            except Exception as exc:  # a failing request must not stop the others
+                log.exception("generation failed")
+                self._finish(job, StopReason.ERROR, f"{type(exc).__name__}: {exc}")
+
+    def _retire(self) -> None:
+        for job in [j for j in self._waiting if j.channel.cancelled]:
+            self._waiting.remove(job)
+            self._finish(job, StopReason.CANCELLED)
+        for job in list(self._running):
+            assert job.slot is not None
+            if job.channel.cancelled:
+                self._finish(job, StopReason.CANCELLED)
+            elif job.pending and len(job.slot.tokens) + len(job.pending) >= self._ctx.n_ctx:
+                self._finish(job, StopReason.CONTEXT_FULL)
+
+    def _admit(self) -> None:
+        while self._waiting:
+            job = self._waiting[0]
+            if not job.prompt_tokens or len(job.prompt_tokens) >= self._ctx.n_ctx:
+                self._waiting.popleft()
+                error = f"prompt of {len(job.prompt_tokens)} tokens does not fit"
+                self._finish(job, StopReason.ERROR, error)
+                continue
+            placement = place(self.slots, job.prompt_tokens)
+            if placement is None:
+                return
+            self._waiting.popleft()
+            self._start(job, placement)
+
+    def _start(self, job: Job, placement: Placement) -> None:
+        ctx, slot = self._ctx, placement.slot
+        slot.busy = True
+        keep = ctx.truncate(slot.seq_id, ctx.reusable_prefix(slot.seq_id, placement.keep))
+        del slot.tokens[keep:]
+        if placement.donor is not None:
+            shared = ctx.reusable_prefix(placement.donor.seq_id, placement.shared)
+            if shared > keep:
+                ctx.share_prefix(placement.donor.seq_id, slot.seq_id, shared)
+                slot.tokens[:] = job.prompt_tokens[:shared]
+                keep = shared
+        job.phase, job.slot = _Phase.RUNNING, slot
+        job.cached = job.next_prompt = keep
+        job.started = time.perf_counter()
+        chooser = self._hook(job.prompt_tokens) if self._hook is not None else None
+        job.picker = TokenPicker(ctx, job.params, job.steering, chooser)
+        self._running.append(job)
+
+    def _plan(self) -> tuple[list[BatchPart], list[Job]]:
+        parts: list[BatchPart] = []
+        owners: list[Job] = []
+        budget = self._ctx.n_batch
+        for job in self._running:
+            if job.pending and job.slot is not None:
+                parts.append(BatchPart(job.slot.seq_id, job.pending, len(job.slot.tokens), True))
+                owners.append(job)
+                budget -= len(job.pending)
+        prefill = next((job for job in self._running if job.prefilling), None)
+        if prefill is not None and prefill.slot is not None and budget > 0:
+            cap = min(budget, self._prefill_chunk) if parts else budget
+            start = prefill.next_prompt
+            chunk = prefill.prompt_tokens[start : start + cap]
+            last = start + len(chunk) == len(prefill.prompt_tokens)
+            parts.append(BatchPart(prefill.slot.seq_id, chunk, start, last))
+            owners.append(prefill)
+        return parts, owners
+
+    def _decode(self, parts: list[BatchPart], owners: list[Job]) -> list[int] | None:
+        """Run the batch, dropping idle conversations while the cache has no room for it."""
+        while True:
+            try:
+                return self._ctx.decode(parts)
+            except DecodeError as exc:
+                victims = eviction_order(self.slots) if exc.code == NO_ROOM else []
+                if victims:
+                    self._forget(victims[0])
+                    continue
+                self._fail_batch(owners, exc)
+                return None
+
+    def _fail_batch(self, owners: list[Job], exc: DecodeError) -> None:
+        if exc.code == NO_ROOM:  # the newest request gives way; the others go on next step
+            self._finish(owners[-1], StopReason.CONTEXT_FULL)
+            return
+        log.error("llama_decode failed with code %d", exc.code)
+        for job in owners:
+            if job.slot is not None:
+                self._forget(job.slot)
+            self._finish(job, StopReason.ERROR, str(exc))
+
+    def _advance(self, job: Job, part: BatchPart, index: int) -> None:
+        assert job.slot is not None
+        assert job.picker is not None
+        job.slot.tokens.extend(part.tokens)
+        if job.prefilling:
+            job.next_prompt += len(part.tokens)
+            job.evaluated += len(part.tokens)
+            if not job.prefilling:
+                job.prefilled = time.perf_counter()
+        else:
+            job.pending = ()
+        if index < 0:
+            return
+        tokens = job.picker.next_tokens(index)
+        for token in tokens:
+            if self._emit(job, token):
+                return
+        job.pending = tokens
+
+    def _emit(self, job: Job, token: int) -> bool:
+        """Hand one token to the client; True when the generation ended with it."""
+        assert job.picker is not None
+        job.picker.accept(token)
+        now = time.perf_counter()
+        if job.completed == 0:
+            job.first_token = now
+        job.last_token = now
+        job.completed += 1
+        job.channel.push(token)
+        if token in job.params.stop_tokens:
+            job.stop_token = token
+            self._finish(job, StopReason.STOP_TOKEN)
+            return True
+        if job.completed >= job.params.max_tokens:
+            self._finish(job, StopReason.MAX_TOKENS)
+            return True
+        return False
+
+    def _finish(self, job: Job, reason: StopReason, error: str | None = None) -> None:
+        if job.phase is _Phase.DONE:
+            return
+        if job in self._running:
+            self._running.remove(job)
+        if job.slot is not None:
+            job.slot.busy = False
+            job.slot.last_used = time.perf_counter()
+        if job.picker is not None:
+            job.picker.free()
+        job.phase = _Phase.DONE
+        job.channel.close(job.result(reason, error))
+
+    def _forget(self, slot: Slot) -> None:
+        self._ctx.truncate(slot.seq_id, 0)
+        slot.tokens.clear()
