@@ -1,0 +1,346 @@
+"""Responses request -> Transcript + GenerationOptions, and generated calls -> Responses shapes.
+
+Input items become transcript items one for one: messages by role, one Reasoning per reasoning
+item that carries raw text (summary-only items carry no chain of thought and are skipped),
+function and custom tool calls, and their outputs. The developer and system messages at the
+start of the conversation join `instructions` in harmony's single developer message; later ones
+stay in place. Unknown item types and hosted tools are skipped with a log line.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ValidationError
+
+from server.api.common import (
+    clamp_effort,
+    effort_for_budget,
+    text_of_parts,
+    to_response_format,
+    to_tool_choice,
+)
+from server.api.responses.schemas import (
+    ContentPartIn,
+    CustomToolCallIn,
+    CustomToolIn,
+    FunctionCallIn,
+    FunctionToolIn,
+    InputItem,
+    MessageIn,
+    NamespaceToolIn,
+    ReasoningIn,
+    ResponsesRequest,
+    ToolOutputIn,
+)
+from server.errors import InvalidRequest
+from server.events import SegmentEnd, SegmentKind
+from server.generation import GenerationOptions
+from server.history import END, RETURN, START
+from server.transcript import (
+    FUNCTIONS_NAMESPACE,
+    AssistantChannel,
+    AssistantMessage,
+    DeveloperMessage,
+    Item,
+    Reasoning,
+    ReasoningEffort,
+    ToolCall,
+    ToolResult,
+    ToolSpec,
+    Transcript,
+    UserMessage,
+)
+
+log = logging.getLogger(__name__)
+
+_ITEM_MODELS: dict[str, type[BaseModel]] = {
+    "message": MessageIn,
+    "reasoning": ReasoningIn,
+    "function_call": FunctionCallIn,
+    "custom_tool_call": CustomToolCallIn,
+    "function_call_output": ToolOutputIn,
+    "custom_tool_call_output": ToolOutputIn,
+}
+USER_PARTS = ("input_text", "text", "output_text")
+REASONING_PARTS = ("reasoning_text", "text")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one request asks for: the transcript to render and how to generate."""
+
+    transcript: Transcript
+    options: GenerationOptions
+    conversation: tuple[Item, ...]  # earlier + input items, leading developer messages included
+
+
+def plan(
+    request: ResponsesRequest,
+    earlier: Sequence[Item],
+    default_effort: ReasoningEffort,
+    date: str,
+) -> Plan:
+    """The transcript (after the `earlier` conversation of previous_response_id) and options."""
+    tools = to_tools(request.tools or [])
+    conversation = (*earlier, *to_items(request.input, earlier))
+    n_lead = next(
+        (i for i, item in enumerate(conversation) if not isinstance(item, DeveloperMessage)),
+        len(conversation),
+    )
+    lead = [item.text for item in conversation[:n_lead] if isinstance(item, DeveloperMessage)]
+    instructions = "\n\n".join(text for text in (request.instructions, *lead) if text)
+    text_format = request.text.format if request.text else None
+    transcript = Transcript(
+        items=conversation[n_lead:],
+        instructions=instructions or None,
+        tools=tools,
+        reasoning_effort=requested_effort(request) or default_effort,
+        conversation_date=date,
+        response_format=to_response_format(text_format, "text.format"),
+    )
+    return Plan(transcript, generation_options(request), conversation)
+
+
+def requested_effort(request: ResponsesRequest) -> ReasoningEffort | None:
+    reasoning = request.reasoning
+    if reasoning is None:
+        return None
+    if reasoning.effort is not None:
+        return clamp_effort(reasoning.effort, "reasoning.effort")
+    if reasoning.max_tokens is not None:
+        return effort_for_budget(reasoning.max_tokens)
+    return None
+
+
+def generation_options(request: ResponsesRequest) -> GenerationOptions:
+    return GenerationOptions(
+        max_tokens=request.max_output_tokens,
+        temperature=request.temperature,
+        top_p=request.top_p,
+        seed=request.seed,
+        tool_choice=to_tool_choice(request.tool_choice),
+        reasoning_budget=request.reasoning.max_tokens if request.reasoning else None,
+    )
+
+
+# ---------------------------------------------------------------------------------- tools
+
+
+def to_tools(tools: Sequence[dict[str, Any]]) -> tuple[ToolSpec, ...]:
+    """Function, custom and namespace tools; hosted tools are accepted and not offered."""
+    specs: list[ToolSpec] = []
+    for index, tool in enumerate(tools):
+        kind = tool.get("type")
+        if kind == "namespace":
+            group = _parse(NamespaceToolIn, tool, f"tools[{index}]")
+            for inner_index, inner in enumerate(group.tools):
+                param = f"tools[{index}].tools[{inner_index}]"
+                spec = _tool_spec(inner, param, group.name, group.description or "")
+                if spec is not None:
+                    specs.append(spec)
+            continue
+        spec = _tool_spec(tool, f"tools[{index}]")
+        if spec is not None:
+            specs.append(spec)
+    return tuple(specs)
+
+
+def _tool_spec(
+    tool: dict[str, Any], param: str, namespace: str = FUNCTIONS_NAMESPACE, group: str = ""
+) -> ToolSpec | None:
+    kind = tool.get("type")
+    if kind == "function":
+        function = _parse(FunctionToolIn, tool, param)
+        return ToolSpec(
+            name=function.name,
+            description=function.description or "",
+            parameters=function.parameters,
+            namespace=namespace,
+            namespace_description=group,
+        )
+    if kind == "custom":
+        custom = _parse(CustomToolIn, tool, param)
+        return ToolSpec(
+            name=custom.name,
+            description=custom.description or "",
+            namespace=namespace,
+            namespace_description=group,
+            kind="custom",
+        )
+    log.info("tool %s of type %r is not offered to the model (hosted or unknown)", param, kind)
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class CallShape:
+    """How a call the model addressed to a recipient is returned to the client."""
+
+    kind: Literal["function", "custom"]
+    name: str
+    namespace: str | None  # None: the default `functions` namespace (not sent)
+
+
+def call_shape(recipient: str, tools: Sequence[ToolSpec]) -> CallShape:
+    """`functions.exec_command` -> function exec_command; `ns.f` -> function f in namespace ns."""
+    namespace, dot, name = recipient.partition(".")
+    if not dot or not name:
+        return CallShape("function", recipient, None)
+    spec = next((s for s in tools if s.namespace == namespace and s.name == name), None)
+    kind = spec.kind if spec is not None else "function"
+    return CallShape(kind, name, None if namespace == FUNCTIONS_NAMESPACE else namespace)
+
+
+def custom_input(arguments: str) -> str:
+    """The raw input of a custom tool call: `{"input": "..."}` unwrapped, other text as is."""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return arguments
+    if isinstance(value, dict) and isinstance(value.get("input"), str):
+        return str(value["input"])
+    return arguments
+
+
+def custom_arguments(raw_input: str) -> str:
+    """What the model writes for a custom tool call with this input (the reverse of the above)."""
+    return json.dumps({"input": raw_input}, ensure_ascii=False, separators=(",", ":"))
+
+
+def output_items(
+    ends: Sequence[SegmentEnd], tools: Sequence[ToolSpec], message_start: Sequence[int]
+) -> list[Item]:
+    """The generated messages as transcript items with their exact tokens (for the store).
+
+    `message_start` is `<|start|>assistant`, which the first message of a completion lacks
+    (the prompt ended with it); a final `<|return|>` becomes `<|end|>`, as in any later prompt.
+    """
+    items: list[Item] = []
+    for end in ends:
+        tokens = _prompt_tokens(end.tokens, message_start) if end.complete else None
+        if end.kind is SegmentKind.REASONING:
+            items.append(Reasoning(end.text, tokens=tokens))
+        elif end.kind is SegmentKind.TOOL_CALL:
+            shape = call_shape(end.recipient or "", tools)
+            namespace = shape.namespace or FUNCTIONS_NAMESPACE
+            call_id = end.call_id or ""
+            call = ToolCall(call_id, shape.name, end.text, namespace, end.content_type, tokens)
+            items.append(call)
+        else:
+            channel: AssistantChannel = (
+                "commentary" if end.kind is SegmentKind.PREAMBLE else "final"
+            )
+            items.append(AssistantMessage(end.text, channel=channel, tokens=tokens))
+    return items
+
+
+def _prompt_tokens(tokens: Sequence[int], message_start: Sequence[int]) -> tuple[int, ...]:
+    body = list(tokens)
+    if body and body[-1] == RETURN:
+        body[-1] = END
+    if not body or body[0] != START:
+        body = [*message_start, *body]
+    return tuple(body)
+
+
+# ---------------------------------------------------------------------------------- input
+
+
+def to_items(value: str | list[dict[str, Any]], earlier: Sequence[Item] = ()) -> list[Item]:
+    """Input items -> transcript items; tool outputs find their call in `earlier` or the input."""
+    if isinstance(value, str):
+        return [UserMessage(value)] if value else []
+    calls = {item.call_id: item for item in earlier if isinstance(item, ToolCall)}
+    items: list[Item] = []
+    for index, parsed in _parsed_items(value):
+        item = _item(parsed, f"input[{index}]", calls)
+        if item is None:
+            continue
+        if isinstance(item, ToolCall):
+            calls[item.call_id] = item
+        items.append(item)
+    return items
+
+
+def _parsed_items(raw_items: list[dict[str, Any]]) -> list[tuple[int, InputItem]]:
+    parsed: list[tuple[int, InputItem]] = []
+    for index, raw in enumerate(raw_items):
+        kind = raw.get("type", "message" if "role" in raw else None)
+        model = _ITEM_MODELS.get(str(kind))
+        if model is None:
+            log.info("skipping input[%d]: items of type %r are not supported", index, kind)
+            continue
+        parsed.append((index, _parse(model, raw, f"input[{index}]")))
+    return parsed
+
+
+def _item(parsed: InputItem, param: str, calls: dict[str, ToolCall]) -> Item | None:
+    if isinstance(parsed, MessageIn):
+        return _message(parsed, param)
+    if isinstance(parsed, ReasoningIn):
+        texts = [part.text for part in parsed.content or [] if part.type in REASONING_PARTS]
+        return Reasoning("\n".join(texts)) if texts else None  # summary only: no CoT
+    if isinstance(parsed, FunctionCallIn):
+        namespace = parsed.namespace or FUNCTIONS_NAMESPACE
+        return ToolCall(parsed.call_id, parsed.name, parsed.arguments, namespace=namespace)
+    if isinstance(parsed, CustomToolCallIn):
+        namespace = parsed.namespace or FUNCTIONS_NAMESPACE
+        arguments = custom_arguments(parsed.input)
+        return ToolCall(parsed.call_id, parsed.name, arguments, namespace=namespace)
+    return _tool_result(parsed, param, calls)
+
+
+def _message(message: MessageIn, param: str) -> Item:
+    if message.role == "assistant":
+        channel: AssistantChannel = "commentary" if message.phase == "commentary" else "final"
+        return AssistantMessage(_assistant_text(message.content), channel=channel)
+    content = message.content
+    text = content if isinstance(content, str) else text_of_parts(content, USER_PARTS, param)
+    if message.role == "user":
+        return UserMessage(text)
+    return DeveloperMessage(text)
+
+
+def _assistant_text(content: str | list[ContentPartIn]) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(part.text or part.refusal or "" for part in content)
+
+
+def _tool_result(output: ToolOutputIn, param: str, calls: dict[str, ToolCall]) -> ToolResult:
+    call = calls.get(output.call_id)
+    name = call.name if call is not None else output.name
+    if name is None:
+        raise InvalidRequest(
+            f"{output.type} {output.call_id!r} matches no earlier tool call",
+            param=f"{param}.call_id",
+        )
+    namespace = call.namespace if call is not None else output.namespace or FUNCTIONS_NAMESPACE
+    return ToolResult(output.call_id, _output_text(output.output), name, namespace=namespace)
+
+
+def _output_text(output: str | list[ContentPartIn]) -> str:
+    if isinstance(output, str):
+        return output
+    texts = []
+    for part in output:
+        if part.text is not None:
+            texts.append(part.text)
+        else:
+            log.info("a tool output part of type %r was left out: gpt-oss reads text", part.type)
+            texts.append(f"[{part.type} omitted]")
+    return "\n".join(texts)
+
+
+def _parse(model: type[Any], raw: dict[str, Any], param: str) -> Any:
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(part) for part in error["loc"])
+        location = f"{param}.{where}" if where else param
+        raise InvalidRequest(f"{location}: {error['msg']}", param=location) from exc

@@ -1,0 +1,399 @@
+"""ResponsesEmitter: generation events -> Responses stream events, every number final at birth.
+
+One emitter per response owns the sequence numbers, output indexes, content indexes and item
+ids. Each harmony message becomes one output item: the code that opens it emits
+`output_item.added` (and `content_part.added`), the code that closes it emits the `.done` event,
+`content_part.done` and `output_item.done`; items follow one another strictly. The stream ends
+with exactly one terminal event built from the generation's `Finished` event. The non-streaming
+body is `fold()` of the very same events.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from server.api.common import new_id, now
+from server.api.responses.adapter import CallShape, call_shape, custom_input
+from server.api.responses.schemas import (
+    ContentPartAdded,
+    ContentPartDone,
+    CustomToolCallInputDelta,
+    CustomToolCallInputDone,
+    CustomToolCallItem,
+    FunctionCallArgumentsDelta,
+    FunctionCallArgumentsDone,
+    FunctionCallItem,
+    IncompleteDetails,
+    InputTokensDetails,
+    ItemStatus,
+    MessageItem,
+    OutputItem,
+    OutputItemAdded,
+    OutputItemDone,
+    OutputTextDelta,
+    OutputTextDone,
+    OutputTextPart,
+    OutputTokensDetails,
+    ReasoningItem,
+    ReasoningTextDelta,
+    ReasoningTextDone,
+    ReasoningTextPart,
+    ResponseCompleted,
+    ResponseCreated,
+    ResponseError,
+    ResponseFailed,
+    ResponseIncomplete,
+    ResponseInProgress,
+    ResponseObject,
+    ResponseStatus,
+    ResponseUsage,
+    StreamEvent,
+    TerminalEvent,
+)
+from server.events import (
+    DecodeWarning,
+    Finished,
+    FinishReason,
+    GenerationEvent,
+    SegmentDelta,
+    SegmentEnd,
+    SegmentKind,
+    SegmentStart,
+    Usage,
+)
+from server.transcript import ToolSpec
+
+log = logging.getLogger(__name__)
+
+ItemKind = Literal["reasoning", "message", "function_call", "custom_tool_call"]
+_ID_PREFIXES: dict[ItemKind, str] = {
+    "reasoning": "rs_",
+    "message": "msg_",
+    "function_call": "fc_",
+    "custom_tool_call": "ctc_",
+}
+
+
+@dataclass
+class _OpenItem:
+    """The item being streamed: what it is, where it sits, and its text so far."""
+
+    kind: ItemKind
+    id: str
+    output_index: int
+    segment: int
+    phase: Literal["commentary", "final_answer"] = "final_answer"
+    call_id: str = ""
+    shape: CallShape | None = None
+    parts: list[str] = field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
+
+
+class ResponsesEmitter:
+    """Turns one generation's events into the stream events of one response."""
+
+    def __init__(
+        self,
+        base: ResponseObject,
+        tools: Sequence[ToolSpec] = (),
+        new_item_id: Callable[[str], str] = new_id,
+    ) -> None:
+        self._base = base
+        self._tools = tuple(tools)
+        self._new_item_id = new_item_id
+        self._sequence = 0
+        self._output: list[OutputItem] = []
+        self._open: _OpenItem | None = None
+        self.terminal: TerminalEvent | None = None
+
+    @property
+    def response_id(self) -> str:
+        return self._base.id
+
+    def start(self) -> list[StreamEvent]:
+        """`response.created` and `response.in_progress`: the first two events."""
+        snapshot = self._snapshot()
+        return [
+            ResponseCreated(sequence_number=self._next(), response=snapshot),
+            ResponseInProgress(sequence_number=self._next(), response=snapshot),
+        ]
+
+    def keepalive(self) -> list[StreamEvent]:
+        """A real event for idle stretches (long prefill), only between items."""
+        if self._open is not None or self.terminal is not None:
+            return []
+        return [ResponseInProgress(sequence_number=self._next(), response=self._snapshot())]
+
+    def feed(self, event: GenerationEvent) -> list[StreamEvent]:
+        if self.terminal is not None:
+            return []
+        if isinstance(event, SegmentStart):
+            return [*self._close_open(), *self._open_item(event)]
+        if isinstance(event, SegmentDelta):
+            return self._delta(event)
+        if isinstance(event, SegmentEnd):
+            return self._close_open(event)
+        if isinstance(event, DecodeWarning):
+            log.warning("response %s: %s (%r)", self._base.id, event.message, event.text[:200])
+            return []
+        return [*self._close_open(), self._finish(event)]
+
+    # -------------------------------------------------------------------------- opening
+
+    def _open_item(self, start: SegmentStart) -> list[StreamEvent]:
+        kind, shape = self._kind_of(start)
+        item = _OpenItem(
+            kind=kind,
+            id=self._new_item_id(_ID_PREFIXES[kind]),
+            output_index=len(self._output),
+            segment=start.index,
+            phase="commentary" if start.kind is SegmentKind.PREAMBLE else "final_answer",
+            call_id=start.call_id or "",
+            shape=shape,
+        )
+        self._open = item
+        added: list[StreamEvent] = [
+            OutputItemAdded(
+                sequence_number=self._next(),
+                output_index=item.output_index,
+                item=self._item(item, "in_progress", ""),
+            )
+        ]
+        part = _empty_part(kind)
+        if part is not None:
+            added.append(
+                ContentPartAdded(
+                    sequence_number=self._next(),
+                    item_id=item.id,
+                    output_index=item.output_index,
+                    content_index=0,
+                    part=part,
+                )
+            )
+        return added
+
+    def _kind_of(self, start: SegmentStart) -> tuple[ItemKind, CallShape | None]:
+        if start.kind is SegmentKind.REASONING:
+            return "reasoning", None
+        if start.kind is not SegmentKind.TOOL_CALL:
+            return "message", None
+        shape = call_shape(start.recipient or "", self._tools)
+        return ("custom_tool_call" if shape.kind == "custom" else "function_call"), shape
+
+    # -------------------------------------------------------------------------- streaming
+
+    def _delta(self, event: SegmentDelta) -> list[StreamEvent]:
+        item = self._open
+        if item is None or item.segment != event.index or not event.text:
+            return []
+        item.parts.append(event.text)
+        if item.kind == "custom_tool_call":
+            return []  # the raw input is known once the whole call is written (see _close_open)
+        sequence, delta = self._next(), event.text
+        if item.kind == "reasoning":
+            return [
+                ReasoningTextDelta(
+                    sequence_number=sequence,
+                    item_id=item.id,
+                    output_index=item.output_index,
+                    content_index=0,
+                    delta=delta,
+                )
+            ]
+        if item.kind == "message":
+            return [
+                OutputTextDelta(
+                    sequence_number=sequence,
+                    item_id=item.id,
+                    output_index=item.output_index,
+                    content_index=0,
+                    delta=delta,
+                )
+            ]
+        return [
+            FunctionCallArgumentsDelta(
+                sequence_number=sequence,
+                item_id=item.id,
+                output_index=item.output_index,
+                delta=delta,
+            )
+        ]
+
+    # -------------------------------------------------------------------------- closing
+
+    def _close_open(self, end: SegmentEnd | None = None) -> list[StreamEvent]:
+        item = self._open
+        if item is None or (end is not None and end.index != item.segment):
+            return []
+        self._open = None
+        status: ItemStatus = "completed" if end is not None and end.complete else "incomplete"
+        text = item.text
+        if item.kind == "custom_tool_call":
+            text = custom_input(text)
+        events = self._done_events(item, text)
+        done = self._item(item, status, text)
+        self._output.append(done)
+        events.append(
+            OutputItemDone(sequence_number=self._next(), output_index=item.output_index, item=done)
+        )
+        return events
+
+    def _done_events(self, item: _OpenItem, text: str) -> list[StreamEvent]:
+        item_id, index = item.id, item.output_index
+        if item.kind == "function_call":
+            name = item.shape.name if item.shape else ""
+            return [
+                FunctionCallArgumentsDone(
+                    sequence_number=self._next(),
+                    item_id=item_id,
+                    output_index=index,
+                    name=name,
+                    arguments=text,
+                )
+            ]
+        if item.kind == "custom_tool_call":
+            events: list[StreamEvent] = []
+            if text:
+                events.append(
+                    CustomToolCallInputDelta(
+                        sequence_number=self._next(),
+                        item_id=item_id,
+                        output_index=index,
+                        delta=text,
+                    )
+                )
+            events.append(
+                CustomToolCallInputDone(
+                    sequence_number=self._next(), item_id=item_id, output_index=index, input=text
+                )
+            )
+            return events
+        part: ReasoningTextPart | OutputTextPart
+        text_done: StreamEvent
+        if item.kind == "reasoning":
+            part = ReasoningTextPart(text=text)
+            text_done = ReasoningTextDone(
+                sequence_number=self._next(),
+                item_id=item_id,
+                output_index=index,
+                content_index=0,
+                text=text,
+            )
+        else:
+            part = OutputTextPart(text=text)
+            text_done = OutputTextDone(
+                sequence_number=self._next(),
+                item_id=item_id,
+                output_index=index,
+                content_index=0,
+                text=text,
+            )
+        part_done = ContentPartDone(
+            sequence_number=self._next(),
+            item_id=item_id,
+            output_index=index,
+            content_index=0,
+            part=part,
+        )
+        return [text_done, part_done]
+
+    def _item(self, item: _OpenItem, status: ItemStatus, text: str) -> OutputItem:
+        """The item as `output_item.added` (empty, in progress) or `.done` (final) shows it."""
+        final = status != "in_progress"
+        if item.kind == "reasoning":
+            content = [ReasoningTextPart(text=text)] if final else []
+            return ReasoningItem(id=item.id, content=content, status=status)
+        if item.kind == "message":
+            parts = [OutputTextPart(text=text)] if final else []
+            return MessageItem(id=item.id, status=status, content=parts, phase=item.phase)
+        shape = item.shape or CallShape("function", "", None)
+        if item.kind == "custom_tool_call":
+            return CustomToolCallItem(
+                id=item.id,
+                call_id=item.call_id,
+                name=shape.name,
+                namespace=shape.namespace,
+                input=text,
+                status=status,
+            )
+        return FunctionCallItem(
+            id=item.id,
+            call_id=item.call_id,
+            name=shape.name,
+            namespace=shape.namespace,
+            arguments=text,
+            status=status,
+        )
+
+    # -------------------------------------------------------------------------- the end
+
+    def _finish(self, finished: Finished) -> TerminalEvent:
+        sequence = self._next()
+        usage = usage_out(finished.usage)
+        reason = finished.reason
+        terminal: TerminalEvent
+        if reason in (FinishReason.STOP, FinishReason.TOOL_CALL):
+            response = self._snapshot("completed", usage)
+            terminal = ResponseCompleted(sequence_number=sequence, response=response)
+        elif reason is FinishReason.LENGTH:
+            response = self._snapshot("incomplete", usage, incomplete_details=IncompleteDetails())
+            terminal = ResponseIncomplete(sequence_number=sequence, response=response)
+        else:
+            cancelled = reason is FinishReason.CANCELLED
+            message = "generation was cancelled" if cancelled else "generation failed"
+            if finished.error:
+                message = f"{message}: {finished.error}"
+            status: ResponseStatus = "cancelled" if cancelled else "failed"
+            response = self._snapshot(status, usage, error=ResponseError(message=message))
+            terminal = ResponseFailed(sequence_number=sequence, response=response)
+        self.terminal = terminal
+        return terminal
+
+    def _snapshot(
+        self,
+        status: ResponseStatus = "in_progress",
+        usage: ResponseUsage | None = None,
+        **fields: object,
+    ) -> ResponseObject:
+        completed_at = None if status == "in_progress" else now()
+        update = {"status": status, "output": list(self._output), "usage": usage}
+        return self._base.model_copy(update={**update, "completed_at": completed_at, **fields})
+
+    def _next(self) -> int:
+        sequence = self._sequence
+        self._sequence += 1
+        return sequence
+
+
+def _empty_part(kind: ItemKind) -> ReasoningTextPart | OutputTextPart | None:
+    if kind == "reasoning":
+        return ReasoningTextPart()
+    if kind == "message":
+        return OutputTextPart()
+    return None
+
+
+def usage_out(usage: Usage) -> ResponseUsage:
+    return ResponseUsage(
+        input_tokens=usage.prompt_tokens,
+        input_tokens_details=InputTokensDetails(cached_tokens=usage.cached_tokens),
+        output_tokens=usage.completion_tokens,
+        output_tokens_details=OutputTokensDetails(reasoning_tokens=usage.reasoning_tokens),
+        total_tokens=usage.total_tokens,
+    )
+
+
+def fold(events: Sequence[StreamEvent]) -> ResponseObject:
+    """The non-streaming body: the response the stream's terminal event carries."""
+    terminals = [
+        e for e in events if isinstance(e, (ResponseCompleted, ResponseIncomplete, ResponseFailed))
+    ]
+    if len(terminals) != 1 or terminals[0] is not events[-1]:
+        raise RuntimeError("a response stream must end with exactly one terminal event")
+    return terminals[0].response

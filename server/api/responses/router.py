@@ -1,0 +1,204 @@
+"""POST /v1/responses (streaming and not, one event stream), GET and DELETE /v1/responses/{id}.
+
+Everything that can be refused is refused before the first byte: an unknown
+previous_response_id (404), bad input (400), a prompt that does not fit (400,
+context_length_exceeded). A stream then always ends with exactly one terminal event.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from server.api.common import new_id, now
+from server.api.responses.adapter import Plan, output_items, plan
+from server.api.responses.emitter import ResponsesEmitter, fold
+from server.api.responses.schemas import (
+    DeletedResponse,
+    ResponseObject,
+    ResponsesRequest,
+    StreamEvent,
+)
+from server.api.responses.store import ResponseStore, StoredResponse
+from server.api.responses.streaming import ResponseRun
+from server.api.sse import sse_event
+from server.config import Settings
+from server.errors import ContextLengthExceeded, NotFound, ServerError
+from server.events import SegmentEnd
+from server.generation import Generator
+from server.harmony.render import assistant_start_tokens
+
+log = logging.getLogger(__name__)
+router = APIRouter()
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+MAX_PINNED_DATES = 1024
+
+
+@dataclass
+class ResponsesState:
+    """What /v1/responses keeps across requests; lives on app.state.responses."""
+
+    store: ResponseStore
+    keepalive_s: float = 5.0
+    _dates: OrderedDict[str, str] = field(default_factory=OrderedDict)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ResponsesState:
+        store = ResponseStore(
+            settings.responses_store_path,
+            max_entries=settings.responses_store_max_entries,
+            max_bytes=settings.responses_store_max_mb << 20,
+        )
+        return cls(store=store, keepalive_s=settings.responses_keepalive_s)
+
+    def conversation_date(
+        self, cache_key: str | None, earlier: StoredResponse | None, today: str
+    ) -> str:
+        """The date in the system message, pinned per conversation so the prefix stays.
+
+        A continuation keeps its stored date; requests that share a prompt_cache_key (Codex
+        sends its thread id) keep the date of the first one, also past midnight.
+        """
+        if earlier is not None and earlier.conversation_date:
+            return earlier.conversation_date
+        if not cache_key:
+            return today
+        date = self._dates.pop(cache_key, today)
+        self._dates[cache_key] = date
+        while len(self._dates) > MAX_PINNED_DATES:
+            self._dates.popitem(last=False)
+        return date
+
+
+@router.post("/v1/responses", response_model=None)
+async def create_response(body: ResponsesRequest, request: Request) -> Response:
+    settings: Settings = request.app.state.settings
+    generator: Generator = request.app.state.generator
+    state: ResponsesState = request.app.state.responses
+    earlier = await _earlier(state, body.previous_response_id)
+    today = datetime.date.today().isoformat()
+    date = state.conversation_date(body.prompt_cache_key, earlier, today)
+    conversation = earlier.conversation if earlier is not None else ()
+    planned = plan(body, conversation, settings.reasoning_effort, date)
+    try:
+        prepared = generator.prepare(planned.transcript, planned.options)
+    except ContextLengthExceeded as exc:  # the core names the chat field
+        raise ContextLengthExceeded(exc.message, param="input") from exc
+    base = _base_response(body, planned, generator, request.app.state.model_name)
+    emitter = ResponsesEmitter(base, planned.transcript.tools)
+    finisher = _Finisher(state, generator, planned, date, store=base.store)
+    run = ResponseRun(prepared, emitter, finisher)
+    if body.stream:
+        stream = _sse(run.events(state.keepalive_s))
+        return StreamingResponse(stream, media_type="text/event-stream", headers=SSE_HEADERS)
+    response = fold([event async for event in run.events()])
+    if response.status in ("failed", "cancelled"):
+        message = response.error.message if response.error else "generation failed"
+        raise ServerError(message)
+    return JSONResponse(response.model_dump(mode="json"))
+
+
+@router.get("/v1/responses/{response_id}", response_model=None)
+async def get_response(response_id: str, request: Request) -> Response:
+    state: ResponsesState = request.app.state.responses
+    stored = await state.store.get(response_id)
+    if stored is None:
+        raise _not_found(response_id)
+    return JSONResponse(stored.response)
+
+
+@router.delete("/v1/responses/{response_id}", response_model=None)
+async def delete_response(response_id: str, request: Request) -> Response:
+    state: ResponsesState = request.app.state.responses
+    if not await state.store.delete(response_id):
+        raise _not_found(response_id)
+    return JSONResponse(DeletedResponse(id=response_id).model_dump(mode="json"))
+
+
+async def _earlier(state: ResponsesState, response_id: str | None) -> StoredResponse | None:
+    if response_id is None:
+        return None
+    stored = await state.store.get(response_id)
+    if stored is None:
+        raise _not_found(response_id, param="previous_response_id")
+    return stored
+
+
+def _not_found(response_id: str, param: str | None = None) -> NotFound:
+    return NotFound(f"No response found with id '{response_id}'.", param=param)
+
+
+def _base_response(
+    body: ResponsesRequest, planned: Plan, generator: Generator, served_name: str
+) -> ResponseObject:
+    """The Response as it starts: everything the request asked for, echoed back."""
+    text_format = body.text.format if body.text and body.text.format else {"type": "text"}
+    return ResponseObject(
+        id=new_id("resp_"),
+        created_at=now(),
+        model=body.model or served_name,
+        instructions=body.instructions,
+        metadata=body.metadata or {},
+        max_output_tokens=body.max_output_tokens,
+        previous_response_id=body.previous_response_id,
+        parallel_tool_calls=body.parallel_tool_calls is not False,
+        tool_choice=body.tool_choice or "auto",
+        tools=body.tools or [],
+        reasoning={"effort": planned.transcript.reasoning_effort, "summary": None},
+        text={"format": text_format},
+        temperature=_pick(body.temperature, generator.defaults.temperature),
+        top_p=_pick(body.top_p, generator.defaults.top_p),
+        store=body.store is not False,
+        prompt_cache_key=body.prompt_cache_key,
+    )
+
+
+def _pick(value: float | None, default: float) -> float:
+    return default if value is None else value
+
+
+@dataclass
+class _Finisher:
+    """Runs when a response is final, before its terminal event leaves: log, then store."""
+
+    state: ResponsesState
+    generator: Generator
+    planned: Plan
+    date: str
+    store: bool
+
+    async def __call__(self, response: ResponseObject, ended: list[SegmentEnd]) -> None:
+        usage = response.usage
+        if usage is not None:
+            log.info(
+                "response %s %s: %d input tokens (%d cached), %d output tokens (%d reasoning)",
+                response.id,
+                response.status,
+                usage.input_tokens,
+                usage.input_tokens_details.cached_tokens,
+                usage.output_tokens,
+                usage.output_tokens_details.reasoning_tokens,
+            )
+        if not self.store:
+            return
+        message_start = assistant_start_tokens(self.generator.encoding)
+        outputs = output_items(ended, self.planned.transcript.tools, message_start)
+        record = StoredResponse(
+            id=response.id,
+            response=response.model_dump(mode="json"),
+            conversation=(*self.planned.conversation, *outputs),
+            conversation_date=self.date,
+        )
+        await self.state.store.put(record)
+
+
+async def _sse(events: AsyncIterator[StreamEvent]) -> AsyncIterator[bytes]:
+    async for event in events:
+        yield sse_event(event.type, event.model_dump(mode="json"))

@@ -1,0 +1,407 @@
+"""Responses API wire shapes: lenient request models, typed output items, stream events.
+
+Requests accept and ignore unknown fields (Codex sends `client_metadata`, ids on every item, ...).
+Input items and tools are kept as raw dicts in the request and parsed one by one by the adapter,
+so an unknown item or tool type is skipped instead of failing the whole request.
+Everything the server sends is a pydantic model with a `type: Literal[...]`; unions are
+discriminated on `type`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
+
+# ---------------------------------------------------------------------------- request side
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class ContentPartIn(_Lenient):
+    type: str
+    text: str | None = None
+    refusal: str | None = None
+
+
+class MessageIn(_Lenient):
+    """`message` (or an EasyInputMessage without `type`)."""
+
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str | list[ContentPartIn]
+    phase: str | None = None
+
+
+class ReasoningContentIn(_Lenient):
+    type: str = "reasoning_text"
+    text: str = ""
+
+
+class ReasoningIn(_Lenient):
+    type: Literal["reasoning"]
+    summary: list[dict[str, Any]] = Field(default_factory=list)
+    content: list[ReasoningContentIn] | None = None
+    encrypted_content: str | None = None
+
+
+class FunctionCallIn(_Lenient):
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str = ""
+    namespace: str | None = None
+
+
+class CustomToolCallIn(_Lenient):
+    type: Literal["custom_tool_call"]
+    call_id: str
+    name: str
+    input: str = ""
+    namespace: str | None = None
+
+
+class ToolOutputIn(_Lenient):
+    """`function_call_output` and `custom_tool_call_output`."""
+
+    type: Literal["function_call_output", "custom_tool_call_output"]
+    call_id: str
+    output: str | list[ContentPartIn]
+    name: str | None = None
+    namespace: str | None = None
+
+
+InputItem = MessageIn | ReasoningIn | FunctionCallIn | CustomToolCallIn | ToolOutputIn
+
+
+class FunctionToolIn(_Lenient):
+    type: Literal["function"]
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class CustomToolIn(_Lenient):
+    type: Literal["custom"]
+    name: str = Field(min_length=1)
+    description: str | None = None
+    format: dict[str, Any] | None = None
+
+
+class NamespaceToolIn(_Lenient):
+    type: Literal["namespace"]
+    name: str = Field(min_length=1)
+    description: str | None = None
+    tools: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class ReasoningParam(_Lenient):
+    effort: str | None = None
+    summary: str | None = None
+    max_tokens: int | None = Field(None, ge=1)  # OpenRouter-style budget, an extension
+
+
+class TextParam(_Lenient):
+    format: dict[str, Any] | None = None
+    verbosity: str | None = None
+
+
+class ResponsesRequest(_Lenient):
+    model: str = ""
+    input: str | list[dict[str, Any]] = ""
+    instructions: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    reasoning: ReasoningParam | None = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    seed: int | None = None  # an extension: not in OpenAI's Responses API
+    text: TextParam | None = None
+    store: bool | None = None  # OpenAI's default is true
+    stream: bool = False
+    previous_response_id: str | None = None
+    include: list[str] | None = None
+    prompt_cache_key: str | None = None
+    metadata: dict[str, str] | None = None
+    truncation: str | None = None
+    user: str | None = None
+
+
+# --------------------------------------------------------------------------- output items
+
+ItemStatus = Literal["in_progress", "completed", "incomplete"]
+
+
+class ReasoningTextPart(BaseModel):
+    type: Literal["reasoning_text"] = "reasoning_text"
+    text: str = ""
+
+
+class OutputTextPart(BaseModel):
+    type: Literal["output_text"] = "output_text"
+    text: str = ""
+    annotations: list[Any] = Field(default_factory=list)
+    logprobs: list[Any] = Field(default_factory=list)
+
+
+ContentPart = Annotated[ReasoningTextPart | OutputTextPart, Field(discriminator="type")]
+
+
+class ReasoningItem(BaseModel):
+    """Raw chain of thought. `summary` is always present: Codex drops the item without it."""
+
+    type: Literal["reasoning"] = "reasoning"
+    id: str
+    summary: list[Any] = Field(default_factory=list)
+    content: list[ReasoningTextPart] = Field(default_factory=list)
+    encrypted_content: None = None
+    status: ItemStatus = "in_progress"
+
+
+class MessageItem(BaseModel):
+    """Assistant text: the final answer, or a commentary preamble (`phase`)."""
+
+    type: Literal["message"] = "message"
+    id: str
+    role: Literal["assistant"] = "assistant"
+    status: ItemStatus = "in_progress"
+    content: list[OutputTextPart] = Field(default_factory=list)
+    phase: Literal["commentary", "final_answer"] = "final_answer"
+
+
+class _Call(BaseModel):
+    namespace: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_empty_namespace(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)
+        if isinstance(data, dict) and data.get("namespace") is None:
+            data.pop("namespace", None)
+        return data
+
+
+class FunctionCallItem(_Call):
+    type: Literal["function_call"] = "function_call"
+    id: str
+    call_id: str
+    name: str
+    arguments: str = ""
+    status: ItemStatus = "in_progress"
+
+
+class CustomToolCallItem(_Call):
+    type: Literal["custom_tool_call"] = "custom_tool_call"
+    id: str
+    call_id: str
+    name: str
+    input: str = ""
+    status: ItemStatus = "in_progress"
+
+
+OutputItem = Annotated[
+    ReasoningItem | MessageItem | FunctionCallItem | CustomToolCallItem,
+    Field(discriminator="type"),
+]
+
+
+# ------------------------------------------------------------------------------ response
+
+ResponseStatus = Literal["in_progress", "completed", "incomplete", "failed", "cancelled"]
+
+
+class InputTokensDetails(BaseModel):
+    cached_tokens: int = 0
+    cache_write_tokens: int = 0
+
+
+class OutputTokensDetails(BaseModel):
+    reasoning_tokens: int = 0
+
+
+class ResponseUsage(BaseModel):
+    input_tokens: int
+    input_tokens_details: InputTokensDetails
+    output_tokens: int
+    output_tokens_details: OutputTokensDetails
+    total_tokens: int
+
+
+class ResponseError(BaseModel):
+    code: Literal["server_error"] = "server_error"
+    message: str
+
+
+class IncompleteDetails(BaseModel):
+    reason: Literal["max_output_tokens"] = "max_output_tokens"
+
+
+class ResponseObject(BaseModel):
+    """The Response: in lifecycle events, as the non-streaming body, and in the store."""
+
+    id: str
+    object: Literal["response"] = "response"
+    created_at: int
+    completed_at: int | None = None
+    status: ResponseStatus = "in_progress"
+    model: str
+    output: list[OutputItem] = Field(default_factory=list)
+    usage: ResponseUsage | None = None
+    error: ResponseError | None = None
+    incomplete_details: IncompleteDetails | None = None
+    instructions: str | None = None
+    metadata: dict[str, str] = Field(default_factory=dict)
+    max_output_tokens: int | None = None
+    previous_response_id: str | None = None
+    parallel_tool_calls: bool = True
+    tool_choice: str | dict[str, Any] = "auto"
+    tools: list[dict[str, Any]] = Field(default_factory=list)
+    reasoning: dict[str, Any] = Field(default_factory=dict)
+    text: dict[str, Any] = Field(default_factory=lambda: {"format": {"type": "text"}})
+    temperature: float | None = None
+    top_p: float | None = None
+    truncation: str = "disabled"
+    store: bool = True
+    prompt_cache_key: str | None = None
+
+
+# -------------------------------------------------------------------------------- events
+
+
+class _Event(BaseModel):
+    sequence_number: int
+
+
+class _Lifecycle(_Event):
+    response: ResponseObject
+
+
+class ResponseCreated(_Lifecycle):
+    type: Literal["response.created"] = "response.created"
+
+
+class ResponseInProgress(_Lifecycle):
+    type: Literal["response.in_progress"] = "response.in_progress"
+
+
+class ResponseCompleted(_Lifecycle):
+    type: Literal["response.completed"] = "response.completed"
+
+
+class ResponseIncomplete(_Lifecycle):
+    type: Literal["response.incomplete"] = "response.incomplete"
+
+
+class ResponseFailed(_Lifecycle):
+    type: Literal["response.failed"] = "response.failed"
+
+
+class OutputItemAdded(_Event):
+    type: Literal["response.output_item.added"] = "response.output_item.added"
+    output_index: int
+    item: OutputItem
+
+
+class OutputItemDone(_Event):
+    type: Literal["response.output_item.done"] = "response.output_item.done"
+    output_index: int
+    item: OutputItem
+
+
+class _ItemEvent(_Event):
+    item_id: str
+    output_index: int
+
+
+class ContentPartAdded(_ItemEvent):
+    type: Literal["response.content_part.added"] = "response.content_part.added"
+    content_index: int
+    part: ContentPart
+
+
+class ContentPartDone(_ItemEvent):
+    type: Literal["response.content_part.done"] = "response.content_part.done"
+    content_index: int
+    part: ContentPart
+
+
+class OutputTextDelta(_ItemEvent):
+    type: Literal["response.output_text.delta"] = "response.output_text.delta"
+    content_index: int
+    delta: str
+    logprobs: list[Any] = Field(default_factory=list)
+
+
+class OutputTextDone(_ItemEvent):
+    type: Literal["response.output_text.done"] = "response.output_text.done"
+    content_index: int
+    text: str
+    logprobs: list[Any] = Field(default_factory=list)
+
+
+class ReasoningTextDelta(_ItemEvent):
+    type: Literal["response.reasoning_text.delta"] = "response.reasoning_text.delta"
+    content_index: int
+    delta: str
+
+
+class ReasoningTextDone(_ItemEvent):
+    type: Literal["response.reasoning_text.done"] = "response.reasoning_text.done"
+    content_index: int
+    text: str
+
+
+class FunctionCallArgumentsDelta(_ItemEvent):
+    type: Literal["response.function_call_arguments.delta"] = (
+        "response.function_call_arguments.delta"
+    )
+    delta: str
+
+
+class FunctionCallArgumentsDone(_ItemEvent):
+    type: Literal["response.function_call_arguments.done"] = "response.function_call_arguments.done"
+    name: str
+    arguments: str
+
+
+class CustomToolCallInputDelta(_ItemEvent):
+    type: Literal["response.custom_tool_call_input.delta"] = "response.custom_tool_call_input.delta"
+    delta: str
+
+
+class CustomToolCallInputDone(_ItemEvent):
+    type: Literal["response.custom_tool_call_input.done"] = "response.custom_tool_call_input.done"
+    input: str
+
+
+TerminalEvent = ResponseCompleted | ResponseIncomplete | ResponseFailed
+
+StreamEvent = Annotated[
+    ResponseCreated
+    | ResponseInProgress
+    | ResponseCompleted
+    | ResponseIncomplete
+    | ResponseFailed
+    | OutputItemAdded
+    | OutputItemDone
+    | ContentPartAdded
+    | ContentPartDone
+    | OutputTextDelta
+    | OutputTextDone
+    | ReasoningTextDelta
+    | ReasoningTextDone
+    | FunctionCallArgumentsDelta
+    | FunctionCallArgumentsDone
+    | CustomToolCallInputDelta
+    | CustomToolCallInputDone,
+    Field(discriminator="type"),
+]
+
+
+class DeletedResponse(BaseModel):
+    id: str
+    object: Literal["response"] = "response"
+    deleted: Literal[True] = True

@@ -1,0 +1,326 @@
+"""The real Codex CLI (npm @openai/codex, pinned) against the server on 127.0.0.1.
+
+Codex runs headless (`codex exec --json`, stdin closed, CODEX_HOME in a temp dir set up by
+`codex-config`). The server runs the real tiny engine; forced scripts choose what the model
+says, one script per request Codex makes, so every request of a scenario is scripted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from openai_harmony import HarmonyEncoding
+
+from server.app import create_app
+from server.codex_config import CodexSetup, served_model, write
+from server.config import Settings
+from server.engine.base import EngineConfig
+from server.engine.llama import LlamaEngine
+from server.runtime import Runtime
+from tests.support.event_grammar import CheckedStream
+from tests.support.forced import ForcedScript
+from tests.support.responses import StreamRecorder, check_sse, served
+
+CODEX_VERSION = "0.169.0"
+N_CTX = 16384  # Codex's first prompt alone is ≈7.3k tokens
+MODEL = "gpt-oss-tiny"
+SANDBOX = "workspace-write"  # one mode for all runs: the permission text is part of the prefix
+USAGE_LINE = re.compile(r"response (\S+) (\w+): (\d+) input tokens \((\d+) cached\), (\d+) output")
+
+
+def codex_dir() -> Path:
+    override = os.environ.get("GPT_OSS_CODEX_DIR")
+    if override:
+        return Path(override)
+    return Path.home() / ".cache" / "gpt-oss-server" / f"codex-{CODEX_VERSION}"
+
+
+@pytest.fixture(scope="module")
+def codex_binary() -> Path:
+    """The Codex CLI from npm, installed once per machine into a cache directory."""
+    directory = codex_dir()
+    binary = directory / "node_modules" / ".bin" / "codex"
+    if not binary.exists():
+        _install_codex(directory)
+    version = subprocess.run(
+        [str(binary), "--version"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert CODEX_VERSION in version.stdout, version.stdout + version.stderr
+    return binary
+
+
+def _install_codex(directory: Path) -> None:
+    npm = shutil.which("npm")
+    if npm is None:
+        pytest.fail("npm is needed to install the Codex CLI for this test (Node.js 18+)")
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix="codex-install-", dir=directory.parent))
+    command = [npm, "install", "--prefix", str(staging), "--no-audit", "--no-fund"]
+    result = subprocess.run(
+        [*command, f"@openai/codex@{CODEX_VERSION}"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    if result.returncode != 0:
+        shutil.rmtree(staging, ignore_errors=True)
+        pytest.fail(f"npm could not install @openai/codex@{CODEX_VERSION}:\n{result.stderr}")
+    try:
+        staging.rename(directory)
+    except OSError:  # another run installed it meanwhile
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def script(encoding: HarmonyEncoding) -> ForcedScript:
+    return ForcedScript(encoding)
+
+
+@dataclass
+class Server:
+    url: str
+    recorder: StreamRecorder  # every stream Codex received, for the grammar checker
+
+
+@pytest.fixture(scope="module")
+def server(
+    tiny_gguf: Path,
+    script: ForcedScript,
+    encoding: HarmonyEncoding,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Server]:
+    """The server with its own engine (a context large enough for Codex) and store."""
+    config = EngineConfig(model_path=str(tiny_gguf), n_ctx=N_CTX, n_threads=2)
+    engine = LlamaEngine(config, sampling_hook=script)
+    runtime = Runtime(engine=engine, encoding=encoding, model_name=MODEL)
+    store = tmp_path_factory.mktemp("store") / "responses.sqlite3"
+    settings = Settings(responses_store_path=store, responses_keepalive_s=1.0)
+    recorder = StreamRecorder(create_app(settings, runtime))
+    try:
+        with served(recorder) as url:
+            yield Server(url, recorder)
+    finally:
+        engine.close()
+
+
+@dataclass
+class CodexRun:
+    """What `codex exec --json` did: its exit status, JSONL events and stderr."""
+
+    returncode: int
+    events: list[dict[str, Any]]
+    stderr: str
+    streams: list[CheckedStream]  # what the server sent, each through the grammar checker
+
+    def items(self, kind: str) -> list[dict[str, Any]]:
+        return [
+            e["item"]
+            for e in self.events
+            if e["type"] == "item.completed" and e["item"]["type"] == kind
+        ]
+
+    @property
+    def usage(self) -> dict[str, int]:
+        (turn,) = [e for e in self.events if e["type"] == "turn.completed"]
+        return dict(turn["usage"])
+
+
+@dataclass
+class Codex:
+    """Codex set up for the server (CODEX_HOME from codex-config) and the server's script."""
+
+    binary: Path
+    home: Path
+    script: ForcedScript
+    encoding: HarmonyEncoding
+    recorder: StreamRecorder
+
+    def run(self, workdir: Path, *args: str) -> CodexRun:
+        env = {**os.environ, "CODEX_HOME": str(self.home), "NO_COLOR": "1"}
+        env.pop("OPENAI_API_KEY", None)
+        command = [str(self.binary), "exec", "--json", "--skip-git-repo-check", *args]
+        before = len(self.recorder.streams)
+        result = subprocess.run(
+            command,
+            cwd=workdir,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        lines = result.stdout.splitlines()
+        events = [json.loads(line) for line in lines if line.startswith("{")]
+        streams = [check_sse(raw) for raw in self.recorder.streams[before:]]
+        return CodexRun(result.returncode, events, result.stderr, streams)
+
+    def prompt(self, index: int) -> str:
+        return self.encoding.decode_utf8(self.script.prompts[index])
+
+
+@pytest.fixture(scope="module")
+def codex(
+    codex_binary: Path,
+    server: Server,
+    script: ForcedScript,
+    encoding: HarmonyEncoding,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Codex:
+    """CODEX_HOME with what `gpt-oss-server codex-config --write` writes for this server."""
+    home = tmp_path_factory.mktemp("codex-home")
+    assert served_model(server.url) == (MODEL, N_CTX)  # what the command asks the server
+    setup = CodexSetup(
+        base_url=server.url, model=MODEL, context_window=N_CTX, stream_idle_timeout_ms=60_000
+    )
+    write(setup, home)
+    return Codex(codex_binary, home, script, encoding, server.recorder)
+
+
+class UsageLog(logging.Handler):
+    """(input, cached, output) tokens of every response, from the server's log lines."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.usages: list[tuple[int, int, int]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        match = USAGE_LINE.match(record.getMessage())
+        if match:
+            self.usages.append((int(match[3]), int(match[4]), int(match[5])))
+
+
+EXEC_CALL = (
+    "<|channel|>analysis<|message|>THOUGHT-ONE: run the command.<|end|>"
+    "<|start|>assistant<|channel|>commentary to=functions.exec_command <|constrain|>json"
+    '<|message|>{"cmd":"echo hello-from-tool"}<|call|>'
+)
+EXEC_ANSWER = (
+    "<|channel|>analysis<|message|>THOUGHT-TWO: it printed.<|end|>"
+    "<|start|>assistant<|channel|>final<|message|>The command printed hello-from-tool.<|return|>"
+)
+
+
+@dataclass
+class ExecTurn:
+    """A finished `codex exec` turn: exec_command, its output sent back, then the answer."""
+
+    run: CodexRun
+    workdir: Path
+    first_prompt: list[int]
+    first_output: list[int]
+    second_prompt: list[int]
+    usages: list[tuple[int, int, int]]
+
+
+@pytest.fixture(scope="module")
+def exec_turn(codex: Codex, tmp_path_factory: pytest.TempPathFactory) -> ExecTurn:
+    workdir = tmp_path_factory.mktemp("work")
+    first_output = codex.script.push(EXEC_CALL)
+    codex.script.push(EXEC_ANSWER)
+    before = len(codex.script.prompts)
+    logger = logging.getLogger("server.api.responses.router")
+    usage_log, level = UsageLog(), logger.level
+    logger.addHandler(usage_log)
+    logger.setLevel(logging.INFO)
+    try:
+        run = codex.run(workdir, "--sandbox", SANDBOX, "Run echo hello-from-tool.")
+    finally:
+        logger.removeHandler(usage_log)
+        logger.setLevel(level)
+    assert run.returncode == 0, run.stderr
+    assert codex.script.pending == 0  # exactly the two scripted requests
+    first, second = codex.script.prompts[before:]
+    return ExecTurn(run, workdir, first, first_output, second, usage_log.usages)
+
+
+def item_types(run: CodexRun) -> list[list[str]]:
+    """The output item types of every response the server streamed to Codex."""
+    for checked in run.streams:
+        assert checked.types()[-1] == "response.completed"
+    return [[item["type"] for item in checked.items] for checked in run.streams]
+
+
+def test_exec_command_runs_and_its_output_comes_back(exec_turn: ExecTurn) -> None:
+    run = exec_turn.run
+    assert item_types(run) == [["reasoning", "function_call"], ["reasoning", "message"]]
+    (command,) = run.items("command_execution")
+    assert "echo hello-from-tool" in command["command"]
+    assert "hello-from-tool" in command["aggregated_output"]
+    assert command["exit_code"] == 0
+    assert [m["text"] for m in run.items("agent_message")] == [
+        "The command printed hello-from-tool."
+    ]
+
+
+def test_second_request_reuses_the_first_ones_kv_cache(codex: Codex, exec_turn: ExecTurn) -> None:
+    first, output, second = exec_turn.first_prompt, exec_turn.first_output, exec_turn.second_prompt
+    # round 2 = round 1's prompt + exactly the tokens the model sampled + the tool output
+    assert second[: len(first) + len(output)] == first + output
+    tail = codex.encoding.decode_utf8(second[len(first) + len(output) :])
+    assert tail.startswith("<|start|>functions.exec_command to=assistant<|channel|>commentary")
+    assert "hello-from-tool" in tail
+    assert len(exec_turn.usages) == 2
+    (_, _, output_tokens), (input_tokens, cached_tokens, _) = exec_turn.usages
+    assert output_tokens == len(output)
+    assert input_tokens == len(second)
+    assert cached_tokens >= len(first) + len(output) - 1
+    assert exec_turn.run.usage["cached_input_tokens"] >= cached_tokens
+
+
+def test_resumed_turn_drops_the_finished_turns_reasoning(codex: Codex, exec_turn: ExecTurn) -> None:
+    codex.script.push(
+        "<|channel|>analysis<|message|>THOUGHT-THREE: say it again.<|end|>"
+        "<|start|>assistant<|channel|>final<|message|>Done again.<|return|>"
+    )
+    run = codex.run(exec_turn.workdir, "resume", "--last", "Say it again.")
+    assert run.returncode == 0, run.stderr
+    assert item_types(run) == [["reasoning", "message"]]
+    assert [m["text"] for m in run.items("agent_message")] == ["Done again."]
+    prompt = codex.prompt(-1)
+    assert "THOUGHT-ONE" not in prompt  # replayed by Codex, dropped by the server
+    assert "THOUGHT-TWO" not in prompt
+    call = (
+        "<|start|>assistant<|channel|>commentary to=functions.exec_command <|constrain|>json"
+        '<|message|>{"cmd":"echo hello-from-tool"}<|call|>'
+    )
+    assert call in prompt
+    assert "<|channel|>final<|message|>The command printed hello-from-tool.<|end|>" in prompt
+    assert prompt.endswith("Say it again.<|end|><|start|>assistant")
+
+
+def test_apply_patch_is_a_custom_tool_call(codex: Codex, tmp_path: Path) -> None:
+    patch = "*** Begin Patch\n*** Add File: hello.txt\n+hello from apply_patch\n*** End Patch\n"
+    arguments = json.dumps({"input": patch})
+    call = codex.script.push(
+        "<|channel|>analysis<|message|>Create the file.<|end|>"
+        "<|start|>assistant<|channel|>commentary to=functions.apply_patch <|constrain|>json"
+        f"<|message|>{arguments}<|call|>"
+    )
+    codex.script.push("<|channel|>final<|message|>Created hello.txt.<|return|>")
+    before = len(codex.script.prompts)
+    run = codex.run(tmp_path, "--sandbox", SANDBOX, "Create hello.txt.")
+    assert run.returncode == 0, run.stderr
+    assert codex.script.pending == 0
+    assert item_types(run) == [["reasoning", "custom_tool_call"], ["message"]]
+    assert run.streams[0].items[1]["input"] == patch
+    assert (tmp_path / "hello.txt").read_text() == "hello from apply_patch\n"
+    (change,) = run.items("file_change")
+    assert change["changes"] == [{"path": str(tmp_path / "hello.txt"), "kind": "add"}]
+    assert "type apply_patch = (_: {" in codex.prompt(before)  # offered thanks to the catalog
+    first, second = codex.script.prompts[before:]
+    assert second[: len(first) + len(call)] == first + call  # the call replayed exactly
+    output = codex.encoding.decode_utf8(second[len(first) + len(call) :])
+    assert output.startswith("<|start|>functions.apply_patch to=assistant<|channel|>commentary")

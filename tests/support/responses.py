@@ -1,0 +1,115 @@
+"""Helpers for /v1/responses tests: an app with its own store, and checked streams."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from fastapi.testclient import TestClient
+from openai.types.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from server.app import create_app
+from server.config import Settings
+from server.runtime import Runtime
+from tests.support.event_grammar import CheckedStream, check_stream
+from tests.support.sse import parse_sse
+
+MODEL = "gpt-oss-tiny"
+
+
+@contextmanager
+def responses_client(runtime: Runtime, store_dir: Path, **settings: Any) -> Iterator[TestClient]:
+    """A TestClient on an app whose response store lives in `store_dir`."""
+    config = Settings(responses_store_path=store_dir / "responses.sqlite3", **settings)
+    with TestClient(create_app(config, runtime)) as client:
+        yield client
+
+
+class StreamRecorder:
+    """ASGI middleware keeping the body of every text/event-stream response it passes on."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.streams: list[bytes] = []
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        is_stream = False
+
+        async def recording_send(message: Message) -> None:
+            nonlocal is_stream
+            if message["type"] == "http.response.start":
+                content_type = dict(message.get("headers", [])).get(b"content-type", b"")
+                is_stream = content_type.startswith(b"text/event-stream")
+            elif message["type"] == "http.response.body" and is_stream:
+                chunks.append(message.get("body", b""))
+                if not message.get("more_body", False):
+                    self.streams.append(b"".join(chunks))
+            await send(message)
+
+        await self.app(scope, receive, recording_send)
+
+
+@contextmanager
+def served(app: ASGIApp) -> Iterator[str]:
+    """`app` served by uvicorn on 127.0.0.1 in a thread; yields its /v1 base URL."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def sse_payloads(lines: Iterable[str]) -> list[dict[str, Any]]:
+    """The `data:` payloads of a Responses stream; each `event:` name must match its type."""
+    payloads = []
+    for event in parse_sse(lines):
+        data = event.json()
+        assert event.event == data["type"], (event.event, data["type"])
+        payloads.append(data)
+    return payloads
+
+
+def check_sse(raw: bytes) -> CheckedStream:
+    """A raw Responses SSE body through the grammar checker."""
+    return check_stream(sse_payloads(iter(raw.decode().splitlines())))
+
+
+def stream(client: TestClient, **body: Any) -> CheckedStream:
+    """POST a streaming request; the stream must pass the grammar checker."""
+    with client.stream(
+        "POST", "/v1/responses", json={"model": MODEL, "stream": True, **body}
+    ) as response:
+        assert response.status_code == 200, response.read()
+        assert response.headers["content-type"].startswith("text/event-stream")
+        return check_stream(sse_payloads(response.iter_lines()))
+
+
+def create(client: TestClient, **body: Any) -> dict[str, Any]:
+    """POST a non-streaming request; the body must be a valid SDK Response."""
+    response = client.post("/v1/responses", json={"model": MODEL, **body})
+    assert response.status_code == 200, response.text
+    data: dict[str, Any] = response.json()
+    Response.model_validate(data)
+    return data

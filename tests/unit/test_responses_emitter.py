@@ -1,0 +1,255 @@
+"""ResponsesEmitter: generation events -> stream events, checked by the grammar checker."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from server.api.responses.emitter import ResponsesEmitter, fold
+from server.api.responses.schemas import ResponseObject
+from server.events import (
+    DecodeWarning,
+    Finished,
+    FinishReason,
+    GenerationEvent,
+    SegmentDelta,
+    SegmentEnd,
+    SegmentKind,
+    SegmentStart,
+    Usage,
+)
+from server.transcript import ToolSpec
+from tests.support.event_grammar import CheckedStream, check_stream
+
+USAGE = Usage(prompt_tokens=100, cached_tokens=60, completion_tokens=20, reasoning_tokens=7)
+TOOLS = (
+    ToolSpec("exec_command"),
+    ToolSpec("apply_patch", kind="custom"),
+    ToolSpec("close_agent", namespace="multi_agent_v1"),
+)
+
+
+def segment(
+    index: int,
+    kind: SegmentKind,
+    parts: Sequence[str],
+    *,
+    recipient: str | None = None,
+    complete: bool = True,
+) -> list[GenerationEvent]:
+    call_id = f"call_{index}" if kind is SegmentKind.TOOL_CALL else None
+    events: list[GenerationEvent] = [
+        SegmentStart(index, kind, "x", recipient=recipient, call_id=call_id)
+    ]
+    events += [SegmentDelta(index, kind, part) for part in parts]
+    events.append(
+        SegmentEnd(
+            index, kind, "".join(parts), (1,), complete, recipient=recipient, call_id=call_id
+        )
+    )
+    return events
+
+
+def emit(events: Sequence[GenerationEvent], tools: Sequence[ToolSpec] = TOOLS) -> CheckedStream:
+    counter = itertools.count()
+    emitter = ResponsesEmitter(
+        ResponseObject(id="resp_1", created_at=1, model="m"),
+        tools,
+        new_item_id=lambda prefix: f"{prefix}{next(counter)}",
+    )
+    out = emitter.start()
+    for event in events:
+        out += emitter.feed(event)
+    assert emitter.feed(Finished(FinishReason.STOP)) == []  # nothing after the terminal event
+    checked = check_stream([e.model_dump(mode="json") for e in out])
+    assert fold(out).model_dump(mode="json") == checked.terminal["response"]
+    return checked
+
+
+def test_reasoning_then_answer() -> None:
+    checked = emit(
+        [
+            *segment(0, SegmentKind.REASONING, ["User ", "asks."]),
+            *segment(1, SegmentKind.FINAL, ["2 + 2", " = 4."]),
+            Finished(FinishReason.STOP, USAGE),
+        ]
+    )
+    assert checked.types() == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.reasoning_text.delta",
+        "response.reasoning_text.delta",
+        "response.reasoning_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    reasoning, message = checked.items
+    assert reasoning == {
+        "type": "reasoning",
+        "id": "rs_0",
+        "summary": [],
+        "content": [{"type": "reasoning_text", "text": "User asks."}],
+        "encrypted_content": None,
+        "status": "completed",
+    }
+    assert message["phase"] == "final_answer"
+    response = checked.response
+    assert response.status == "completed"
+    assert response.output_text == "2 + 2 = 4."
+    assert response.usage is not None
+    assert response.usage.input_tokens_details.cached_tokens == 60
+    assert response.usage.output_tokens_details.reasoning_tokens == 7
+    assert response.usage.total_tokens == 120
+
+
+def test_function_calls_each_get_added_deltas_done() -> None:
+    checked = emit(
+        [
+            *segment(0, SegmentKind.PREAMBLE, ["Running it."]),
+            *segment(
+                1, SegmentKind.TOOL_CALL, ['{"cmd":', '"ls"}'], recipient="functions.exec_command"
+            ),
+            *segment(
+                2, SegmentKind.TOOL_CALL, ['{"target":"a"}'], recipient="multi_agent_v1.close_agent"
+            ),
+            Finished(FinishReason.TOOL_CALL, USAGE),
+        ]
+    )
+    preamble, call, namespaced = checked.items
+    assert preamble["phase"] == "commentary"
+    assert call == {
+        "type": "function_call",
+        "id": "fc_1",
+        "call_id": "call_1",
+        "name": "exec_command",
+        "arguments": '{"cmd":"ls"}',
+        "status": "completed",
+    }
+    assert namespaced["name"] == "close_agent"
+    assert namespaced["namespace"] == "multi_agent_v1"
+    deltas = [e for e in checked.events if e["type"] == "response.function_call_arguments.delta"]
+    assert [(e["item_id"], e["delta"]) for e in deltas] == [
+        ("fc_1", '{"cmd":'),
+        ("fc_1", '"ls"}'),
+        ("fc_2", '{"target":"a"}'),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("parts", "expected"),
+    [
+        (['{"input":"*** Begin', ' Patch\\n"}'], "*** Begin Patch\n"),
+        (["*** Begin Patch\n", "raw\n"], "*** Begin Patch\nraw\n"),
+    ],
+)
+def test_custom_tool_call_carries_the_raw_input(parts: list[str], expected: str) -> None:
+    checked = emit(
+        [
+            *segment(0, SegmentKind.TOOL_CALL, parts, recipient="functions.apply_patch"),
+            Finished(FinishReason.TOOL_CALL, USAGE),
+        ]
+    )
+    (call,) = checked.items
+    assert call["type"] == "custom_tool_call"
+    assert call["name"] == "apply_patch"
+    assert call["input"] == expected
+    assert "namespace" not in call
+    assert checked.types()[2:6] == [
+        "response.output_item.added",
+        "response.custom_tool_call_input.delta",
+        "response.custom_tool_call_input.done",
+        "response.output_item.done",
+    ]
+
+
+def test_length_is_incomplete_and_cut_items_are_incomplete() -> None:
+    checked = emit(
+        [
+            *segment(0, SegmentKind.FINAL, ["one two"], complete=False),
+            Finished(FinishReason.LENGTH, USAGE),
+        ]
+    )
+    assert checked.types()[-1] == "response.incomplete"
+    assert checked.items[0]["status"] == "incomplete"
+    assert checked.response.incomplete_details is not None
+
+
+@pytest.mark.parametrize(
+    ("reason", "status"), [(FinishReason.ERROR, "failed"), (FinishReason.CANCELLED, "cancelled")]
+)
+def test_errors_fail_the_response_and_close_the_open_item(
+    reason: FinishReason, status: str
+) -> None:
+    events: list[GenerationEvent] = [
+        SegmentStart(0, SegmentKind.REASONING, "analysis"),
+        SegmentDelta(0, SegmentKind.REASONING, "Thinking"),
+        Finished(reason, USAGE, error="boom"),
+    ]
+    checked = emit(events)
+    assert checked.types()[-1] == "response.failed"
+    assert checked.items[0]["status"] == "incomplete"
+    assert checked.items[0]["content"][0]["text"] == "Thinking"
+    response = checked.terminal["response"]
+    assert response["status"] == status
+    assert response["error"]["code"] == "server_error"
+    assert "boom" in response["error"]["message"]
+
+
+def test_warnings_and_stray_events_do_not_break_the_grammar() -> None:
+    checked = emit(
+        [
+            SegmentDelta(7, SegmentKind.FINAL, "orphan"),  # no open item: ignored
+            *segment(0, SegmentKind.FINAL, ["Hi"]),
+            DecodeWarning("model output left the harmony format", text="stray"),
+            SegmentEnd(5, SegmentKind.FINAL, "late", (1,)),  # not the open segment: ignored
+            Finished(FinishReason.STOP, USAGE),
+        ]
+    )
+    assert [item["content"][0]["text"] for item in checked.items] == ["Hi"]
+
+
+def test_a_new_segment_closes_an_unfinished_one() -> None:
+    checked = emit(
+        [
+            SegmentStart(0, SegmentKind.REASONING, "analysis"),
+            SegmentDelta(0, SegmentKind.REASONING, "cut"),
+            *segment(1, SegmentKind.FINAL, ["Hi"]),
+            Finished(FinishReason.STOP, USAGE),
+        ]
+    )
+    assert [item["status"] for item in checked.items] == ["incomplete", "completed"]
+
+
+def test_keepalive_events_only_between_items() -> None:
+    emitter = ResponsesEmitter(ResponseObject(id="resp_1", created_at=1, model="m"), TOOLS)
+    out = [*emitter.start(), *emitter.keepalive(), *emitter.keepalive()]
+    start, delta, end = segment(0, SegmentKind.FINAL, ["Hi"])
+    out += emitter.feed(start)
+    assert emitter.keepalive() == []  # never inside an item
+    out += [*emitter.feed(delta), *emitter.feed(end), *emitter.keepalive()]
+    out += emitter.feed(Finished(FinishReason.STOP, USAGE))
+    assert emitter.keepalive() == []  # nor after the end
+    checked = check_stream([e.model_dump(mode="json") for e in out])
+    assert checked.keepalives == 3
+    last_keepalive: dict[str, Any] = checked.events[-2]
+    assert last_keepalive["type"] == "response.in_progress"
+    assert last_keepalive["response"]["output"] == checked.items  # the snapshot so far
+
+
+def test_fold_requires_exactly_one_terminal_event() -> None:
+    emitter = ResponsesEmitter(ResponseObject(id="resp_1", created_at=1, model="m"))
+    with pytest.raises(RuntimeError, match="terminal"):
+        fold(emitter.start())
