@@ -1,13 +1,14 @@
-"""The `gpt-oss-server` command: serve, download."""
+"""The `gpt-oss-server` command: serve, download, codex-config, bench."""
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
+from typing import Literal
 
-import uvicorn
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 from pydantic_settings import (
     BaseSettings,
     CliApp,
@@ -16,11 +17,14 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from server import codex_config
 from server.app import create_app
+from server.bench import BenchOptions
 from server.config import Settings
 from server.errors import StartupError
 from server.model_source import resolve_model
 from server.runtime import Runtime, load_runtime
+from server.serving import banner, serve
 
 log = logging.getLogger("gpt_oss_server")
 
@@ -35,10 +39,9 @@ class Serve(Settings):
         except StartupError as exc:
             log.error("%s", exc)
             sys.exit(1)
-        print_banner(self, runtime)
         app = create_app(self, runtime)
-        try:
-            uvicorn.run(app, host=self.host, port=self.port, log_level=self.log_level)
+        try:  # graceful shutdown on SIGTERM / Ctrl-C: see server/serving.py
+            serve(app, self, runtime, on_started=lambda: print_banner(self, runtime))
         finally:
             runtime.close()
 
@@ -59,6 +62,57 @@ class Download(BaseModel):
         log.info("%s is ready at %s", model.name, model.path)
 
 
+class CodexConfig(BaseModel):
+    """Print (or --write) a Codex CLI setup for this server: config.toml and a gpt-oss catalog."""
+
+    write: bool = Field(False, description="Write the files into the Codex home.")
+    force: bool = Field(
+        False, description="Replace existing files with other content (keeps them as .bak)."
+    )
+    codex_home: Path | None = Field(
+        None, description="Codex home; default: $CODEX_HOME or ~/.codex."
+    )
+    base_url: str = Field(codex_config.DEFAULT_BASE_URL, description="The server's /v1 URL.")
+    model: str | None = Field(
+        None, description="Model name; default: what the server reports, else gpt-oss-20b."
+    )
+    n_ctx: int | None = Field(
+        None, ge=1, description="Context window; default: what the server reports, else 32768."
+    )
+    gpu: bool = Field(False, description="The server runs on a GPU (shorter idle timeout).")
+    env_key: str | None = Field(
+        None, description="Environment variable that holds the server's API key, if it has one."
+    )
+    reasoning_effort: Literal["low", "medium", "high"] = Field(
+        "medium", description="Reasoning effort Codex asks for."
+    )
+
+    def cli_cmd(self) -> None:
+        configure_logging("info")
+        api_key = os.environ.get(self.env_key) if self.env_key else None
+        served = codex_config.served_model(self.base_url, api_key)
+        setup = codex_config.CodexSetup(
+            base_url=self.base_url,
+            model=self.model or (served[0] if served else codex_config.DEFAULT_MODEL),
+            context_window=self.n_ctx or (served[1] if served else codex_config.DEFAULT_CONTEXT),
+            stream_idle_timeout_ms=codex_config.idle_timeout_ms(gpu=self.gpu),
+            reasoning_effort=self.reasoning_effort,
+            env_key=self.env_key,
+        )
+        home = self.codex_home or codex_config.default_codex_home()
+        if not self.write:
+            sys.stdout.write(codex_config.render(setup, home))
+            return
+        try:
+            written = codex_config.write(setup, home, force=self.force)
+        except codex_config.CodexConfigError as exc:
+            log.error("%s", exc)
+            sys.exit(1)
+        for path in written:
+            log.info("wrote %s", path)
+        log.info("Codex uses it when started with CODEX_HOME=%s (or as ~/.codex)", home)
+
+
 class Command(BaseSettings):
     """gpt-oss-server: run OpenAI's gpt-oss models locally behind an OpenAI-compatible API."""
 
@@ -68,6 +122,8 @@ class Command(BaseSettings):
 
     serve: CliSubCommand[Serve] = Field(description=Serve.__doc__)
     download: CliSubCommand[Download] = Field(description=Download.__doc__)
+    codex_config: CliSubCommand[CodexConfig] = Field(description=CodexConfig.__doc__)
+    bench: CliSubCommand[BenchOptions] = Field(description=BenchOptions.__doc__)
 
     def cli_cmd(self) -> None:
         CliApp.run_subcommand(self)
@@ -82,25 +138,14 @@ def configure_logging(level: str) -> None:
 
 
 def print_banner(settings: Settings, runtime: Runtime) -> None:
-    info = runtime.engine.info
-    url = f"http://{settings.host}:{settings.port}/v1"
-    log.info(
-        "serving %s (%s, %.1f GB) with a %d-token context on %s",
-        runtime.model_name,
-        info.description,
-        info.size_bytes / 1e9,
-        info.n_ctx,
-        "GPU" if settings.n_gpu_layers else "CPU",
-    )
-    log.info(
-        "OpenAI-compatible API at %s; try:\n  curl %s/chat/completions -H 'Content-Type: "
-        'application/json\' -d \'{"model": "%s", "messages": [{"role": "user", "content": '
-        '"Hello"}]}\'',
-        url,
-        url,
-        runtime.model_name,
-    )
+    """Model, file, context, device placement, URL and client snippets, once listening."""
+    log.info("%s", banner(settings, runtime))
 
 
 def main(argv: list[str] | None = None) -> None:
-    CliApp.run(Command, cli_args=sys.argv[1:] if argv is None else argv)
+    try:
+        CliApp.run(Command, cli_args=sys.argv[1:] if argv is None else argv)
+    except (StartupError, ValidationError) as exc:  # bad flags, variables or config file
+        configure_logging("info")
+        log.error("%s", exc)
+        sys.exit(2)

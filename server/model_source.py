@@ -1,7 +1,9 @@
 """Resolve --model to a local, validated gpt-oss GGUF file, downloading it when needed.
 
 Accepted forms: a catalog alias (models/catalog.json: gpt-oss-20b, gpt-oss-120b, ...), a path to
-a .gguf file (the first part of a split model), or a Hugging Face repo as `owner/name[:file]`.
+a .gguf file (for a split model such as gpt-oss-120b, any part: its first part is loaded and every
+part must sit beside it), or a Hugging Face repo as `owner/name[:file]` (naming a part of a split
+model fetches all its parts).
 Downloads go through huggingface-hub, with its progress bars and cache; a cached file is used
 without network access.
 """
@@ -26,7 +28,7 @@ from huggingface_hub.errors import (
 )
 
 from server.errors import ModelSourceError
-from server.gguf_meta import GGUFFormatError, read_metadata
+from server.gguf_meta import GGUFFormatError, read_metadata, split_paths
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +67,7 @@ def resolve_model(
         return ResolvedModel(check_gguf(path), entry.alias)
     local = Path(spec).expanduser()
     if local.exists():
-        return ResolvedModel(check_gguf(local), model_name(local.name))
+        return ResolvedModel(check_gguf(first_part(local)), model_name(local.name))
     hf_repo = HF_SPEC.fullmatch(spec)
     if hf_repo is None or (hf_repo["file"] is None and spec.endswith(".gguf")):
         if spec.endswith(".gguf") or "/" in spec:
@@ -75,7 +77,7 @@ def resolve_model(
             "file, or a Hugging Face repo in the form owner/name[:file.gguf]."
         )
     repo, filename = hf_repo["repo"], hf_repo["file"]
-    files = (filename,) if filename else _repo_gguf_files(repo)
+    files = split_names(filename) if filename else _repo_gguf_files(repo)
     path = download(repo, files, download_dir, refresh=refresh, label=spec)
     return ResolvedModel(check_gguf(path), model_name(files[0]))
 
@@ -85,8 +87,21 @@ def model_name(filename: str) -> str:
     return SPLIT_SUFFIX.sub("", Path(filename).stem)
 
 
+def first_part(path: Path) -> Path:
+    """The file llama.cpp must be given for `path`: the first part of a split model."""
+    first = split_paths(path)[0]
+    if first != path:
+        log.info("%s is part of a split model: loading its first part %s", path.name, first.name)
+    return first
+
+
+def split_names(filename: str) -> tuple[str, ...]:
+    """Every part of a split model's file name (in a repo), or just the name."""
+    return tuple(part.as_posix() for part in split_paths(Path(filename)))
+
+
 def check_gguf(path: Path) -> Path:
-    """The path, if it is a readable gpt-oss GGUF file."""
+    """The path, if it is a readable gpt-oss GGUF file (with every part, if split)."""
     if not path.is_file():
         raise ModelSourceError(
             f"model file {path} does not exist. Pass an existing .gguf file, a catalog alias "
@@ -105,6 +120,13 @@ def check_gguf(path: Path) -> Path:
             f"{path} is a GGUF of architecture {architecture!r}, not {ARCHITECTURE!r}: this "
             "server runs OpenAI's gpt-oss models only. Use a gpt-oss GGUF such as "
             "ggml-org/gpt-oss-20b-GGUF."
+        )
+    missing = [part.name for part in split_paths(path) if not part.is_file()]
+    if missing:
+        raise ModelSourceError(
+            f"{path.name} is the first part of a split model, but {', '.join(missing)} "
+            f"{'is' if len(missing) == 1 else 'are'} not in {path.parent}: every part must sit "
+            "beside the first (`gpt-oss-server download gpt-oss-120b` fetches all of them)."
         )
     return path
 

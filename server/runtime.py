@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from openai_harmony import HarmonyEncoding
 
 from server.config import Settings
+from server.engine import offload
 from server.engine.base import Engine, EngineConfig, SamplingHook
 from server.engine.llama import LlamaEngine
-from server.errors import StartupError
-from server.gguf_meta import vocabulary_bytes
+from server.engine.placement import Placement, PlacementOptions
+from server.errors import PlacementError, StartupError
+from server.gguf_meta import GGUFFormatError, vocabulary_bytes
 from server.harmony.encoding import load_encoding
 from server.model_source import resolve_model
 
@@ -26,6 +28,7 @@ class Runtime:
     engine: Engine
     encoding: HarmonyEncoding
     model_name: str
+    placement: Placement | None = None  # where the model went (GPU layers, experts on CPU)
 
     def close(self) -> None:
         self.engine.close()
@@ -37,11 +40,11 @@ def engine_config(settings: Settings, model_path: Path) -> EngineConfig:
         n_ctx=settings.n_ctx,
         n_slots=settings.n_slots,
         prefill_chunk=settings.prefill_chunk,
+        max_waiting=settings.max_waiting,
         n_batch=settings.n_batch,
         n_ubatch=settings.n_ubatch,
         n_threads=settings.n_threads,
         n_threads_batch=settings.n_threads_batch,
-        n_gpu_layers=settings.n_gpu_layers,
         use_mmap=settings.use_mmap,
         flash_attn=settings.flash_attn,
         swa_full=settings.swa_full,
@@ -52,14 +55,36 @@ def load_runtime(settings: Settings, sampling_hook: SamplingHook | None = None) 
     """Resolve (and download) the model, load the vocabulary and the engine."""
     model = resolve_model(settings.model, settings.download_dir)
     encoding = load_encoding(settings.cache_dir / "vocab", lambda: vocabulary_bytes(model.path))
+    config = engine_config(settings, model.path)
+    placement = place_model(config, settings)
+    config = replace(
+        config, n_gpu_layers=placement.n_gpu_layers, cpu_tensor_patterns=placement.cpu_patterns
+    )
     log.info("loading %s", model.path)
     try:
-        engine = LlamaEngine(engine_config(settings, model.path), sampling_hook)
+        engine = LlamaEngine(config, sampling_hook)
     except RuntimeError as exc:
         raise StartupError(f"could not load {model.path}: {exc}") from exc
     check_token_ids(engine, encoding)
     name = settings.served_model_name or model.name
-    return Runtime(engine=engine, encoding=encoding, model_name=name)
+    return Runtime(engine=engine, encoding=encoding, model_name=name, placement=placement)
+
+
+def place_model(config: EngineConfig, settings: Settings) -> Placement:
+    """Decide what goes on the GPU (server.engine.placement) and log the plan."""
+    options = PlacementOptions(
+        n_gpu_layers=-1 if settings.n_gpu_layers == "all" else settings.n_gpu_layers,
+        cpu_moe=settings.cpu_moe,
+        n_cpu_moe=settings.n_cpu_moe,
+        margin=settings.gpu_margin_mb * 1024**2,
+    )
+    try:
+        placement = offload.plan(config, options)
+    except (OSError, GGUFFormatError) as exc:
+        raise PlacementError(f"cannot measure {config.model_path} to place it: {exc}") from exc
+    for line in placement.lines:
+        log.log(logging.INFO if placement.fits else logging.WARNING, "%s", line)
+    return placement
 
 
 def check_token_ids(engine: Engine, encoding: HarmonyEncoding) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 import llama_cpp.llama_cpp as lc
 import numpy as np
 
+from server.engine import offload
 from server.engine.base import Constrain, EngineConfig, ModelInfo, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -83,10 +84,9 @@ class LlamaContext:
 
     @staticmethod
     def _load_model(config: EngineConfig) -> Any:
-        params = lc.llama_model_default_params()
-        params.n_gpu_layers = config.n_gpu_layers
-        params.use_mmap = config.use_mmap
-        model = lc.llama_model_load_from_file(config.model_path.encode(), params)
+        # GPU layers, experts kept on the CPU, load mode, progress bar: see engine/offload.py.
+        with offload.model_params(config) as params:
+            model = lc.llama_model_load_from_file(config.model_path.encode(), params)
         if not model:
             raise RuntimeError(f"llama.cpp could not load {config.model_path}")
         return model

@@ -1,12 +1,33 @@
-"""Settings precedence: command-line flags > GPT_OSS_* environment > defaults."""
+"""Settings precedence: command-line flags > GPT_OSS_* environment > config file > defaults."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+from pydantic import ValidationError
 from pydantic_settings import CliApp
 
-from server.cli import Serve
+from server.cli import Command, Serve, main
 from server.config import Settings
+from server.errors import ConfigFileError
+
+
+@pytest.fixture(autouse=True)
+def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Settings read the process environment: the developer's GPT_OSS_* must not leak in."""
+    for name in ("GPT_OSS_CONFIG", "GPT_OSS_N_CTX", "GPT_OSS_N_GPU_LAYERS", "GPT_OSS_CPU_MOE"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def write_config(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "gpt-oss-server.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def parse_serve(args: list[str]) -> Serve:
+    return CliApp.run(Serve, cli_args=args, cli_cmd_method_name="")
 
 
 def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -31,7 +52,7 @@ def test_environment_overrides_defaults(monkeypatch: pytest.MonkeyPatch) -> None
 def test_flags_override_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GPT_OSS_PORT", "9001")
     monkeypatch.setenv("GPT_OSS_N_CTX", "8192")
-    serve = CliApp.run(Serve, cli_args=["--port", "9002", "--no-swa-full"], cli_cmd_method_name="")
+    serve = parse_serve(["--port", "9002", "--no-swa-full"])
     assert serve.port == 9002
     assert serve.n_ctx == 8192
     assert serve.swa_full is False
@@ -40,3 +61,90 @@ def test_flags_override_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_invalid_values_are_refused() -> None:
     with pytest.raises(ValueError, match="port"):
         Settings(port=0)
+
+
+def test_config_file_sits_between_environment_and_defaults(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    config = write_config(tmp_path, "port = 9100\nn_ctx = 16384\nn-gpu-layers = 10\n")
+    monkeypatch.setenv("GPT_OSS_PORT", "9001")
+    serve = parse_serve(["--config", str(config), "--n-gpu-layers", "all"])
+    assert serve.config == config
+    assert serve.n_ctx == 16384  # file > default 32768
+    assert serve.port == 9001  # environment > file
+    assert serve.n_gpu_layers == "all"  # flag > file
+    assert serve.host == "127.0.0.1"  # neither: the default
+
+
+def test_config_file_named_by_the_environment(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    config = write_config(tmp_path, 'model = "gpt-oss-120b"\ncpu_moe = true\nn_ctx = 8192\n')
+    monkeypatch.setenv("GPT_OSS_CONFIG", str(config))
+    settings = Settings()
+    assert (settings.model, settings.cpu_moe, settings.n_ctx) == ("gpt-oss-120b", True, 8192)
+    assert parse_serve(["--n-ctx", "4096"]).n_ctx == 4096
+
+
+def test_config_file_through_the_serve_subcommand(tmp_path: Path) -> None:
+    config = write_config(tmp_path, "n_cpu_moe = 12\nshutdown_grace_s = 2.5\n")
+    command = CliApp.run(
+        Command, cli_args=["serve", "--config", str(config)], cli_cmd_method_name="no_such_method"
+    )
+    assert command.serve is not None
+    assert (command.serve.n_cpu_moe, command.serve.shutdown_grace_s) == (12, 2.5)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("n_ctx = 1024\nnot_a_setting = 1\n", "unknown settings: not_a_setting"),
+        ('config = "other.toml"\n', "unknown settings: config"),
+        ("n_ctx = \n", "is not valid TOML"),
+    ],
+)
+def test_bad_config_files_are_named(tmp_path: Path, text: str, message: str) -> None:
+    config = write_config(tmp_path, text)
+    with pytest.raises(ConfigFileError, match=message):
+        Settings(config=config)
+
+
+def test_missing_config_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigFileError, match="cannot read the config file"):
+        Settings(config=tmp_path / "missing.toml")
+
+
+def test_invalid_value_in_config_file(tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match="n_ctx"):
+        Settings(config=write_config(tmp_path, "n_ctx = -5\n"))
+
+
+def test_the_command_reports_a_bad_config_file(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = write_config(tmp_path, "colour = 'blue'\n")
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", "--config", str(config)])
+    assert exited.value.code == 2
+    assert "unknown settings: colour" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"), [("auto", "auto"), ("all", "all"), ("-1", -1), ("20", 20), ("0", 0)]
+)
+def test_n_gpu_layers_values(monkeypatch: pytest.MonkeyPatch, value: str, expected: object) -> None:
+    assert parse_serve(["--n-gpu-layers", value]).n_gpu_layers == expected
+    monkeypatch.setenv("GPT_OSS_N_GPU_LAYERS", value)
+    assert Settings().n_gpu_layers == expected
+
+
+def test_placement_defaults_and_refusals() -> None:
+    settings = Settings()
+    assert settings.n_gpu_layers == "auto"
+    assert (settings.cpu_moe, settings.n_cpu_moe, settings.gpu_margin_mb) == (False, 0, 1024)
+    with pytest.raises(ValidationError):
+        Settings(n_gpu_layers="most")  # type: ignore[arg-type]
+    with pytest.raises(ValidationError):
+        Settings(n_gpu_layers=-2)
+    with pytest.raises(ValidationError):
+        Settings(n_cpu_moe=-1)

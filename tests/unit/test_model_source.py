@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import gguf
 import huggingface_hub.constants
 import pytest
 
+from scripts.build_synthetic_gguf import PRESETS, tensor_specs
+from server import model_source
+from server.cli import main
 from server.errors import ModelSourceError
-from server.gguf_meta import read_metadata, vocabulary_bytes
+from server.gguf_meta import read_metadata, read_tensor_infos, split_paths, vocabulary_bytes
 from server.model_source import (
     catalog,
     check_gguf,
@@ -128,3 +132,114 @@ def test_metadata_reader_agrees_with_the_file(tiny_gguf: Path) -> None:
     assert len(ranks) == 201088
     assert ranks[0] == b"!"
     assert ranks[200006] == b"<|start|>"
+
+
+# ----------------------------------------------------------------------------- split models
+
+REPO_120B = "ggml-org/gpt-oss-120b-GGUF"
+
+
+def parts_120b() -> tuple[str, ...]:
+    return catalog()["gpt-oss-120b"].files
+
+
+def split_copy(directory: Path, tiny_gguf: Path, present: tuple[int, ...] = (1, 2, 3)) -> Path:
+    """The parts of a local split model (the tiny GGUF stands in for each); the first part."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for index in present:
+        (directory / parts_120b()[index - 1]).symlink_to(tiny_gguf)
+    return directory / parts_120b()[0]
+
+
+def test_120b_resolves_to_its_first_part_when_all_parts_are_cached(
+    tiny_gguf: Path, tmp_path: Path, offline: None
+) -> None:
+    fill_hf_cache(tmp_path, REPO_120B, dict.fromkeys(parts_120b(), tiny_gguf))
+    model = resolve_model("gpt-oss-120b", download_dir=tmp_path)
+    assert model.name == "gpt-oss-120b"
+    assert model.path.name == "gpt-oss-120b-mxfp4-00001-of-00003.gguf"
+    assert model.path.parent.name == COMMIT
+    assert all((model.path.parent / part).is_file() for part in parts_120b())
+
+
+def test_download_goes_through_huggingface_hub_offline(
+    tiny_gguf: Path, tmp_path: Path, offline: None
+) -> None:
+    """refresh (the download command) asks huggingface-hub, which answers from its cache."""
+    fill_hf_cache(tmp_path, REPO_120B, dict.fromkeys(parts_120b(), tiny_gguf))
+    model = resolve_model("120b", download_dir=tmp_path, refresh=True)
+    assert model.path.name == parts_120b()[0]
+
+
+def test_download_fetches_every_part_with_huggingface_hub(
+    tiny_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fetched: list[tuple[str, str, Path | None]] = []
+
+    def fake_download(repo: str, filename: str, cache_dir: Path | None = None) -> str:
+        fetched.append((repo, filename, cache_dir))
+        target = tmp_path / "snapshot" / filename
+        target.parent.mkdir(exist_ok=True)
+        target.symlink_to(tiny_gguf)
+        return str(target)
+
+    monkeypatch.setattr(model_source, "hf_hub_download", fake_download)
+    main(["download", "gpt-oss-120b", "--download-dir", str(tmp_path)])
+    assert fetched == [(REPO_120B, part, tmp_path) for part in parts_120b()]
+
+
+def test_download_command_reports_the_ready_file(
+    tiny_gguf: Path, tmp_path: Path, offline: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    fill_hf_cache(tmp_path, REPO_120B, dict.fromkeys(parts_120b(), tiny_gguf))
+    main(["download", "gpt-oss-120b", "--download-dir", str(tmp_path)])
+    assert f"gpt-oss-120b is ready at {tmp_path}" in caplog.text
+    assert parts_120b()[0] in caplog.text
+
+
+def test_repo_file_naming_a_split_part_fetches_every_part(
+    tiny_gguf: Path, tmp_path: Path, offline: None
+) -> None:
+    spec = f"{REPO_120B}:{parts_120b()[0]}"
+    fill_hf_cache(tmp_path, REPO_120B, {parts_120b()[0]: tiny_gguf})
+    with pytest.raises(ModelSourceError, match=f"cannot download .*{parts_120b()[1]}"):
+        resolve_model(spec, download_dir=tmp_path)
+    for part in parts_120b()[1:]:
+        snapshot = tmp_path / f"models--{REPO_120B.replace('/', '--')}" / "snapshots" / COMMIT
+        (snapshot / part).symlink_to(tiny_gguf)
+    model = resolve_model(spec, download_dir=tmp_path)
+    assert (model.path.name, model.name) == (parts_120b()[0], "gpt-oss-120b-mxfp4")
+
+
+def test_local_split_model_by_its_first_part(tiny_gguf: Path, tmp_path: Path) -> None:
+    first = split_copy(tmp_path / "models", tiny_gguf)
+    model = resolve_model(str(first))
+    assert (model.path, model.name) == (first, "gpt-oss-120b-mxfp4")
+
+
+def test_local_split_model_by_another_part_loads_the_first(tiny_gguf: Path, tmp_path: Path) -> None:
+    first = split_copy(tmp_path, tiny_gguf)
+    assert resolve_model(str(tmp_path / parts_120b()[2])).path == first
+
+
+def test_local_split_model_with_a_missing_part(tiny_gguf: Path, tmp_path: Path) -> None:
+    first = split_copy(tmp_path, tiny_gguf, present=(1, 2))
+    with pytest.raises(ModelSourceError, match=f"{parts_120b()[2]} is not in {tmp_path}"):
+        resolve_model(str(first))
+
+
+def test_split_paths() -> None:
+    assert split_paths(Path("/m/x-00002-of-00003.gguf")) == [
+        Path("/m/x-00001-of-00003.gguf"),
+        Path("/m/x-00002-of-00003.gguf"),
+        Path("/m/x-00003-of-00003.gguf"),
+    ]
+    assert split_paths(Path("/m/gpt-oss-20b-mxfp4.gguf")) == [Path("/m/gpt-oss-20b-mxfp4.gguf")]
+
+
+def test_tensor_infos_agree_with_the_builder(tiny_gguf: Path) -> None:
+    infos = read_tensor_infos(tiny_gguf)
+    specs = tensor_specs(PRESETS["tiny"])
+    assert [(i.name, i.shape) for i in infos] == [(s.name, s.shape) for s in specs]
+    assert all(0 <= i.n_bytes - s.nbytes < 32 for i, s in zip(infos, specs, strict=True))
