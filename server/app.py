@@ -13,10 +13,17 @@ from server import __version__
 from server.api.auth import require_api_key
 from server.api.chat.router import router as chat_router
 from server.api.error_handlers import install_error_handlers
+from server.api.limits import BodyLimitMiddleware
+from server.api.metrics import Metrics, RequestMetricsMiddleware
+from server.api.metrics import router as metrics_router
 from server.api.models import health_router
 from server.api.models import router as models_router
+from server.api.responses.router import ResponsesState
+from server.api.responses.router import router as responses_router
 from server.config import Settings
 from server.generation import Generator, SamplingDefaults
+from server.harmony.render import assistant_start_tokens
+from server.history import History
 from server.runtime import Runtime, load_runtime
 
 
@@ -31,16 +38,25 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
         app.state.model_name = loaded.model_name
         app.state.started_at = int(time.time())
         defaults = SamplingDefaults(temperature=settings.temperature, top_p=settings.top_p)
-        app.state.generator = Generator(loaded.engine, loaded.encoding, defaults)
+        history = History(assistant_start_tokens(loaded.encoding), settings.history_max_entries)
+        app.state.metrics = Metrics(loaded.engine)
+        app.state.generator = Generator(
+            loaded.engine, loaded.encoding, defaults, history, app.state.metrics.observe
+        )
+        app.state.responses = ResponsesState.from_settings(settings)
         try:
             yield
         finally:
+            app.state.responses.store.close()
             if runtime is None:
                 loaded.close()
 
     app = FastAPI(title="gpt-oss-server", version=__version__, lifespan=lifespan)
     install_error_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
+    app.add_middleware(RequestMetricsMiddleware)
     app.include_router(health_router)
-    for router in (models_router, chat_router):
+    app.include_router(metrics_router)
+    for router in (models_router, chat_router, responses_router):
         app.include_router(router, dependencies=[Depends(require_api_key)])
     return app

@@ -1,16 +1,19 @@
-"""Settings: one pydantic-settings model for flags, environment (GPT_OSS_*) and defaults.
+"""Settings: one pydantic-settings model for flags, environment (GPT_OSS_*), config file, defaults.
 
-Precedence: command-line flags > environment variables > defaults.
+Precedence: command-line flags > environment variables > the TOML config file (--config PATH or
+$GPT_OSS_CONFIG, see server.config_file) > defaults.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from server.config_file import ConfigFileSource
 
 
 def default_cache_dir() -> Path:
@@ -29,6 +32,11 @@ class Settings(BaseSettings):
         env_prefix="GPT_OSS_", extra="ignore", cli_kebab_case=True, cli_implicit_flags=True
     )
 
+    config: Path | None = Field(
+        None,
+        description="TOML file of settings, keyed by these options' names (n_ctx = 65536); "
+        "flags and GPT_OSS_* variables win over it.",
+    )
     model: str = Field(
         "gpt-oss-20b",
         description="Catalog alias (gpt-oss-20b, gpt-oss-120b), a path to a .gguf file, or a "
@@ -39,6 +47,13 @@ class Settings(BaseSettings):
     )
     host: str = Field("127.0.0.1", description="Address to bind.")
     port: int = Field(8000, ge=1, le=65535, description="Port to bind.")
+    shutdown_grace_s: float = Field(
+        8.0,
+        ge=0,
+        description="On SIGTERM or Ctrl-C, seconds in-flight requests may take to finish; then "
+        "their generations are stopped and each stream ends with its terminal event. Under "
+        "Docker's default 10 s stop timeout.",
+    )
     n_ctx: int = Field(
         32768,
         ge=0,
@@ -52,6 +67,24 @@ class Settings(BaseSettings):
         description="Sequences in the context: conversations whose KV cache is kept (a Codex "
         "session with sub-agents, several users) and requests generated in parallel. They share "
         "the n_ctx cells; the least recently used idle conversation gives way when full.",
+    )
+    max_request_bytes: int = Field(
+        64 * 1024 * 1024,
+        ge=1024,
+        description="Largest request body accepted (HTTP 413 beyond it).",
+    )
+    max_waiting: int = Field(
+        64,
+        ge=0,
+        description="Requests that may wait for a free sequence; beyond that new requests get "
+        "HTTP 429 with Retry-After.",
+    )
+    history_max_entries: int = Field(
+        4096,
+        ge=1,
+        description="Generated messages remembered for exact-token replay (least recently used "
+        "first out): clients send output back as text, and replaying the exact sampled tokens "
+        "keeps the KV cache valid. A few KiB each.",
     )
     prefill_chunk: int = Field(
         512,
@@ -67,8 +100,23 @@ class Settings(BaseSettings):
     n_threads_batch: int | None = Field(
         None, ge=1, description="Threads for prompt evaluation; default: same as n_threads."
     )
-    n_gpu_layers: int = Field(
-        0, ge=-1, description="Layers to offload to the GPU (-1: all). Needs a CUDA build."
+    n_gpu_layers: Annotated[int, Field(ge=-1)] | Literal["auto", "all"] = Field(
+        "auto",
+        description="Layers to offload to the GPU: auto (what fits the free GPU memory, keeping "
+        "MoE experts on the CPU as needed; 0 on a CPU-only build), all (or -1), or a number. "
+        "Needs a CUDA build of llama-cpp-python.",
+    )
+    cpu_moe: bool = Field(
+        False, description="Keep the MoE expert tensors of every layer in system memory."
+    )
+    n_cpu_moe: int = Field(
+        0,
+        ge=0,
+        description="Keep the MoE expert tensors of the first N layers in system memory "
+        "(with auto: at least these; auto adds more until the rest fits the GPU).",
+    )
+    gpu_margin_mb: int = Field(
+        1024, ge=0, description="GPU memory (MiB) that --n-gpu-layers auto leaves free per GPU."
     )
     use_mmap: bool = Field(
         False,
@@ -124,3 +172,16 @@ class Settings(BaseSettings):
         "/v1/responses stream sends a response.in_progress event; Codex resets its idle timer "
         "only on real events.",
     )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Flags (init) > environment > the config file > defaults."""
+        config_file = ConfigFileSource(settings_cls)
+        return init_settings, env_settings, dotenv_settings, config_file, file_secret_settings

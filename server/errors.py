@@ -11,6 +11,7 @@ class ServerError(Exception):
     status_code = 500
     error_type = "server_error"
     code: str | None = None
+    headers: dict[str, str] | None = None
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
         super().__init__(message)
@@ -36,6 +37,21 @@ class ContextLengthExceeded(InvalidRequest):
     code = "context_length_exceeded"
 
 
+class ServerBusy(ServerError):
+    """Too many requests are already waiting for the engine (HTTP 429, with Retry-After)."""
+
+    status_code = 429
+    error_type = "rate_limit_error"
+    code = "rate_limit_exceeded"
+
+    def __init__(self, waiting: int, retry_after_s: int = 2):
+        super().__init__(
+            f"The server is busy: {waiting} requests are waiting. "
+            f"Please try again in {retry_after_s}s."
+        )
+        self.headers = {"Retry-After": str(retry_after_s)}
+
+
 class NotFound(ServerError):
     status_code = 404
     error_type = "not_found_error"
@@ -51,6 +67,14 @@ class ModelSourceError(StartupError):
 
 class VocabularyNotFound(StartupError):
     """No source of the o200k vocabulary that openai-harmony needs could be found."""
+
+
+class ConfigFileError(StartupError):
+    """The config file (--config, $GPT_OSS_CONFIG) cannot be read or names unknown settings."""
+
+
+class PlacementError(StartupError):
+    """The model's size or the GPUs' memory cannot be measured to place the model."""
 
 
 def error_envelope(

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 
 from openai_harmony import HarmonyEncoding
 
 from server.engine.base import Engine, EngineResult, SamplingParams, StopReason
 from server.engine.grammar import json_grammar
-from server.errors import ContextLengthExceeded, InvalidRequest
+from server.errors import ContextLengthExceeded, InvalidRequest, ServerBusy
 from server.events import Finished, FinishReason, GenerationEvent, SegmentEnd
 from server.harmony.decoder import HarmonyDecoder
 from server.harmony.render import assistant_start_tokens, render
@@ -60,15 +60,20 @@ class Generator:
         encoding: HarmonyEncoding,
         defaults: SamplingDefaults | None = None,
         history: History | None = None,
+        on_finished: Callable[[Finished], None] | None = None,
     ) -> None:
         self.engine = engine
         self.encoding = encoding
         self.defaults = defaults or SamplingDefaults()
         self.history = history or History(assistant_start_tokens(encoding))
+        self.on_finished = on_finished  # e.g. metrics; called once per generation
         self._stop_tokens = frozenset(encoding.stop_tokens_for_assistant_actions())
 
     def prepare(self, transcript: Transcript, options: GenerationOptions) -> Prepared:
-        """Render and validate; raises InvalidRequest / ContextLengthExceeded."""
+        """Render and validate; raises InvalidRequest / ContextLengthExceeded / ServerBusy."""
+        load = self.engine.load
+        if load.running + load.waiting >= load.slots + load.max_waiting:
+            raise ServerBusy(load.waiting)
         transcript = self.history.apply(transcript)
         prompt_tokens = render(self.encoding, transcript)
         n_ctx = self.engine.info.n_ctx
@@ -146,12 +151,15 @@ class Prepared:
         """Decoder events while the engine samples, then one Finished event.
 
         Complete messages are recorded in the history, so the next request can replay them.
+        If the consumer leaves early, the engine request is cancelled and still reported to
+        `on_finished` once the engine lets go of it.
         """
         decoder = HarmonyDecoder(self.generator.encoding)
         stops = StopStrings(self.stop)
         steering = self.steering.start()
         stream = self.generator.engine.submit(self.prompt_tokens, self.params, steering)
         ended: list[SegmentEnd] = []
+        consumed = False
         try:
             async for chunk in stream:
                 for event in _decoded(decoder, stops, chunk):
@@ -160,8 +168,11 @@ class Prepared:
                     yield event
                 if stops.hit:
                     break
+            consumed = True
         finally:
             stream.cancel()  # no-op once finished; stops the engine if the consumer left
+            if not consumed and not stops.hit:
+                stream.on_close(lambda result: self._report(result, decoder, stopped=False))
         if stops.hit:
             async for _ in stream:  # the engine stops within a token; wait for its result
                 pass
@@ -172,7 +183,13 @@ class Prepared:
         if steering.left_grammar:
             log.warning("the model's output left the harmony grammar; steering was switched off")
         self.generator.history.record(ended)
-        yield _finished(stream.result, decoder.reasoning_tokens, stopped=stops.hit)
+        yield self._report(stream.result, decoder, stopped=stops.hit)
+
+    def _report(self, result: EngineResult, decoder: HarmonyDecoder, *, stopped: bool) -> Finished:
+        finished = _finished(result, decoder.reasoning_tokens, stopped=stopped)
+        if self.generator.on_finished is not None:
+            self.generator.on_finished(finished)
+        return finished
 
 
 def _decoded(

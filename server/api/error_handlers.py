@@ -24,7 +24,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
 
 async def _server_error(_request: Request, exc: ServerError) -> JSONResponse:
-    return JSONResponse(exc.envelope(), status_code=exc.status_code)
+    return JSONResponse(exc.envelope(), status_code=exc.status_code, headers=exc.headers)
 
 
 async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -98,14 +98,26 @@ class EngineConfig:
     n_ctx: int = 32768  # shared by all sequences (a unified KV cache)
     n_slots: int = 4  # sequences: conversations kept in the cache / generated in parallel
     prefill_chunk: int = 512  # prompt tokens per step while other sequences are generating
+    max_waiting: int = 64  # requests queued beyond the running ones before new ones are refused
     n_batch: int = 2048
     n_ubatch: int = 512
     n_threads: int | None = None  # None: every CPU this process may use
     n_threads_batch: int | None = None
-    n_gpu_layers: int = 0
+    n_gpu_layers: int = 0  # the last N layers (the output counting as one) on the GPU; -1: all
+    cpu_tensor_patterns: tuple[str, ...] = ()  # tensor-name regexes kept on the CPU (MoE experts)
     use_mmap: bool = False
     flash_attn: str = "auto"  # auto | on | off
     swa_full: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLoad:
+    """What the engine is doing right now."""
+
+    waiting: int  # requests not admitted yet
+    running: int  # requests being prefilled or generating
+    slots: int
+    max_waiting: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,12 +145,19 @@ class TokenStream(Protocol):
 
     def cancel(self) -> None: ...
 
+    def on_close(self, callback: Callable[[EngineResult], object]) -> None:
+        """Call `callback(result)` on the consumer's event loop once the engine is done."""
+        ...
+
 
 class Engine(Protocol):
     """Token ids in, token ids out."""
 
     @property
     def info(self) -> ModelInfo: ...
+
+    @property
+    def load(self) -> EngineLoad: ...
 
     def submit(
         self,

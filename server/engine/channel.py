@@ -8,8 +8,9 @@ is woken at most once per drained chunk.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from server.engine.base import EngineResult
 
@@ -25,6 +26,7 @@ class TokenChannel:
         self._wake_pending = False
         self._ready = asyncio.Event()
         self._cancelled = threading.Event()
+        self._on_close: list[Callable[[EngineResult], object]] = []
 
     # engine-thread side
 
@@ -37,6 +39,9 @@ class TokenChannel:
         with self._lock:
             self._result = result
             self._wake()
+            callbacks, self._on_close = self._on_close, []
+        for callback in callbacks:
+            self._call_soon(callback, result)
 
     @property
     def cancelled(self) -> bool:
@@ -50,10 +55,23 @@ class TokenChannel:
             except RuntimeError:  # the consumer's loop is gone: nobody is listening
                 self._cancelled.set()
 
+    def _call_soon(self, callback: Callable[[EngineResult], object], result: EngineResult) -> None:
+        with contextlib.suppress(RuntimeError):  # the consumer's loop may be gone
+            self._loop.call_soon_threadsafe(callback, result)
+
     # consumer side
 
     def cancel(self) -> None:
         self._cancelled.set()
+
+    def on_close(self, callback: Callable[[EngineResult], object]) -> None:
+        """Call `callback(result)` on the consumer's loop once the engine is done."""
+        with self._lock:
+            result = self._result
+            if result is None:
+                self._on_close.append(callback)
+                return
+        self._call_soon(callback, result)
 
     @property
     def result(self) -> EngineResult:

@@ -13,7 +13,14 @@ import queue
 import threading
 from collections.abc import Sequence
 
-from server.engine.base import EngineConfig, ModelInfo, SamplingHook, SamplingParams, Steering
+from server.engine.base import (
+    EngineConfig,
+    EngineLoad,
+    ModelInfo,
+    SamplingHook,
+    SamplingParams,
+    Steering,
+)
 from server.engine.channel import TokenChannel
 from server.engine.llama_context import LlamaContext
 from server.engine.scheduler import Job, Scheduler
@@ -31,6 +38,7 @@ class LlamaEngine:
         self._ready = threading.Event()
         self._load_error: BaseException | None = None
         self._ctx: LlamaContext | None = None
+        self._scheduler: Scheduler | None = None
         self._thread = threading.Thread(target=self._run, name="llama-engine", daemon=True)
         self._thread.start()
         self._ready.wait()
@@ -41,6 +49,17 @@ class LlamaEngine:
     def info(self) -> ModelInfo:
         assert self._ctx is not None
         return self._ctx.info
+
+    @property
+    def load(self) -> EngineLoad:
+        scheduler = self._scheduler
+        running = scheduler.running if scheduler is not None else 0
+        return EngineLoad(
+            waiting=self._jobs.qsize() + (scheduler.waiting if scheduler is not None else 0),
+            running=running,
+            slots=self._config.n_slots,
+            max_waiting=self._config.max_waiting,
+        )
 
     def submit(
         self,
@@ -74,6 +93,7 @@ class LlamaEngine:
             return
         self._ready.set()
         scheduler = Scheduler(self._ctx, self._hook, self._config.prefill_chunk)
+        self._scheduler = scheduler
         try:
             while self._receive(scheduler):
                 scheduler.step()

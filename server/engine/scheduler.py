@@ -95,6 +95,14 @@ class Scheduler:
     def busy(self) -> bool:
         return bool(self._waiting or self._running)
 
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)  # read from other threads: a snapshot is all they need
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
     def add(self, job: Job) -> None:
         self._waiting.append(job)
 

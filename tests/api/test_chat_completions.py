@@ -9,6 +9,9 @@ from fastapi.testclient import TestClient
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai_harmony import HarmonyEncoding
 
+from server.app import create_app
+from server.config import Settings
+from server.runtime import Runtime
 from tests.support.forced import ForcedScript
 from tests.support.sse import parse_sse
 
@@ -253,3 +256,19 @@ def test_health_and_models(client: TestClient) -> None:
     assert model["id"] == "gpt-oss-tiny"
     assert model["context_length"] == 4096
     assert model["meta"]["n_vocab"] == 201088
+
+
+def test_oversized_bodies_are_refused_before_parsing(runtime: Runtime) -> None:
+    app = create_app(Settings(max_request_bytes=2048), runtime)
+    with TestClient(app) as small:
+        big = {"messages": [{"role": "user", "content": "x" * 4096}]}
+        response = small.post("/v1/chat/completions", json=big)
+        assert response.status_code == 413
+        assert response.json()["error"]["code"] == "request_too_large"
+        chunked = small.post(
+            "/v1/chat/completions",
+            content=iter([b'{"messages": [{"role": "user", "content": "', b"y" * 4096, b'"}]}']),
+            headers={"content-type": "application/json"},
+        )
+        assert chunked.status_code == 413
+        assert small.get("/health").status_code == 200

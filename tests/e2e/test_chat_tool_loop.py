@@ -184,3 +184,26 @@ def test_omitted_reasoning_is_restored_by_call_id(
     assert second.usage.prompt_tokens_details is not None
     expected = completion.usage.prompt_tokens + completion.usage.completion_tokens - 1
     assert second.usage.prompt_tokens_details.cached_tokens == expected
+
+
+def test_cot_drop_after_a_final_answer_is_the_only_cache_miss(
+    sdk: OpenAI, forced: ForcedScript, encoding: HarmonyEncoding
+) -> None:
+    messages: list[Any] = [{"role": "user", "content": "Tell me a fact about otters."}]
+    forced.push(final_script("Otters hold hands.", "Otters hold hands while sleeping."))
+    first = sdk.chat.completions.create(model="gpt-oss-tiny", messages=messages)
+    first_prompt = forced.prompts[-1]
+    messages += [as_message(first.choices[0].message), {"role": "user", "content": "Another?"}]
+    forced.push(final_script("Sea otters.", "They use rocks as tools."))
+    second = sdk.chat.completions.create(model="gpt-oss-tiny", messages=messages)
+    second_prompt = forced.prompts[-1]
+    # the new prompt repeats the old one, then `<|channel|>` of the answer: the dropped analysis
+    # (which started `<|channel|>analysis`) is where it diverges, and nowhere else
+    assert second_prompt[: len(first_prompt)] == first_prompt
+    diverge = len(first_prompt) + 1
+    assert encoding.decode_utf8(
+        first_prompt[-2:] + second_prompt[len(first_prompt) : diverge + 1]
+    ) == ("<|start|>assistant<|channel|>final")
+    assert second.usage is not None
+    assert second.usage.prompt_tokens_details is not None
+    assert second.usage.prompt_tokens_details.cached_tokens == diverge

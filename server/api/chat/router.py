@@ -13,6 +13,7 @@ from server.api.chat.adapter import generation_options, include_reasoning, to_tr
 from server.api.chat.output import ChatTranslator, ChunkFactory, fold
 from server.api.chat.schemas import ChatCompletionRequest, Delta
 from server.api.common import new_id, now
+from server.api.disconnect import ClientGone, consume_while_connected
 from server.api.sse import DONE, sse_data
 from server.config import Settings
 from server.errors import ServerError, error_envelope
@@ -41,8 +42,12 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         chunks = _stream(prepared, translator, factory, include_usage)
         return StreamingResponse(chunks, media_type="text/event-stream", headers=SSE_HEADERS)
     deltas: list[Delta] = []
-    async for event in prepared.events():
-        deltas.extend(translator.deltas(event))
+    try:
+        await consume_while_connected(
+            request, prepared.events(), lambda event: deltas.extend(translator.deltas(event))
+        )
+    except ClientGone:
+        return Response(status_code=499)  # nobody is listening; the generation was cancelled
     finished = translator.finished
     if finished is not None and finished.reason is FinishReason.ERROR:
         raise ServerError(f"generation failed: {finished.error}")

@@ -1,0 +1,140 @@
+"""Prometheus metrics: requests by endpoint and status, token counts, rates, latency, load.
+
+One registry per app (on app.state): the HTTP middleware counts requests, the generation core
+reports every finished generation, and gauges read the engine's load when scraped.
+"""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter, Request, Response
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from server.engine.base import Engine
+from server.events import Finished
+
+router = APIRouter()
+
+_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+_RATE_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
+
+
+class Metrics:
+    """The server's metrics, registered in their own registry."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "gpt_oss_requests",
+            "HTTP requests by endpoint and status.",
+            ["endpoint", "status"],
+            registry=r,
+        )
+        self.request_seconds = Histogram(
+            "gpt_oss_request_seconds",
+            "HTTP request duration (until the response started).",
+            ["endpoint"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tokens = Counter(
+            "gpt_oss_tokens",
+            "Tokens by kind: prompt, cached, evaluated, generated, reasoning.",
+            ["kind"],
+            registry=r,
+        )
+        self.generations = Counter(
+            "gpt_oss_generations", "Finished generations by finish reason.", ["reason"], registry=r
+        )
+        self.ttft = Histogram(
+            "gpt_oss_time_to_first_token_seconds",
+            "From submission to the first sampled token.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.prefill_rate = Histogram(
+            "gpt_oss_prefill_tokens_per_second",
+            "Prompt evaluation rate per request.",
+            buckets=_RATE_BUCKETS,
+            registry=r,
+        )
+        self.decode_rate = Histogram(
+            "gpt_oss_decode_tokens_per_second",
+            "Generation rate per request.",
+            buckets=_RATE_BUCKETS,
+            registry=r,
+        )
+        waiting = Gauge("gpt_oss_queue_depth", "Requests waiting for a sequence.", registry=r)
+        running = Gauge("gpt_oss_active_sequences", "Requests being generated.", registry=r)
+        slots = Gauge("gpt_oss_sequences", "Sequences in the context.", registry=r)
+        waiting.set_function(lambda: engine.load.waiting)
+        running.set_function(lambda: engine.load.running)
+        slots.set_function(lambda: engine.load.slots)
+
+    def observe(self, finished: Finished) -> None:
+        usage, timings = finished.usage, finished.timings
+        for kind, value in (
+            ("prompt", usage.prompt_tokens),
+            ("cached", usage.cached_tokens),
+            ("evaluated", usage.evaluated_tokens),
+            ("generated", usage.completion_tokens),
+            ("reasoning", usage.reasoning_tokens),
+        ):
+            self.tokens.labels(kind).inc(value)
+        self.generations.labels(finished.reason.value).inc()
+        if usage.completion_tokens:
+            self.ttft.observe(timings.ttft_s)
+        if timings.prefill_tokens_per_s:
+            self.prefill_rate.observe(timings.prefill_tokens_per_s)
+        if timings.decode_tokens_per_s:
+            self.decode_rate.observe(timings.decode_tokens_per_s)
+
+
+class RequestMetricsMiddleware:
+    """Pure ASGI middleware (streams and disconnects pass through untouched): counts each
+    request by route template and status, and times it until its response starts."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500
+
+        async def send_and_record(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                self._record(scope, status, time.perf_counter() - started)
+            await send(message)
+
+        await self.app(scope, receive, send_and_record)
+
+    @staticmethod
+    def _record(scope: Scope, status: int, seconds: float) -> None:
+        app = scope.get("app")
+        metrics: Metrics | None = getattr(getattr(app, "state", None), "metrics", None)
+        if metrics is None:
+            return
+        endpoint = getattr(scope.get("route"), "path", "unmatched")
+        metrics.requests.labels(endpoint, str(status)).inc()
+        metrics.request_seconds.labels(endpoint).observe(seconds)
+
+
+@router.get("/metrics", include_in_schema=False)
+async def metrics_endpoint(request: Request) -> Response:
+    metrics: Metrics = request.app.state.metrics
+    return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
