@@ -69,8 +69,13 @@ class Generator:
         self.on_finished = on_finished  # e.g. metrics; called once per generation
         self._stop_tokens = frozenset(encoding.stop_tokens_for_assistant_actions())
 
-    def prepare(self, transcript: Transcript, options: GenerationOptions) -> Prepared:
-        """Render and validate; raises InvalidRequest / ContextLengthExceeded / ServerBusy."""
+    def prepare(
+        self, transcript: Transcript, options: GenerationOptions, *, input_param: str = "messages"
+    ) -> Prepared:
+        """Render and validate; raises InvalidRequest / ContextLengthExceeded / ServerBusy.
+
+        `input_param` names the request field that holds the conversation, for error messages.
+        """
         load = self.engine.load
         if load.running + load.waiting >= load.slots + load.max_waiting:
             raise ServerBusy(load.waiting)
@@ -83,7 +88,7 @@ class Generator:
                 f"This model's context window is {n_ctx} tokens; the prompt has "
                 f"{len(prompt_tokens)}. Shorten the conversation or restart the server with a "
                 "larger --n-ctx.",
-                param="messages",
+                param=input_param,
             )
         params = self._sampling(options, room)
         steering = self._steering(transcript, options)

@@ -140,13 +140,21 @@ class History:
         return [*restored, dataclasses.replace(call, tokens=call.tokens or record.tokens)]
 
     def _normalized(self, tokens: Sequence[int]) -> tuple[int, ...]:
-        """A whole message as it appears in a prompt: with its start, `<|return|>` -> `<|end|>`."""
-        body = list(tokens)
-        if body and body[-1] == RETURN:
-            body[-1] = END
-        if not body or body[0] != START:
-            body = [*self._message_start, *body]
-        return tuple(body)
+        return prompt_tokens(tokens, self._message_start)
+
+
+def prompt_tokens(tokens: Sequence[int], message_start: Sequence[int]) -> tuple[int, ...]:
+    """A sampled message as it appears in a later prompt.
+
+    The first message of a completion lacks `message_start` (`<|start|>assistant`: the prompt
+    ended with it), and a final answer's `<|return|>` becomes `<|end|>`.
+    """
+    body = list(tokens)
+    if body and body[-1] == RETURN:
+        body[-1] = END
+    if not body or body[0] != START:
+        body = [*message_start, *body]
+    return tuple(body)
 
 
 def _ends_with_reasoning(items: Sequence[Item]) -> bool:

@@ -47,7 +47,13 @@ MESSAGE = 200008  # <|message|>
 # model sees one string parameter and its calls carry {"input": "..."}.
 FREEFORM_PARAMETERS = {
     "type": "object",
-    "properties": {"input": {"type": "string", "description": "The raw input of the tool."}},
+    "properties": {
+        "input": {
+            "type": "string",
+            "description": "The tool's raw text input, exactly as its description asks for it "
+            "(passed on unchanged, never parsed as JSON).",
+        }
+    },
     "required": ["input"],
 }
 _EFFORTS = {

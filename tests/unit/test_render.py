@@ -197,6 +197,7 @@ def test_custom_tools_take_one_string(encoding: HarmonyEncoding) -> None:
     patch = ToolSpec(name="apply_patch", description="Edit files.", kind="custom")
     text = _text(encoding, render(encoding, Transcript(items=(UserMessage("x"),), tools=(patch,))))
     assert (
-        "// Edit files.\ntype apply_patch = (_: {\n// The raw input of the tool.\n"
+        "// Edit files.\ntype apply_patch = (_: {\n// The tool's raw text input, exactly as its "
+        "description asks for it (passed on unchanged, never parsed as JSON).\n"
         "input: string,\n}) => any;" in text
     )

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from server.api.chat.schemas import (
-    ChatCompletionRequest,
-    ChatMessageIn,
-    NamedToolChoice,
-    ResponseFormatIn,
-    ToolIn,
+from server.api.chat.schemas import ChatCompletionRequest, ChatMessageIn, ToolIn
+from server.api.common import (
+    clamp_effort,
+    effort_for_budget,
+    text_of_parts,
+    to_response_format,
+    to_tool_choice,
 )
-from server.api.common import clamp_effort, effort_for_budget, text_of_parts
 from server.errors import InvalidRequest
 from server.generation import GenerationOptions
 from server.transcript import (
@@ -18,9 +18,7 @@ from server.transcript import (
     Item,
     Reasoning,
     ReasoningEffort,
-    ResponseFormat,
     ToolCall,
-    ToolChoice,
     ToolResult,
     ToolSpec,
     Transcript,
@@ -57,7 +55,7 @@ def to_transcript(
         tools=tuple(_tool_spec(tool, i) for i, tool in enumerate(request.tools or [])),
         reasoning_effort=requested_effort(request) or default_effort,
         conversation_date=date,
-        response_format=_response_format(request.response_format),
+        response_format=to_response_format(request.response_format, "response_format"),
     )
 
 
@@ -69,7 +67,7 @@ def generation_options(request: ChatCompletionRequest) -> GenerationOptions:
         temperature=request.temperature,
         top_p=request.top_p,
         seed=request.seed,
-        tool_choice=_tool_choice(request.tool_choice),
+        tool_choice=to_tool_choice(request.tool_choice),
         reasoning_budget=budget,
         stop=(stop,) if isinstance(stop, str) else tuple(stop or ()),
     )
@@ -106,33 +104,6 @@ def _tool_spec(tool: ToolIn, index: int) -> ToolSpec:
         name=function.name,
         description=function.description or "",
         parameters=function.parameters,
-    )
-
-
-def _tool_choice(choice: str | NamedToolChoice | None) -> ToolChoice:
-    if choice is None or choice == "auto":
-        return ToolChoice()
-    if isinstance(choice, NamedToolChoice):
-        return ToolChoice(mode="named", name=choice.function.name)
-    return ToolChoice(mode="none" if choice == "none" else "required")
-
-
-def _response_format(response_format: ResponseFormatIn | None) -> ResponseFormat | None:
-    if response_format is None or response_format.type == "text":
-        return None
-    if response_format.type == "json_object":
-        return ResponseFormat(kind="json_object")
-    spec = response_format.json_schema
-    if spec is None or spec.schema_ is None:
-        raise InvalidRequest(
-            "response_format json_schema needs json_schema.schema", param="response_format"
-        )
-    return ResponseFormat(
-        kind="json_schema",
-        name=spec.name,
-        schema=spec.schema_,
-        description=spec.description or "",
-        strict=bool(spec.strict),
     )
 
 

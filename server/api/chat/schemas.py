@@ -70,27 +70,6 @@ class ToolIn(_Lenient):
     function: FunctionDefinition | None = None
 
 
-class NamedFunction(_Lenient):
-    name: str
-
-
-class NamedToolChoice(_Lenient):
-    type: str = "function"
-    function: NamedFunction
-
-
-class JsonSchemaFormat(_Lenient):
-    name: str = "response"
-    schema_: dict[str, Any] | None = Field(None, alias="schema")
-    description: str | None = None
-    strict: bool | None = None
-
-
-class ResponseFormatIn(_Lenient):
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchemaFormat | None = None
-
-
 class ChatCompletionRequest(_Lenient):
     model: str = ""
     messages: list[ChatMessageIn] = Field(min_length=1)
@@ -106,9 +85,9 @@ class ChatCompletionRequest(_Lenient):
     reasoning_effort: str | None = None
     include_reasoning: bool | None = None
     tools: list[ToolIn] | None = None
-    tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
+    tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
-    response_format: ResponseFormatIn | None = None
+    response_format: dict[str, Any] | None = None
     stop: str | list[str] | None = None
     logprobs: bool | None = None
 

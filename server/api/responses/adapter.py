@@ -40,7 +40,7 @@ from server.api.responses.schemas import (
 from server.errors import InvalidRequest
 from server.events import SegmentEnd, SegmentKind
 from server.generation import GenerationOptions
-from server.history import END, RETURN, START
+from server.history import prompt_tokens
 from server.transcript import (
     FUNCTIONS_NAMESPACE,
     AssistantChannel,
@@ -221,7 +221,7 @@ def output_items(
     """
     items: list[Item] = []
     for end in ends:
-        tokens = _prompt_tokens(end.tokens, message_start) if end.complete else None
+        tokens = prompt_tokens(end.tokens, message_start) if end.complete else None
         if end.kind is SegmentKind.REASONING:
             items.append(Reasoning(end.text, tokens=tokens))
         elif end.kind is SegmentKind.TOOL_CALL:
@@ -236,15 +236,6 @@ def output_items(
             )
             items.append(AssistantMessage(end.text, channel=channel, tokens=tokens))
     return items
-
-
-def _prompt_tokens(tokens: Sequence[int], message_start: Sequence[int]) -> tuple[int, ...]:
-    body = list(tokens)
-    if body and body[-1] == RETURN:
-        body[-1] = END
-    if not body or body[0] != START:
-        body = [*message_start, *body]
-    return tuple(body)
 
 
 # ---------------------------------------------------------------------------------- input

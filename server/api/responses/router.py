@@ -29,7 +29,7 @@ from server.api.responses.store import ResponseStore, StoredResponse
 from server.api.responses.streaming import ResponseRun
 from server.api.sse import sse_event
 from server.config import Settings
-from server.errors import ContextLengthExceeded, NotFound, ServerError
+from server.errors import NotFound, ServerError
 from server.events import SegmentEnd
 from server.generation import Generator
 from server.harmony.render import assistant_start_tokens
@@ -87,10 +87,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     date = state.conversation_date(body.prompt_cache_key, earlier, today)
     conversation = earlier.conversation if earlier is not None else ()
     planned = plan(body, conversation, settings.reasoning_effort, date)
-    try:
-        prepared = generator.prepare(planned.transcript, planned.options)
-    except ContextLengthExceeded as exc:  # the core names the chat field
-        raise ContextLengthExceeded(exc.message, param="input") from exc
+    prepared = generator.prepare(planned.transcript, planned.options, input_param="input")
     base = _base_response(body, planned, generator, request.app.state.model_name)
     emitter = ResponsesEmitter(base, planned.transcript.tools)
     finisher = _Finisher(state, generator, planned, date, store=base.store)
