@@ -23,6 +23,7 @@ from server.harmony.render import assistant_start_tokens, render
 from server.harmony.steering import SteeringPlan, plan_steering
 from server.history import History
 from server.stop_strings import StopStrings
+from server.tool_names import ToolNames
 from server.transcript import ResponseFormat, ToolChoice, Transcript
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,8 @@ class Generator:
         load = self.engine.load
         if load.running + load.waiting >= load.slots + load.max_waiting:
             raise ServerBusy(load.waiting)
-        transcript = self.history.apply(transcript)
+        names = ToolNames(transcript.tools)
+        transcript = names.to_harmony(self.history.apply(transcript))
         prompt_tokens = render(self.encoding, transcript)
         n_ctx = self.engine.info.n_ctx
         room = n_ctx - len(prompt_tokens)
@@ -91,8 +93,8 @@ class Generator:
                 param=input_param,
             )
         params = self._sampling(options, room)
-        steering = self._steering(transcript, options)
-        return Prepared(self, prompt_tokens, params, steering, options.stop)
+        steering = self._steering(transcript, names.to_harmony_choice(options.tool_choice), options)
+        return Prepared(self, prompt_tokens, params, steering, options.stop, names)
 
     def _sampling(self, options: GenerationOptions, room: int) -> SamplingParams:
         if options.max_tokens is not None and options.max_tokens < 1:
@@ -107,9 +109,10 @@ class Generator:
             stop_tokens=self._stop_tokens,
         )
 
-    def _steering(self, transcript: Transcript, options: GenerationOptions) -> SteeringPlan:
+    def _steering(
+        self, transcript: Transcript, choice: ToolChoice, options: GenerationOptions
+    ) -> SteeringPlan:
         recipients = [spec.recipient for spec in transcript.tools]
-        choice = options.tool_choice
         if choice.mode in ("required", "named") and not recipients:
             raise InvalidRequest(f"tool_choice {choice.mode!r} needs tools", param="tool_choice")
         if choice.mode == "named" and f"{choice.namespace}.{choice.name}" not in recipients:
@@ -151,6 +154,7 @@ class Prepared:
     params: SamplingParams
     steering: SteeringPlan
     stop: tuple[str, ...] = ()
+    names: ToolNames | None = None
 
     async def events(self) -> AsyncIterator[GenerationEvent]:
         """Decoder events while the engine samples, then one Finished event.
@@ -170,7 +174,7 @@ class Prepared:
                 for event in _decoded(decoder, stops, chunk):
                     if isinstance(event, SegmentEnd):
                         ended.append(event)
-                    yield event
+                    yield self._for_client(event)
                 if stops.hit:
                     break
             consumed = True
@@ -184,11 +188,14 @@ class Prepared:
         else:
             for event in decoder.finish():
                 for passed in stops.filter(event):
-                    yield passed
+                    yield self._for_client(passed)
         if steering.left_grammar:
             log.warning("the model's output left the harmony grammar; steering was switched off")
         self.generator.history.record(ended)
         yield self._report(stream.result, decoder, stopped=stops.hit)
+
+    def _for_client(self, event: GenerationEvent) -> GenerationEvent:
+        return self.names.to_client(event) if self.names is not None else event
 
     def _report(self, result: EngineResult, decoder: HarmonyDecoder, *, stopped: bool) -> Finished:
         finished = _finished(result, decoder.reasoning_tokens, stopped=stopped)

@@ -195,3 +195,30 @@ def test_api_key_is_required_when_configured(runtime: Runtime, forced: ForcedScr
             headers={"Authorization": "Bearer s3cret"},
         )
         assert ok.status_code == 200
+
+
+def test_tool_names_that_are_not_identifiers(
+    client: TestClient, forced: ForcedScript, encoding: Any
+) -> None:
+    tools = [{"type": "function", "function": {"name": "web.search-v2", "parameters": {}}}]
+    forced.push(
+        "<|channel|>commentary to=functions.web_search_v2 <|constrain|>json"
+        '<|message|>{"q":"otters"}<|call|>'
+    )
+    body = post(client, messages=USER_HI, tools=tools).json()
+    (call,) = body["choices"][0]["message"]["tool_calls"]
+    assert call["function"]["name"] == "web.search-v2"
+    prompt = encoding.decode_utf8(forced.prompts[-1])
+    assert "type web_search_v2 = " in prompt
+    assert "web.search-v2" not in prompt
+    # the call comes back in the next request under the client's name
+    forced.push("<|channel|>final<|message|>Done.<|return|>")
+    messages = [
+        *USER_HI,
+        body["choices"][0]["message"],
+        {"role": "tool", "tool_call_id": call["id"], "content": "otters!"},
+    ]
+    assert post(client, messages=messages, tools=tools).status_code == 200
+    assert "<|start|>functions.web_search_v2 to=assistant" in encoding.decode_utf8(
+        forced.prompts[-1]
+    )
