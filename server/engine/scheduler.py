@@ -150,11 +150,18 @@ class Scheduler:
             if placement is None:
                 return
             self._waiting.popleft()
-            self._start(job, placement)
+            try:
+                self._start(job, placement)
+            except Exception as exc:  # one bad request must not stop the engine thread
+                log.exception("could not start a generation")
+                if job.slot is not None:
+                    self._forget(job.slot)
+                self._finish(job, StopReason.ERROR, f"{type(exc).__name__}: {exc}")
 
     def _start(self, job: Job, placement: Placement) -> None:
         ctx, slot = self._ctx, placement.slot
         slot.busy = True
+        job.slot = slot
         keep = ctx.truncate(slot.seq_id, ctx.reusable_prefix(slot.seq_id, placement.keep))
         del slot.tokens[keep:]
         if placement.donor is not None:
@@ -163,7 +170,7 @@ class Scheduler:
                 ctx.share_prefix(placement.donor.seq_id, slot.seq_id, shared)
                 slot.tokens[:] = job.prompt_tokens[:shared]
                 keep = shared
-        job.phase, job.slot = _Phase.RUNNING, slot
+        job.phase = _Phase.RUNNING
         job.cached = job.next_prompt = keep
         job.started = time.perf_counter()
         chooser = self._hook(job.prompt_tokens) if self._hook is not None else None

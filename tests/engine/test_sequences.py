@@ -150,3 +150,20 @@ def test_full_cache_drops_the_least_recent_idle_conversation(tiny_gguf: Path) ->
         engine.close()
     assert b.stop_reason is StopReason.MAX_TOKENS
     assert a_again.usage.cached_tokens == 0
+
+
+def test_a_request_that_fails_to_start_does_not_stop_the_engine(tiny_gguf: Path) -> None:
+    def hook(prompt: Sequence[int]) -> None:
+        if prompt[0] == 13:
+            raise ValueError("cannot start this one")
+
+    engine = LlamaEngine(EngineConfig(model_path=str(tiny_gguf), n_ctx=1024, n_threads=2), hook)
+    try:
+        _, failed = run(engine, [13, *tokens(70, 20)], GREEDY)
+        out, ok = run(engine, tokens(71, 20), GREEDY)
+    finally:
+        engine.close()
+    assert failed.stop_reason is StopReason.ERROR
+    assert "cannot start this one" in (failed.error or "")
+    assert ok.stop_reason is StopReason.MAX_TOKENS
+    assert len(out) == GREEDY.max_tokens
