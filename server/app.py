@@ -25,6 +25,7 @@ from server.generation import Generator, SamplingDefaults
 from server.harmony.render import assistant_start_tokens
 from server.history import History
 from server.runtime import Runtime, load_runtime
+from server.summaries import SummaryConfig
 
 
 def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
@@ -41,7 +42,12 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
         history = History(assistant_start_tokens(loaded.encoding), settings.history_max_entries)
         app.state.metrics = Metrics(loaded.engine)
         app.state.generator = Generator(
-            loaded.engine, loaded.encoding, defaults, history, app.state.metrics.observe
+            loaded.engine,
+            loaded.encoding,
+            defaults,
+            history,
+            app.state.metrics.observe,
+            summaries=SummaryConfig(max_tokens=settings.summary_max_tokens),
         )
         app.state.responses = ResponsesState.from_settings(settings)
         try:

@@ -86,6 +86,11 @@ class CodexConfig(BaseModel):
     reasoning_effort: Literal["low", "medium", "high"] = Field(
         "medium", description="Reasoning effort Codex asks for."
     )
+    reasoning_summary: Literal["none", "auto", "concise", "detailed"] = Field(
+        "none",
+        description="Reasoning summaries Codex asks for and shows (an extra short generation "
+        "per model turn; the raw reasoning stays hidden in Codex either way).",
+    )
 
     def cli_cmd(self) -> None:
         configure_logging("info")
@@ -97,6 +102,7 @@ class CodexConfig(BaseModel):
             context_window=self.n_ctx or (served[1] if served else codex_config.DEFAULT_CONTEXT),
             stream_idle_timeout_ms=codex_config.idle_timeout_ms(gpu=self.gpu),
             reasoning_effort=self.reasoning_effort,
+            reasoning_summary=self.reasoning_summary,
             env_key=self.env_key,
         )
         home = self.codex_home or codex_config.default_codex_home()

@@ -4,8 +4,13 @@ Two files in the Codex home (`$CODEX_HOME`, default `~/.codex`): `config.toml` w
 provider that speaks the Responses API (`wire_api = "responses"`) to this server, and a model
 catalog entry for gpt-oss. Codex 0.169 knows nothing about gpt-oss: without the catalog it uses
 fallback metadata and offers no apply_patch tool at all; the entry makes it offer its freeform
-apply_patch tool, tells it that gpt-oss writes no reasoning summaries, and gives it the server's
-context window (for its compaction). The entry's base instructions are Codex's own default
+apply_patch tool, gives it the server's context window (for its compaction), and says that the
+server writes reasoning summaries, so that Codex passes its `model_reasoning_summary` setting on.
+Summaries are off by default (`default_reasoning_summary = "none"`): each one is an extra short
+generation per tool round, and the response (the next tool call) waits for it; turn them on with
+`--reasoning-summary auto` here, or per run with `codex -c model_reasoning_summary=auto`. Codex
+shows a summary as its reasoning item; the raw chain of thought only with
+`show_raw_agent_reasoning = true`. The entry's base instructions are Codex's own default
 prompt (`codex_catalog_template.json`, taken from Codex 0.169's requests).
 
 Without `--write` the files are printed. With it, an existing file with other content is never
@@ -48,6 +53,7 @@ class CodexSetup:
     context_window: int = DEFAULT_CONTEXT
     stream_idle_timeout_ms: int = 300_000
     reasoning_effort: str = "medium"
+    reasoning_summary: str = "none"  # auto | concise | detailed: what Codex asks for by default
     env_key: str | None = None  # environment variable holding the server's API key
 
 
@@ -73,9 +79,9 @@ def catalog(setup: CodexSetup) -> dict[str, Any]:
         display_name=setup.model,
         description=f"{setup.model} served by gpt-oss-server",
         apply_patch_tool_type="freeform",
-        supports_reasoning_summaries=False,
-        supports_reasoning_summary_parameter=False,
-        default_reasoning_summary="none",
+        supports_reasoning_summaries=True,
+        supports_reasoning_summary_parameter=True,
+        default_reasoning_summary=setup.reasoning_summary,
         supports_parallel_tool_calls=False,
         context_window=setup.context_window,
         max_context_window=setup.context_window,

@@ -135,6 +135,20 @@ class Settings(BaseSettings):
     reasoning_effort: Literal["low", "medium", "high"] = Field(
         "medium", description="Reasoning effort when a request does not say."
     )
+    reasoning_visibility: Literal["raw", "summary", "none"] = Field(
+        "raw",
+        description="What clients may see of the model's chain of thought, in both APIs: raw "
+        "(the reasoning, plus summaries when a request asks for them), summary (a summary "
+        "written by the same model replaces it in every output; the raw text never leaves the "
+        "server but is kept for the tool loop), none (no reasoning at all). For deployments "
+        "that face end users: OpenAI advises against showing raw chain of thought to them.",
+    )
+    summary_max_tokens: int = Field(
+        512,
+        ge=16,
+        description="Most tokens of one reasoning summary's generation (its own short reasoning "
+        "included; the answer is forced to start halfway).",
+    )
     reasoning_content: bool = Field(
         True,
         description="Also send Chat Completions reasoning as `reasoning_content` (the name "

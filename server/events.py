@@ -1,8 +1,9 @@
 """Generation events: the API-neutral stream that every emitter folds into an HTTP response.
 
 The harmony decoder turns sampled token ids into segment events (one segment per harmony
-message); the generation core appends one `Finished` event. Streaming emitters translate each
-event as it comes; non-streaming responses are a fold of the same events.
+message); the generation core appends one `Finished` event. When summaries are asked for, the
+core also emits the summary events of each reasoning segment (see server.summaries). Streaming
+emitters translate each event as it comes; non-streaming responses are a fold of the same events.
 """
 
 from __future__ import annotations
@@ -65,6 +66,21 @@ class DecodeWarning:
     tokens: tuple[int, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class SummaryStart:
+    """A summary of reasoning segment `segment` follows (always after that segment's end)."""
+
+    segment: int
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryDelta:
+    """Summary text of reasoning segment `segment` (complete UTF-8 characters only)."""
+
+    segment: int
+    text: str
+
+
 class FinishReason(str, Enum):
     """Why generation ended."""
 
@@ -112,6 +128,35 @@ class Timings:
 
 
 @dataclass(frozen=True, slots=True)
+class SummaryEnd:
+    """The summary of reasoning segment `segment` is done; `complete=False` if cut short.
+
+    `usage` and `timings` are those of the summary's own generation.
+    """
+
+    segment: int
+    text: str
+    complete: bool = True
+    usage: Usage = field(default_factory=Usage)
+    timings: Timings = field(default_factory=Timings)
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryReport:
+    """What the summaries of one generation cost, reported apart from the generation itself.
+
+    `usage` and `timings` are summed over the summaries (they may have run side by side);
+    `wait_s` is how long the end of the response waited for them after the main generation
+    had finished: the latency they added.
+    """
+
+    count: int = 0
+    usage: Usage = field(default_factory=Usage)
+    timings: Timings = field(default_factory=Timings)
+    wait_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class Finished:
     """The last event of every generation, also on cancellation and errors."""
 
@@ -119,7 +164,19 @@ class Finished:
     usage: Usage = field(default_factory=Usage)
     timings: Timings = field(default_factory=Timings)
     error: str | None = None
+    summaries: SummaryReport | None = None  # set when summaries were asked for
+    malformed: bool = False  # the output left the harmony grammar; the events hold what parsed
 
 
 DecoderEvent = SegmentStart | SegmentDelta | SegmentEnd | DecodeWarning
-GenerationEvent = SegmentStart | SegmentDelta | SegmentEnd | DecodeWarning | Finished
+SummaryEvent = SummaryStart | SummaryDelta | SummaryEnd
+GenerationEvent = (
+    SegmentStart
+    | SegmentDelta
+    | SegmentEnd
+    | DecodeWarning
+    | SummaryStart
+    | SummaryDelta
+    | SummaryEnd
+    | Finished
+)

@@ -2,7 +2,9 @@
 
 `Generator.prepare()` renders the prompt and rejects what cannot run (before any HTTP response
 has started); `Prepared.events()` streams decoder events while the engine samples and ends with
-exactly one `Finished` event, also on cancellation and engine errors.
+exactly one `Finished` event, also on cancellation and engine errors. When summaries are asked
+for, the events of a short summary generation per reasoning segment are merged in
+(server.summaries).
 """
 
 from __future__ import annotations
@@ -20,15 +22,17 @@ from server.errors import ContextLengthExceeded, InvalidRequest, ServerBusy
 from server.events import Finished, FinishReason, GenerationEvent, SegmentEnd
 from server.harmony.decoder import HarmonyDecoder
 from server.harmony.render import assistant_start_tokens, render
-from server.harmony.steering import SteeringPlan, plan_steering
+from server.harmony.steering import HarmonySteering, SteeringPlan, plan_steering
 from server.history import History
 from server.stop_strings import StopStrings
+from server.summaries import SummaryConfig, SummaryMerge, SummaryStyle, summary_transcript
 from server.tool_names import ToolNames
 from server.transcript import ResponseFormat, ToolChoice, Transcript
 
 log = logging.getLogger(__name__)
 
 CALL_TOKEN = 200012  # <|call|>
+SEED_RANGE = 1 << 64  # any integer seed (OpenAI allows negative ones) maps into the engine's
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +46,7 @@ class GenerationOptions:
     tool_choice: ToolChoice = field(default_factory=ToolChoice)
     reasoning_budget: int | None = None  # analysis tokens before the answer is forced to start
     stop: tuple[str, ...] = ()  # strings that end the final answer
+    summary: SummaryStyle | None = None  # summarize each reasoning segment in this style
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,12 +67,15 @@ class Generator:
         defaults: SamplingDefaults | None = None,
         history: History | None = None,
         on_finished: Callable[[Finished], None] | None = None,
+        *,
+        summaries: SummaryConfig | None = None,
     ) -> None:
         self.engine = engine
         self.encoding = encoding
         self.defaults = defaults or SamplingDefaults()
         self.history = history or History(assistant_start_tokens(encoding))
-        self.on_finished = on_finished  # e.g. metrics; called once per generation
+        self.on_finished = on_finished  # e.g. metrics; called once per generation (summaries too)
+        self.summaries = summaries or SummaryConfig()
         self._stop_tokens = frozenset(encoding.stop_tokens_for_assistant_actions())
 
     def prepare(
@@ -94,7 +102,25 @@ class Generator:
             )
         params = self._sampling(options, room)
         steering = self._steering(transcript, names.to_harmony_choice(options.tool_choice), options)
-        return Prepared(self, prompt_tokens, params, steering, options.stop, names)
+        return Prepared(self, prompt_tokens, params, steering, options.stop, names, options.summary)
+
+    def summary(self, reasoning: str, style: SummaryStyle) -> Prepared | None:
+        """The summary generation of a chain of thought; None if its prompt cannot fit.
+
+        Not subject to the waiting-room limit (it belongs to a request already admitted) and
+        not recorded in the history (nobody sends it back as a message).
+        """
+        config = self.summaries
+        prompt_tokens = render(self.encoding, summary_transcript(reasoning, style, config))
+        room = self.engine.info.n_ctx - len(prompt_tokens)
+        if room < 1:
+            log.warning("a reasoning summary was skipped: its prompt does not fit the context")
+            return None
+        params = self._sampling(GenerationOptions(max_tokens=config.max_tokens), room)
+        steering = plan_steering(
+            self.encoding, [], ToolChoice(mode="none"), reasoning_budget=config.reasoning_budget
+        )
+        return Prepared(self, prompt_tokens, params, steering, record=False)
 
     def _sampling(self, options: GenerationOptions, room: int) -> SamplingParams:
         if options.max_tokens is not None and options.max_tokens < 1:
@@ -105,7 +131,7 @@ class Generator:
             top_p=_pick(options.top_p, self.defaults.top_p),
             top_k=self.defaults.top_k,
             min_p=self.defaults.min_p,
-            seed=options.seed,
+            seed=None if options.seed is None else options.seed % SEED_RANGE,
             stop_tokens=self._stop_tokens,
         )
 
@@ -155,14 +181,32 @@ class Prepared:
     steering: SteeringPlan
     stop: tuple[str, ...] = ()
     names: ToolNames | None = None
+    summary: SummaryStyle | None = None  # summarize each reasoning segment in this style
+    record: bool = True  # remember the generated messages in the history
 
-    async def events(self) -> AsyncIterator[GenerationEvent]:
-        """Decoder events while the engine samples, then one Finished event.
+    def events(self) -> AsyncIterator[GenerationEvent]:
+        """Decoder events while the engine samples (summary events merged in), then Finished.
 
         Complete messages are recorded in the history, so the next request can replay them.
-        If the consumer leaves early, the engine request is cancelled and still reported to
-        `on_finished` once the engine lets go of it.
+        If the consumer leaves early, the engine requests are cancelled and still reported to
+        `on_finished` once the engine lets go of them.
         """
+        if self.summary is None:
+            return self._events()
+        history = self.generator.history
+        merge = SummaryMerge(self._events(), self._summary_events, history.record_summaries)
+        return merge.events()
+
+    async def _summary_events(self, reasoning: str) -> AsyncIterator[GenerationEvent]:
+        assert self.summary is not None
+        prepared = self.generator.summary(reasoning, self.summary)
+        if prepared is None:
+            yield Finished(FinishReason.LENGTH)
+            return
+        async for event in prepared.events():
+            yield event
+
+    async def _events(self) -> AsyncIterator[GenerationEvent]:
         decoder = HarmonyDecoder(self.generator.encoding)
         stops = StopStrings(self.stop)
         steering = self.steering.start()
@@ -181,7 +225,9 @@ class Prepared:
         finally:
             stream.cancel()  # no-op once finished; stops the engine if the consumer left
             if not consumed and not stops.hit:
-                stream.on_close(lambda result: self._report(result, decoder, stopped=False))
+                stream.on_close(
+                    lambda result: self._report(result, decoder, steering, stopped=False)
+                )
         if stops.hit:
             async for _ in stream:  # the engine stops within a token; wait for its result
                 pass
@@ -189,16 +235,29 @@ class Prepared:
             for event in decoder.finish():
                 for passed in stops.filter(event):
                     yield self._for_client(passed)
-        if steering.left_grammar:
-            log.warning("the model's output left the harmony grammar; steering was switched off")
-        self.generator.history.record(ended)
-        yield self._report(stream.result, decoder, stopped=stops.hit)
+        if self.record:
+            self.generator.history.record(ended)
+        yield self._report(stream.result, decoder, steering, stopped=stops.hit)
 
     def _for_client(self, event: GenerationEvent) -> GenerationEvent:
         return self.names.to_client(event) if self.names is not None else event
 
-    def _report(self, result: EngineResult, decoder: HarmonyDecoder, *, stopped: bool) -> Finished:
+    def _report(
+        self,
+        result: EngineResult,
+        decoder: HarmonyDecoder,
+        steering: HarmonySteering,
+        *,
+        stopped: bool,
+    ) -> Finished:
         finished = _finished(result, decoder.reasoning_tokens, stopped=stopped)
+        if decoder.left_grammar or steering.left_grammar:  # logged without the model's text
+            log.warning(
+                "the model's output left the harmony grammar (%s); the response ends with what "
+                "was parsed",
+                "the parser gave up" if decoder.left_grammar else "steering was switched off",
+            )
+            finished = dataclasses.replace(finished, malformed=True)
         if self.generator.on_finished is not None:
             self.generator.on_finished(finished)
         return finished

@@ -7,7 +7,9 @@ exact tokens of every complete message the server generated, keyed by what comes
 
 - tool calls by call id, with the analysis the model wrote before the call;
 - reasoning, preambles and final answers by their text (and the reasoning of one completion
-  joined with newlines, as Chat Completions returns it).
+  joined with newlines, as Chat Completions returns it);
+- reasoning also by the text of its summary: where a client was shown only the summary (the
+  `summary` visibility policy) and sends that back as reasoning, the raw analysis is replayed.
 
 `apply()` gives matching transcript items their exact tokens and restores the analysis in front
 of a tool call whose reasoning the client omitted.
@@ -110,6 +112,19 @@ class History:
             self._texts.put(
                 ("reasoning", joined), tuple(t for m in all_reasoning for t in m.tokens)
             )
+
+    def record_summaries(self, summarized: Sequence[tuple[SegmentEnd, str]]) -> None:
+        """Key complete reasoning messages also by their summary (and all joined, as above)."""
+        entries = [
+            (summary, self._normalized(segment.tokens))
+            for segment, summary in summarized
+            if segment.complete and segment.kind is SegmentKind.REASONING and summary
+        ]
+        for summary, tokens in entries:
+            self._texts.put(("reasoning", summary), tokens)
+        if len(entries) > 1:
+            joined = "\n".join(summary for summary, _ in entries)
+            self._texts.put(("reasoning", joined), tuple(t for _, ts in entries for t in ts))
 
     def apply(self, transcript: Transcript) -> Transcript:
         """The transcript with exact tokens attached and omitted tool-call reasoning restored."""

@@ -10,6 +10,7 @@ re-raises the signal it caught once it is done; the handlers installed here abso
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import math
 import signal
@@ -70,8 +71,41 @@ class GracefulServer(uvicorn.Server):
             await asyncio.to_thread(self._stop_generations)
 
 
+def exposure_warning(host: str, has_api_key: bool) -> str | None:
+    """The warning to print when the server is reachable from other machines without a key."""
+    if has_api_key or is_loopback(host):
+        return None
+    where = "all interfaces" if host in ALL_INTERFACES else host
+    rule = "!" * 78
+    return "\n".join(
+        [
+            rule,
+            f"!! gpt-oss-server listens on {where} WITHOUT an API key.",
+            "!! Anyone who can reach this port can use the model and read stored responses.",
+            "!! Set --api-key (or GPT_OSS_API_KEY), or bind --host 127.0.0.1.",
+            rule,
+        ]
+    )
+
+
+def is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve to anything
+        return False
+
+
 def serve(app: Any, settings: Settings, runtime: Runtime, on_started: Callable[[], None]) -> None:
     """Run until SIGTERM or Ctrl-C, then drain (see the module docstring)."""
+    warning = exposure_warning(settings.host, settings.api_key is not None)
+
+    def started() -> None:
+        on_started()
+        if warning is not None:  # last, under the banner, where it is seen
+            log.warning("\n%s", warning)
+
     config = uvicorn.Config(
         app,
         host=settings.host,
@@ -81,7 +115,7 @@ def serve(app: Any, settings: Settings, runtime: Runtime, on_started: Callable[[
     )
     server = GracefulServer(
         config,
-        on_started=on_started,
+        on_started=started,
         stop_generations=runtime.engine.close,
         grace_s=settings.shutdown_grace_s,
     )

@@ -7,7 +7,8 @@ import uuid
 from typing import Any, Literal
 
 from server.errors import InvalidRequest
-from server.events import Timings, Usage
+from server.events import SummaryReport, Timings, Usage
+from server.summaries import SummaryStyle
 from server.transcript import (
     FUNCTIONS_NAMESPACE,
     ReasoningEffort,
@@ -38,6 +39,26 @@ def clamp_effort(value: str | None, param: str) -> ReasoningEffort | None:
     return effort
 
 
+_SUMMARY_STYLES: dict[str, SummaryStyle | None] = {
+    "auto": "auto",
+    "concise": "concise",
+    "detailed": "detailed",
+    "none": None,
+}
+
+
+def to_summary_style(value: str | None, param: str) -> SummaryStyle | None:
+    """A requested reasoning summary: auto | concise | detailed, or none (None)."""
+    if value is None:
+        return None
+    if value not in _SUMMARY_STYLES:
+        raise InvalidRequest(
+            f"unknown reasoning summary {value!r}; use one of {', '.join(_SUMMARY_STYLES)}",
+            param=param,
+        )
+    return _SUMMARY_STYLES[value]
+
+
 def effort_for_budget(max_tokens: int) -> ReasoningEffort:
     """The effort whose typical reasoning length fits a reasoning token budget."""
     if max_tokens < 2048:
@@ -65,6 +86,22 @@ def timings_out(timings: Timings, usage: Usage) -> dict[str, float]:
         "predicted_per_second": round(timings.decode_tokens_per_s, 3),
         "ttft_ms": round(timings.ttft_s * 1000, 3),
         "queue_ms": round(timings.queue_s * 1000, 3),
+    }
+
+
+def summary_timings_out(report: SummaryReport) -> dict[str, float]:
+    """The summaries' own timings (summed over them), beside the generation's `timings_out`.
+
+    `summary_wait_ms` is how long the response waited for them after its own generation ended.
+    """
+    timings = report.timings
+    return {
+        "summary_n": report.count,
+        "summary_prompt_n": timings.evaluated_tokens,
+        "summary_prompt_ms": round(timings.prefill_s * 1000, 3),
+        "summary_predicted_n": timings.completion_tokens,
+        "summary_predicted_ms": round(timings.decode_s * 1000, 3),
+        "summary_wait_ms": round(report.wait_s * 1000, 3),
     }
 
 

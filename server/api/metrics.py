@@ -53,8 +53,19 @@ class Metrics:
             ["kind"],
             registry=r,
         )
+        self.seconds = Counter(
+            "gpt_oss_engine_seconds",
+            "Engine time by phase: queue (waiting for a sequence), prefill, decode.",
+            ["phase"],
+            registry=r,
+        )
         self.generations = Counter(
             "gpt_oss_generations", "Finished generations by finish reason.", ["reason"], registry=r
+        )
+        self.malformed = Counter(
+            "gpt_oss_malformed_outputs",
+            "Generations whose output left the harmony grammar (each ended with what parsed).",
+            registry=r,
         )
         self.ttft = Histogram(
             "gpt_oss_time_to_first_token_seconds",
@@ -91,7 +102,15 @@ class Metrics:
             ("reasoning", usage.reasoning_tokens),
         ):
             self.tokens.labels(kind).inc(value)
+        for phase, seconds in (
+            ("queue", timings.queue_s),
+            ("prefill", timings.prefill_s),
+            ("decode", timings.decode_s),
+        ):
+            self.seconds.labels(phase).inc(seconds)
         self.generations.labels(finished.reason.value).inc()
+        if finished.malformed:
+            self.malformed.inc()
         if usage.completion_tokens:
             self.ttft.observe(timings.ttft_s)
         if timings.prefill_tokens_per_s:

@@ -3,7 +3,9 @@
 The only owner of openai-harmony's StreamableParser. Each harmony assistant message becomes one
 segment (start, deltas, end) whose kind comes from its channel and recipient. Malformed output
 never raises out of here: when the parser rejects a token, the open segment is closed as
-incomplete and everything after it is reported in a DecodeWarning when the decoder finishes.
+incomplete and everything after it is reported in a DecodeWarning when the decoder finishes;
+`left_grammar` tells the generation core to log and count the incident (never with the model's
+text: it can be chain of thought).
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ class HarmonyDecoder:
         self._rejected: list[int] = []  # tokens after the parser gave up
         self._error = ""
         self.reasoning_tokens = 0
+        self.left_grammar = False  # the model wrote something harmony's grammar does not allow
 
     def feed(self, token: int) -> list[DecoderEvent]:
         if self._rejected:
@@ -118,11 +121,13 @@ class HarmonyDecoder:
     def _message_ended(self) -> list[DecoderEvent]:
         messages = self._parser.messages
         if len(messages) <= self._n_messages:
+            self.left_grammar = True
             return [self._warning("a terminator token ended no message", [])]
         self._n_messages = len(messages)
         message = messages[-1]
         events: list[DecoderEvent] = []
         if self._segment is None:  # header without <|message|>: the lenient parser recovered
+            self.left_grammar = True
             events.append(self._open((message.channel, message.recipient, message.content_type)))
             text = _text_of(message)
             if text and self._segment is not None:
@@ -152,8 +157,10 @@ class HarmonyDecoder:
         return end
 
     def _reject(self, token: int, error: str) -> list[DecoderEvent]:
-        log.warning("model output left the harmony format: %s", error)
-        self._error = f"model output left the harmony format: {error}"
+        reason = error.split(":", 1)[0]  # after a colon harmony quotes the model's text
+        log.warning("model output left the harmony format: %s", reason)
+        self.left_grammar = True
+        self._error = f"model output left the harmony format: {reason}"
         self._message_tokens.pop()
         self._rejected = [token]
         return [self._close(complete=False)] if self._segment is not None else []

@@ -1,9 +1,12 @@
 """The Responses streaming grammar, checked by a stack machine over a whole stream.
 
-    stream  := response.created response.in_progress (in_progress | item)* terminal
-    item    := output_item.added part? output_item.done           (part: message, reasoning)
-    part    := content_part.added delta* text.done content_part.done
-    call    := output_item.added delta* call.done output_item.done  (function / custom tool)
+    stream    := response.created response.in_progress (in_progress | item)* terminal
+    item      := output_item.added part output_item.done             (message)
+    reasoning := output_item.added part? summary? output_item.done    (at least one of them)
+    part      := content_part.added delta* text.done content_part.done
+    summary   := reasoning_summary_part.added reasoning_summary_text.delta*
+                 reasoning_summary_text.done reasoning_summary_part.done
+    call      := output_item.added delta* call.done output_item.done  (function / custom tool)
 
 plus: every event validates against the openai SDK's own `ResponseStreamEvent` types;
 sequence_number counts from 0 without gaps; output_index, content_index and item_id agree
@@ -62,6 +65,9 @@ class _Open:
     rules: _Rules
     step: str = "added"  # added -> part -> text_done -> part_done | added -> text_done
     text: str = ""
+    has_part: bool = False
+    summary: str | None = None  # the summary part's text, once added
+    summary_step: str = ""  # added -> text_done -> part_done
 
 
 @dataclass
@@ -143,7 +149,7 @@ class _Checker:
         self.ids.add(item["id"])
         assert item.get("status") == "in_progress"
         if item["type"] == "reasoning":
-            assert item["summary"] == [], "reasoning items carry summary: []"
+            assert item["summary"] == [], "reasoning items open with summary: []"
         if item["type"] in ("reasoning", "message"):
             assert item["content"] == []
         if item["type"] in ("function_call", "custom_tool_call"):
@@ -154,13 +160,16 @@ class _Checker:
     def _inside(self, item: _Open, event: dict[str, Any]) -> _Open | None:
         kind, rules = event["type"], item.rules
         text_step = "part" if rules.part else "added"
-        if kind == "response.content_part.added":
+        if kind.startswith("response.reasoning_summary_"):
+            _summary_step(item, event)
+        elif kind == "response.content_part.added":
             assert rules.part is not None, "a content part on a call"
             assert item.step == "added", "content part out of place"
+            assert item.summary is None, "content part after the summary"
             assert event["content_index"] == 0
             assert event["part"]["type"] == rules.part
             assert event["part"]["text"] == ""
-            item.step = "part"
+            item.step, item.has_part = "part", True
         elif kind == rules.delta:
             assert item.step == text_step, "delta out of place"
             assert event.get("content_index", 0) == 0
@@ -176,13 +185,52 @@ class _Checker:
             assert event["part"]["text"] == item.text
             item.step = "part_done"
         elif kind == "response.output_item.done":
-            assert item.step == ("part_done" if rules.part else "text_done"), "closed early"
+            _check_closing(item)
             _check_done_item(item, event["item"])
             self.checked.items.append(event["item"])
             return None
         else:
             raise AssertionError(f"{kind} inside a {item.item['type']} item")
         return item
+
+
+def _summary_step(item: _Open, event: dict[str, Any]) -> None:
+    """The reasoning summary part: only in a reasoning item, after its content part (if any)."""
+    kind = event["type"]
+    assert item.item["type"] == "reasoning", f"{kind} inside a {item.item['type']} item"
+    assert event["summary_index"] == 0, "one summary part per reasoning item"
+    if kind == "response.reasoning_summary_part.added":
+        assert item.summary is None, "a second summary part"
+        assert item.step in ("added", "part_done"), "summary part inside the content part"
+        assert event["part"] == {"type": "summary_text", "text": ""}
+        item.summary, item.summary_step = "", "added"
+        return
+    assert item.summary is not None, f"{kind} before reasoning_summary_part.added"
+    if kind == "response.reasoning_summary_text.delta":
+        assert item.summary_step == "added", "summary delta out of place"
+        item.summary += event["delta"]
+    elif kind == "response.reasoning_summary_text.done":
+        assert item.summary_step == "added", "summary text done out of place"
+        assert event["text"] == item.summary, "summary done text differs from the deltas"
+        item.summary_step = "text_done"
+    elif kind == "response.reasoning_summary_part.done":
+        assert item.summary_step == "text_done", "summary part done out of place"
+        assert event["part"] == {"type": "summary_text", "text": item.summary}
+        item.summary_step = "part_done"
+    else:
+        raise AssertionError(f"unknown summary event {kind}")
+
+
+def _check_closing(item: _Open) -> None:
+    rules = item.rules
+    if item.summary is not None:
+        assert item.summary_step == "part_done", "closed inside the summary part"
+    if item.item["type"] == "reasoning":
+        assert item.has_part or item.summary is not None, "a reasoning item with nothing in it"
+        if item.has_part:
+            assert item.step == "part_done", "closed inside the content part"
+        return
+    assert item.step == ("part_done" if rules.part else "text_done"), "closed early"
 
 
 def _check_done_item(item: _Open, done: dict[str, Any]) -> None:
@@ -192,8 +240,10 @@ def _check_done_item(item: _Open, done: dict[str, Any]) -> None:
     assert done["status"] in ("completed", "incomplete")
     kind = done["type"]
     if kind == "reasoning":
-        assert done["summary"] == [], "reasoning items carry summary: []"
-        assert done["content"] == [{"type": "reasoning_text", "text": item.text}]
+        summary = [] if item.summary is None else [{"type": "summary_text", "text": item.summary}]
+        assert done["summary"] == summary, "the item's summary differs from its summary part"
+        content = [{"type": "reasoning_text", "text": item.text}] if item.has_part else []
+        assert (done.get("content") or []) == content, "the item's content differs from its part"
     elif kind == "message":
         assert done["role"] == "assistant"
         assert [part["text"] for part in done["content"]] == [item.text]

@@ -19,6 +19,7 @@ class ForcedScript:
 
     def __init__(self, encoding: HarmonyEncoding) -> None:
         self._encoding = encoding
+        self.encoding = encoding
         self._queue: deque[list[int]] = deque()
         self._lock = threading.Lock()
         self.prompts: list[list[int]] = []  # the prompt of every generation, in order

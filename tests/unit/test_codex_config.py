@@ -48,7 +48,11 @@ def test_catalog_entry_offers_freeform_apply_patch() -> None:
     (entry,) = catalog(SETUP)["models"]
     assert entry["slug"] == entry["display_name"] == "gpt-oss-120b"
     assert entry["apply_patch_tool_type"] == "freeform"
-    assert entry["supports_reasoning_summaries"] is False
+    assert entry["supports_reasoning_summaries"] is True  # the server writes summaries
+    assert entry["supports_reasoning_summary_parameter"] is True
+    assert entry["default_reasoning_summary"] == "none"  # only when asked: they cost a turn
+    (summarized,) = catalog(CodexSetup(reasoning_summary="auto"))["models"]
+    assert summarized["default_reasoning_summary"] == "auto"
     assert entry["context_window"] == entry["max_context_window"] == 65536
     assert entry["base_instructions"].startswith("You are a coding agent running in the Codex CLI")
     assert {level["effort"] for level in entry["supported_reasoning_levels"]} == {

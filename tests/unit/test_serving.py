@@ -8,7 +8,7 @@ from server.config import Settings
 from server.engine.placement import Placement
 from server.healthcheck import client_url
 from server.runtime import Runtime
-from server.serving import banner
+from server.serving import banner, exposure_warning
 
 
 def test_client_url_for_each_kind_of_bind_address() -> None:
@@ -41,3 +41,16 @@ def test_banner_names_model_placement_url_and_snippets(runtime: Runtime) -> None
     assert "secret-key" not in text
     curl = next(line for line in text.splitlines() if line.startswith("curl "))
     assert f'"model": "{runtime.model_name}"' in curl
+
+
+def test_binding_beyond_loopback_without_a_key_is_warned_about() -> None:
+    assert Settings().host == "127.0.0.1"  # the default binds loopback only
+    for host in ("127.0.0.1", "127.0.1.1", "localhost", "::1", "[::1]"):
+        assert exposure_warning(host, has_api_key=False) is None, host
+    for host in ("0.0.0.0", "::", "", "192.168.1.5", "myhost.lan"):
+        assert exposure_warning(host, has_api_key=True) is None, host
+        warning = exposure_warning(host, has_api_key=False)
+        assert warning is not None, host
+        assert "WITHOUT an API key" in warning
+        assert "--api-key" in warning
+    assert "all interfaces" in (exposure_warning("0.0.0.0", has_api_key=False) or "")

@@ -8,10 +8,12 @@ from server.api.common import (
     effort_for_budget,
     text_of_parts,
     to_response_format,
+    to_summary_style,
     to_tool_choice,
 )
 from server.errors import InvalidRequest
 from server.generation import GenerationOptions
+from server.summaries import ReasoningView, ReasoningVisibility, SummaryStyle, reasoning_view
 from server.transcript import (
     AssistantMessage,
     DeveloperMessage,
@@ -59,7 +61,9 @@ def to_transcript(
     )
 
 
-def generation_options(request: ChatCompletionRequest) -> GenerationOptions:
+def generation_options(
+    request: ChatCompletionRequest, summary: SummaryStyle | None = None
+) -> GenerationOptions:
     stop = request.stop
     budget = request.reasoning.max_tokens if request.reasoning is not None else None
     return GenerationOptions(
@@ -70,6 +74,7 @@ def generation_options(request: ChatCompletionRequest) -> GenerationOptions:
         tool_choice=to_tool_choice(request.tool_choice),
         reasoning_budget=budget,
         stop=(stop,) if isinstance(stop, str) else tuple(stop or ()),
+        summary=summary,
     )
 
 
@@ -90,6 +95,13 @@ def include_reasoning(request: ChatCompletionRequest) -> bool:
     if request.reasoning is not None and request.reasoning.exclude:
         return False
     return request.include_reasoning is not False
+
+
+def view(request: ChatCompletionRequest, visibility: ReasoningVisibility) -> ReasoningView:
+    """What of the reasoning this completion shows: the server's policy, then the request."""
+    config = request.reasoning
+    summary = to_summary_style(config.summary if config else None, "reasoning.summary")
+    return reasoning_view(visibility, summary, exclude=not include_reasoning(request))
 
 
 def _tool_spec(tool: ToolIn, index: int) -> ToolSpec:

@@ -1,7 +1,10 @@
 """Generation events -> Chat Completions deltas, chunks, and the folded non-streaming body.
 
 Streaming sends each delta in a chunk as it comes; the non-streaming body merges the very same
-deltas, so both answers always agree.
+deltas, so both answers always agree. Reasoning summaries are `reasoning_details` entries of type
+`reasoning.summary`, one per reasoning segment (index 0 is the raw `reasoning.text` entry when
+that is shown); where the raw reasoning is not shown, the summaries also stand in for it as
+`reasoning`, the field chat UIs display.
 """
 
 from __future__ import annotations
@@ -13,11 +16,13 @@ from server.api.chat.schemas import (
     ChatCompletionChunk,
     Delta,
     MessageOut,
+    ReasoningDetailOut,
+    SummaryUsageOut,
     ToolCallDelta,
     ToolCallOut,
     UsageOut,
 )
-from server.api.common import timings_out
+from server.api.common import summary_timings_out, timings_out
 from server.events import (
     DecodeWarning,
     Finished,
@@ -26,6 +31,9 @@ from server.events import (
     SegmentDelta,
     SegmentKind,
     SegmentStart,
+    SummaryDelta,
+    SummaryReport,
+    SummaryStart,
     Usage,
 )
 from server.transcript import FUNCTIONS_NAMESPACE
@@ -51,24 +59,32 @@ def function_name(recipient: str | None) -> str:
 class ChatTranslator:
     """Turns generation events into chat deltas; remembers how the generation finished.
 
-    Several analysis messages become one reasoning text, separated by a newline. Tool calls are
-    numbered in the order the model makes them.
+    Several analysis messages become one reasoning text, separated by a newline (their
+    summaries too). Tool calls are numbered in the order the model makes them.
     """
 
-    include_reasoning: bool
+    include_reasoning: bool  # the raw reasoning
     reasoning_content: bool = True  # also send the reasoning as `reasoning_content`
+    summaries: bool = False  # the reasoning summaries
     finished: Finished | None = None
     warnings: list[DecodeWarning] = field(default_factory=list)
     _has_reasoning: bool = False
     _needs_separator: bool = False
     _tool_calls: int = 0
+    _summary_index: dict[int, int] = field(default_factory=dict)  # segment -> details index
+    _summary_text_of: int | None = None  # the segment whose summary text was sent last
 
     def deltas(self, event: GenerationEvent) -> list[Delta]:
         if isinstance(event, SegmentDelta):
             return self._delta(event)
         if isinstance(event, SegmentStart):
             return self._start(event)
-        if isinstance(event, DecodeWarning):
+        if isinstance(event, SummaryStart):
+            first = 1 if self.include_reasoning else 0
+            self._summary_index[event.segment] = first + len(self._summary_index)
+        elif isinstance(event, SummaryDelta):
+            return self._summary(event)
+        elif isinstance(event, DecodeWarning):
             self.warnings.append(event)
         elif isinstance(event, Finished):
             self.finished = event
@@ -103,20 +119,55 @@ class ChatTranslator:
             return [Delta(tool_calls=[fragment])]
         return [Delta(content=event.text)]
 
+    def _summary(self, event: SummaryDelta) -> list[Delta]:
+        if not self.summaries or not event.text:
+            return []
+        index = self._summary_index.get(event.segment, 0)
+        detail = ReasoningDetailOut(
+            type="reasoning.summary", summary=event.text, format="unknown", index=index
+        )
+        delta = Delta(reasoning_details=[detail])
+        if not self.include_reasoning:  # the summary stands in for the reasoning
+            after = self._summary_text_of
+            text = "\n" + event.text if after not in (None, event.segment) else event.text
+            self._summary_text_of = event.segment
+            delta["reasoning"] = text
+            if self.reasoning_content:
+                delta["reasoning_content"] = text
+        return [delta]
+
     @property
     def finish_reason(self) -> str:
         reason = self.finished.reason if self.finished else FinishReason.ERROR
         return FINISH_REASONS[reason]
 
 
-def usage_out(usage: Usage) -> UsageOut:
-    return UsageOut(
+def usage_out(usage: Usage, summaries: SummaryReport | None = None) -> UsageOut:
+    out = UsageOut(
         prompt_tokens=usage.prompt_tokens,
         completion_tokens=usage.completion_tokens,
         total_tokens=usage.total_tokens,
         prompt_tokens_details={"cached_tokens": usage.cached_tokens},
         completion_tokens_details={"reasoning_tokens": usage.reasoning_tokens},
     )
+    if summaries is not None:
+        spent = summaries.usage
+        out["summary_usage"] = SummaryUsageOut(
+            summaries=summaries.count,
+            prompt_tokens=spent.prompt_tokens,
+            completion_tokens=spent.completion_tokens,
+            total_tokens=spent.total_tokens,
+            prompt_tokens_details={"cached_tokens": spent.cached_tokens},
+            completion_tokens_details={"reasoning_tokens": spent.reasoning_tokens},
+        )
+    return out
+
+
+def chat_timings(finished: Finished) -> dict[str, float]:
+    timings = timings_out(finished.timings, finished.usage)
+    if finished.summaries is not None:
+        timings.update(summary_timings_out(finished.summaries))
+    return timings
 
 
 @dataclass(frozen=True)
@@ -145,9 +196,9 @@ class ChunkFactory:
             created=self.created,
             model=self.model,
             choices=[],
-            usage=usage_out(finished.usage),
+            usage=usage_out(finished.usage, finished.summaries),
         )
-        chunk["timings"] = timings_out(finished.timings, finished.usage)
+        chunk["timings"] = chat_timings(finished)
         return chunk
 
 
@@ -160,9 +211,12 @@ def fold(deltas: list[Delta], translator: ChatTranslator, factory: ChunkFactory)
         message["reasoning"] = reasoning
         if translator.reasoning_content:
             message["reasoning_content"] = reasoning
-        message["reasoning_details"] = [
-            {"type": "reasoning.text", "text": reasoning, "format": "unknown", "index": 0}
-        ]
+    details = _merged_details(deltas)
+    if reasoning and translator.include_reasoning:
+        raw = ReasoningDetailOut(type="reasoning.text", text=reasoning, format="unknown", index=0)
+        details.insert(0, raw)
+    if details:
+        message["reasoning_details"] = details
     calls = _merged_tool_calls(deltas)
     if calls:
         message["tool_calls"] = calls
@@ -182,9 +236,25 @@ def fold(deltas: list[Delta], translator: ChatTranslator, factory: ChunkFactory)
     )
     finished = translator.finished
     if finished is not None:
-        body["usage"] = usage_out(finished.usage)
-        body["timings"] = timings_out(finished.timings, finished.usage)
+        body["usage"] = usage_out(finished.usage, finished.summaries)
+        body["timings"] = chat_timings(finished)
     return body
+
+
+def _merged_details(deltas: list[Delta]) -> list[ReasoningDetailOut]:
+    """The summary entries of `reasoning_details`, their fragments joined, by index."""
+    merged: dict[int, ReasoningDetailOut] = {}
+    for delta in deltas:
+        for fragment in delta.get("reasoning_details", []):
+            index = fragment.get("index", 0)
+            entry = merged.setdefault(
+                index,
+                ReasoningDetailOut(
+                    type="reasoning.summary", summary="", format="unknown", index=index
+                ),
+            )
+            entry["summary"] += fragment.get("summary", "")
+    return [merged[index] for index in sorted(merged)]
 
 
 def _merged_tool_calls(deltas: list[Delta]) -> list[ToolCallOut]:

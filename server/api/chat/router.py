@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from server.api.chat.adapter import generation_options, include_reasoning, to_transcript
+from server.api.chat.adapter import generation_options, to_transcript, view
 from server.api.chat.output import ChatTranslator, ChunkFactory, fold
 from server.api.chat.schemas import ChatCompletionRequest, Delta
 from server.api.common import new_id, now
@@ -32,9 +32,12 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     generator: Generator = request.app.state.generator
     today = datetime.date.today().isoformat()
     transcript = to_transcript(body, settings.reasoning_effort, today)
-    prepared = generator.prepare(transcript, generation_options(body))
+    shown = view(body, settings.reasoning_visibility)
+    prepared = generator.prepare(transcript, generation_options(body, shown.summary))
     translator = ChatTranslator(
-        include_reasoning=include_reasoning(body), reasoning_content=settings.reasoning_content
+        include_reasoning=shown.raw,
+        reasoning_content=settings.reasoning_content,
+        summaries=shown.summary is not None,
     )
     factory = ChunkFactory(new_id("chatcmpl-"), now(), body.model or request.app.state.model_name)
     if body.stream:

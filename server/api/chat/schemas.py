@@ -52,6 +52,7 @@ class ReasoningConfig(_Lenient):
     exclude: bool = False
     max_tokens: int | None = Field(None, ge=1)
     enabled: bool | None = None
+    summary: str | None = None  # auto | concise | detailed | none: an extension
 
 
 class StreamOptions(_Lenient):
@@ -104,11 +105,22 @@ class ToolCallDelta(TypedDict, total=False):
     function: FunctionDelta
 
 
+class ReasoningDetailOut(TypedDict, total=False):
+    """OpenRouter's `reasoning_details` entry: `reasoning.text` or `reasoning.summary`."""
+
+    type: Literal["reasoning.text", "reasoning.summary"]
+    text: str
+    summary: str
+    format: str
+    index: int
+
+
 class Delta(TypedDict, total=False):
     role: str
     content: str
     reasoning: str
     reasoning_content: str
+    reasoning_details: list[ReasoningDetailOut]
     tool_calls: list[ToolCallDelta]
 
 
@@ -125,12 +137,27 @@ class ChunkChoice(TypedDict):
     logprobs: None
 
 
-class UsageOut(TypedDict):
+class SummaryUsageOut(TypedDict):
+    """The reasoning summaries' own tokens, not counted in the completion's usage."""
+
+    summaries: int
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: dict[str, int]
     completion_tokens_details: dict[str, int]
+
+
+class _Usage(TypedDict):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: dict[str, int]
+    completion_tokens_details: dict[str, int]
+
+
+class UsageOut(_Usage, total=False):
+    summary_usage: SummaryUsageOut  # only when summaries were asked for
 
 
 class ChatCompletionChunk(TypedDict, total=False):
@@ -148,7 +175,7 @@ class MessageOut(TypedDict, total=False):
     content: str | None
     reasoning: str
     reasoning_content: str
-    reasoning_details: list[dict[str, Any]]
+    reasoning_details: list[ReasoningDetailOut]
     tool_calls: list[ToolCallOut]
     refusal: None
 

@@ -4,7 +4,8 @@ Input items become transcript items one for one: messages by role, one Reasoning
 item that carries raw text (summary-only items carry no chain of thought and are skipped),
 function and custom tool calls, and their outputs. The developer and system messages at the
 start of the conversation join `instructions` in harmony's single developer message; later ones
-stay in place. Unknown item types and hosted tools are skipped with a log line.
+stay in place. Items of OpenAI's other types (hosted tool calls, item references) and hosted
+tools are skipped with a log line; an item type OpenAI's API does not know is a 400.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from server.api.common import (
     effort_for_budget,
     text_of_parts,
     to_response_format,
+    to_summary_style,
     to_tool_choice,
 )
 from server.api.responses.schemas import (
@@ -41,6 +43,7 @@ from server.errors import InvalidRequest
 from server.events import SegmentEnd, SegmentKind
 from server.generation import GenerationOptions
 from server.history import prompt_tokens
+from server.summaries import SummaryStyle
 from server.transcript import (
     FUNCTIONS_NAMESPACE,
     AssistantChannel,
@@ -66,6 +69,19 @@ _ITEM_MODELS: dict[str, type[BaseModel]] = {
     "function_call_output": ToolOutputIn,
     "custom_tool_call_output": ToolOutputIn,
 }
+# Every input item type of OpenAI's Responses API: those without a model above are skipped.
+OPENAI_ITEM_TYPES = frozenset(
+    {
+        *_ITEM_MODELS,
+        *("additional_tools", "apply_patch_call", "apply_patch_call_output"),
+        *("code_interpreter_call", "compaction", "compaction_trigger", "computer_call"),
+        *("computer_call_output", "configuration_update", "file_search_call"),
+        *("image_generation_call", "item_reference", "local_shell_call"),
+        *("local_shell_call_output", "mcp_approval_request", "mcp_approval_response"),
+        *("mcp_call", "mcp_list_tools", "program", "program_output", "shell_call"),
+        *("shell_call_output", "tool_search_call", "tool_search_output", "web_search_call"),
+    }
+)
 USER_PARTS = ("input_text", "text", "output_text")
 REASONING_PARTS = ("reasoning_text", "text")
 
@@ -84,8 +100,12 @@ def plan(
     earlier: Sequence[Item],
     default_effort: ReasoningEffort,
     date: str,
+    summary: SummaryStyle | None = None,
 ) -> Plan:
-    """The transcript (after the `earlier` conversation of previous_response_id) and options."""
+    """The transcript (after the `earlier` conversation of previous_response_id) and options.
+
+    `summary`: summarize each reasoning segment in this style (the visibility view decides).
+    """
     tools = to_tools(request.tools or [])
     conversation = (*earlier, *to_items(request.input, earlier))
     n_lead = next(
@@ -103,7 +123,7 @@ def plan(
         conversation_date=date,
         response_format=to_response_format(text_format, "text.format"),
     )
-    return Plan(transcript, generation_options(request), conversation)
+    return Plan(transcript, generation_options(request, summary), conversation)
 
 
 def requested_effort(request: ResponsesRequest) -> ReasoningEffort | None:
@@ -117,7 +137,15 @@ def requested_effort(request: ResponsesRequest) -> ReasoningEffort | None:
     return None
 
 
-def generation_options(request: ResponsesRequest) -> GenerationOptions:
+def requested_summary(request: ResponsesRequest) -> SummaryStyle | None:
+    """`reasoning.summary`: auto | concise | detailed, or none / absent (None)."""
+    summary = request.reasoning.summary if request.reasoning else None
+    return to_summary_style(summary, "reasoning.summary")
+
+
+def generation_options(
+    request: ResponsesRequest, summary: SummaryStyle | None = None
+) -> GenerationOptions:
     return GenerationOptions(
         max_tokens=request.max_output_tokens,
         temperature=request.temperature,
@@ -125,6 +153,7 @@ def generation_options(request: ResponsesRequest) -> GenerationOptions:
         seed=request.seed,
         tool_choice=to_tool_choice(request.tool_choice),
         reasoning_budget=request.reasoning.max_tokens if request.reasoning else None,
+        summary=summary,
     )
 
 
@@ -263,10 +292,23 @@ def _parsed_items(raw_items: list[dict[str, Any]]) -> list[tuple[int, InputItem]
         kind = raw.get("type", "message" if "role" in raw else None)
         model = _ITEM_MODELS.get(str(kind))
         if model is None:
+            _check_known(kind, index)
             log.info("skipping input[%d]: items of type %r are not supported", index, kind)
             continue
         parsed.append((index, _parse(model, raw, f"input[{index}]")))
     return parsed
+
+
+def _check_known(kind: object, index: int) -> None:
+    """Items of OpenAI's other types are skipped (hosted tools, references); others are errors."""
+    if not isinstance(kind, str) or kind not in OPENAI_ITEM_TYPES:
+        raise InvalidRequest(
+            f"input[{index}]: unknown item type {kind!r}"
+            if kind is not None
+            else f"input[{index}] has neither a `type` nor a `role`",
+            param=f"input[{index}].type",
+            code="invalid_value",
+        )
 
 
 def _item(parsed: InputItem, param: str, calls: dict[str, ToolCall]) -> Item | None:

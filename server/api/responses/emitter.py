@@ -3,7 +3,10 @@
 One emitter per response owns the sequence numbers, output indexes, content indexes and item
 ids. Each harmony message becomes one output item: the code that opens it emits
 `output_item.added` (and `content_part.added`), the code that closes it emits the `.done` event,
-`content_part.done` and `output_item.done`; items follow one another strictly. The stream ends
+`content_part.done` and `output_item.done`; items follow one another strictly. A reasoning item
+shows what the visibility view allows: its raw text as a `reasoning_text` content part, its
+summary as a `summary_text` part (`reasoning_summary_part.added ... .done`) after the content,
+before `output_item.done`; it is not emitted at all when nothing may be shown. The stream ends
 with exactly one terminal event built from the generation's `Finished` event. The non-streaming
 body is `fold()` of the very same events.
 """
@@ -12,32 +15,35 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Literal
 
 from server.api.common import new_id, now
 from server.api.responses.adapter import CallShape, call_shape, custom_input
+from server.api.responses.items import (
+    ID_PREFIXES,
+    ItemKind,
+    OpenItem,
+    empty_part,
+    output_item,
+    summary_done,
+    summary_part_added,
+    summary_text_delta,
+    usage_out,
+)
 from server.api.responses.schemas import (
     ContentPartAdded,
     ContentPartDone,
     CustomToolCallInputDelta,
     CustomToolCallInputDone,
-    CustomToolCallItem,
     FunctionCallArgumentsDelta,
     FunctionCallArgumentsDone,
-    FunctionCallItem,
     IncompleteDetails,
-    InputTokensDetails,
     ItemStatus,
-    MessageItem,
     OutputItem,
     OutputItemAdded,
     OutputItemDone,
     OutputTextDelta,
     OutputTextDone,
     OutputTextPart,
-    OutputTokensDetails,
-    ReasoningItem,
     ReasoningTextDelta,
     ReasoningTextDone,
     ReasoningTextPart,
@@ -62,37 +68,16 @@ from server.events import (
     SegmentEnd,
     SegmentKind,
     SegmentStart,
-    Usage,
+    SummaryDelta,
+    SummaryEnd,
+    SummaryStart,
 )
+from server.summaries import ReasoningView
 from server.transcript import ToolSpec
 
 log = logging.getLogger(__name__)
 
-ItemKind = Literal["reasoning", "message", "function_call", "custom_tool_call"]
-_ID_PREFIXES: dict[ItemKind, str] = {
-    "reasoning": "rs_",
-    "message": "msg_",
-    "function_call": "fc_",
-    "custom_tool_call": "ctc_",
-}
-
-
-@dataclass
-class _OpenItem:
-    """The item being streamed: what it is, where it sits, and its text so far."""
-
-    kind: ItemKind
-    id: str
-    output_index: int
-    segment: int
-    phase: Literal["commentary", "final_answer"] = "final_answer"
-    call_id: str = ""
-    shape: CallShape | None = None
-    parts: list[str] = field(default_factory=list)
-
-    @property
-    def text(self) -> str:
-        return "".join(self.parts)
+RAW = ReasoningView(raw=True, summary=None)
 
 
 class ResponsesEmitter:
@@ -103,18 +88,26 @@ class ResponsesEmitter:
         base: ResponseObject,
         tools: Sequence[ToolSpec] = (),
         new_item_id: Callable[[str], str] = new_id,
+        *,
+        view: ReasoningView = RAW,
     ) -> None:
         self._base = base
         self._tools = tuple(tools)
         self._new_item_id = new_item_id
+        self._view = view
         self._sequence = 0
         self._output: list[OutputItem] = []
-        self._open: _OpenItem | None = None
+        self._open: OpenItem | None = None
         self.terminal: TerminalEvent | None = None
 
     @property
     def response_id(self) -> str:
         return self._base.id
+
+    @property
+    def summaries(self) -> bool:
+        """Whether each reasoning item waits for a summary before it closes."""
+        return self._view.summary is not None
 
     def start(self) -> list[StreamEvent]:
         """`response.created` and `response.in_progress`: the first two events."""
@@ -133,24 +126,30 @@ class ResponsesEmitter:
     def feed(self, event: GenerationEvent) -> list[StreamEvent]:
         if self.terminal is not None:
             return []
+        if isinstance(event, DecodeWarning):
+            # the unparsed text is not logged: it can be chain of thought
+            log.info("response %s: %s (%d tokens)", self._base.id, event.message, len(event.tokens))
+            return []
+        if isinstance(event, Finished):
+            return [*self._close_open(), self._finish(event)]
+        if isinstance(event, (SummaryStart, SummaryDelta, SummaryEnd)):
+            return self._summary(event)
+        return self._segment(event)
+
+    def _segment(self, event: SegmentStart | SegmentDelta | SegmentEnd) -> list[StreamEvent]:
+        if event.kind is SegmentKind.REASONING and not self._view.any:
+            return []  # no reasoning item at all
         if isinstance(event, SegmentStart):
             return [*self._close_open(), *self._open_item(event)]
-        if isinstance(event, SegmentDelta):
-            return self._delta(event)
-        if isinstance(event, SegmentEnd):
-            return self._close_open(event)
-        if isinstance(event, DecodeWarning):
-            log.warning("response %s: %s (%r)", self._base.id, event.message, event.text[:200])
-            return []
-        return [*self._close_open(), self._finish(event)]
+        return self._delta(event) if isinstance(event, SegmentDelta) else self._end(event)
 
     # -------------------------------------------------------------------------- opening
 
     def _open_item(self, start: SegmentStart) -> list[StreamEvent]:
         kind, shape = self._kind_of(start)
-        item = _OpenItem(
+        item = OpenItem(
             kind=kind,
-            id=self._new_item_id(_ID_PREFIXES[kind]),
+            id=self._new_item_id(ID_PREFIXES[kind]),
             output_index=len(self._output),
             segment=start.index,
             phase="commentary" if start.kind is SegmentKind.PREAMBLE else "final_answer",
@@ -162,10 +161,10 @@ class ResponsesEmitter:
             OutputItemAdded(
                 sequence_number=self._next(),
                 output_index=item.output_index,
-                item=self._item(item, "in_progress", ""),
+                item=output_item(item, "in_progress", "", raw=self._view.raw),
             )
         ]
-        part = _empty_part(kind)
+        part = empty_part(kind, self._view.raw)
         if part is not None:
             added.append(
                 ContentPartAdded(
@@ -192,6 +191,8 @@ class ResponsesEmitter:
         item = self._open
         if item is None or item.segment != event.index or not event.text:
             return []
+        if item.kind == "reasoning" and not self._view.raw:
+            return []  # the raw chain of thought is not shown
         item.parts.append(event.text)
         if item.kind == "custom_tool_call":
             return []  # the raw input is known once the whole call is written (see _close_open)
@@ -225,26 +226,58 @@ class ResponsesEmitter:
             )
         ]
 
+    # -------------------------------------------------------------------------- summaries
+
+    def _summary(self, event: SummaryStart | SummaryDelta | SummaryEnd) -> list[StreamEvent]:
+        """The summary part of the reasoning item that waits for it (see `_end`)."""
+        item = self._open
+        if item is None or item.ended is None or item.segment != event.segment:
+            return []
+        if isinstance(event, SummaryStart):
+            if item.summary is not None:
+                return []  # one summary part per item
+            item.summary = []
+            return [summary_part_added(item, self._next())]
+        if item.summary is None:
+            return []
+        if isinstance(event, SummaryEnd):
+            item.summary_complete = event.complete
+            return self._close_open()
+        item.summary.append(event.text)
+        return [summary_text_delta(item, self._next(), event.text)] if event.text else []
+
     # -------------------------------------------------------------------------- closing
+
+    def _end(self, end: SegmentEnd) -> list[StreamEvent]:
+        """A segment ended; a reasoning item stays open for its summary when one follows."""
+        item = self._open
+        if item is None or end.index != item.segment:
+            return []
+        if item.kind != "reasoning" or not self.summaries:
+            return self._close_open(end)
+        item.ended = end
+        return self._done_events(item, item.text)
 
     def _close_open(self, end: SegmentEnd | None = None) -> list[StreamEvent]:
         item = self._open
         if item is None or (end is not None and end.index != item.segment):
             return []
         self._open = None
+        end = end or item.ended
         status: ItemStatus = "completed" if end is not None and end.complete else "incomplete"
         text = item.text
         if item.kind == "custom_tool_call":
             text = custom_input(text)
-        events = self._done_events(item, text)
-        done = self._item(item, status, text)
+        events = self._done_events(item, text) if item.ended is None else []
+        events += summary_done(item, self._next) if item.summary is not None else []
+        done = output_item(item, status, text, raw=self._view.raw)
         self._output.append(done)
         events.append(
             OutputItemDone(sequence_number=self._next(), output_index=item.output_index, item=done)
         )
         return events
 
-    def _done_events(self, item: _OpenItem, text: str) -> list[StreamEvent]:
+    def _done_events(self, item: OpenItem, text: str) -> list[StreamEvent]:
         item_id, index = item.id, item.output_index
         if item.kind == "function_call":
             name = item.shape.name if item.shape else ""
@@ -276,6 +309,8 @@ class ResponsesEmitter:
             return events
         part: ReasoningTextPart | OutputTextPart
         text_done: StreamEvent
+        if item.kind == "reasoning" and not self._view.raw:
+            return []  # no content part was opened
         if item.kind == "reasoning":
             part = ReasoningTextPart(text=text)
             text_done = ReasoningTextDone(
@@ -303,39 +338,11 @@ class ResponsesEmitter:
         )
         return [text_done, part_done]
 
-    def _item(self, item: _OpenItem, status: ItemStatus, text: str) -> OutputItem:
-        """The item as `output_item.added` (empty, in progress) or `.done` (final) shows it."""
-        final = status != "in_progress"
-        if item.kind == "reasoning":
-            content = [ReasoningTextPart(text=text)] if final else []
-            return ReasoningItem(id=item.id, content=content, status=status)
-        if item.kind == "message":
-            parts = [OutputTextPart(text=text)] if final else []
-            return MessageItem(id=item.id, status=status, content=parts, phase=item.phase)
-        shape = item.shape or CallShape("function", "", None)
-        if item.kind == "custom_tool_call":
-            return CustomToolCallItem(
-                id=item.id,
-                call_id=item.call_id,
-                name=shape.name,
-                namespace=shape.namespace,
-                input=text,
-                status=status,
-            )
-        return FunctionCallItem(
-            id=item.id,
-            call_id=item.call_id,
-            name=shape.name,
-            namespace=shape.namespace,
-            arguments=text,
-            status=status,
-        )
-
     # -------------------------------------------------------------------------- the end
 
     def _finish(self, finished: Finished) -> TerminalEvent:
         sequence = self._next()
-        usage = usage_out(finished.usage)
+        usage = usage_out(finished.usage, finished.summaries)
         reason = finished.reason
         terminal: TerminalEvent
         if reason in (FinishReason.STOP, FinishReason.TOOL_CALL):
@@ -369,24 +376,6 @@ class ResponsesEmitter:
         sequence = self._sequence
         self._sequence += 1
         return sequence
-
-
-def _empty_part(kind: ItemKind) -> ReasoningTextPart | OutputTextPart | None:
-    if kind == "reasoning":
-        return ReasoningTextPart()
-    if kind == "message":
-        return OutputTextPart()
-    return None
-
-
-def usage_out(usage: Usage) -> ResponseUsage:
-    return ResponseUsage(
-        input_tokens=usage.prompt_tokens,
-        input_tokens_details=InputTokensDetails(cached_tokens=usage.cached_tokens),
-        output_tokens=usage.completion_tokens,
-        output_tokens_details=OutputTokensDetails(reasoning_tokens=usage.reasoning_tokens),
-        total_tokens=usage.total_tokens,
-    )
 
 
 def fold(events: Sequence[StreamEvent]) -> ResponseObject:

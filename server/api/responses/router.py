@@ -17,7 +17,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from server.api.common import new_id, now
-from server.api.responses.adapter import Plan, output_items, plan
+from server.api.disconnect import ClientGone, consume_while_connected
+from server.api.responses.adapter import Plan, output_items, plan, requested_summary
 from server.api.responses.emitter import ResponsesEmitter, fold
 from server.api.responses.schemas import (
     DeletedResponse,
@@ -33,6 +34,7 @@ from server.errors import NotFound, ServerError
 from server.events import SegmentEnd
 from server.generation import Generator
 from server.harmony.render import assistant_start_tokens
+from server.summaries import reasoning_view
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -86,16 +88,22 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     today = datetime.date.today().isoformat()
     date = state.conversation_date(body.prompt_cache_key, earlier, today)
     conversation = earlier.conversation if earlier is not None else ()
-    planned = plan(body, conversation, settings.reasoning_effort, date)
+    shown = reasoning_view(settings.reasoning_visibility, requested_summary(body))
+    planned = plan(body, conversation, settings.reasoning_effort, date, shown.summary)
     prepared = generator.prepare(planned.transcript, planned.options, input_param="input")
     base = _base_response(body, planned, generator, request.app.state.model_name)
-    emitter = ResponsesEmitter(base, planned.transcript.tools)
+    emitter = ResponsesEmitter(base, planned.transcript.tools, view=shown)
     finisher = _Finisher(state, generator, planned, date, store=base.store)
     run = ResponseRun(prepared, emitter, finisher)
     if body.stream:
         stream = _sse(run.events(state.keepalive_s))
         return StreamingResponse(stream, media_type="text/event-stream", headers=SSE_HEADERS)
-    response = fold([event async for event in run.events()])
+    events: list[StreamEvent] = []
+    try:
+        await consume_while_connected(request, run.events(), events.append)
+    except ClientGone:
+        return Response(status_code=499)  # nobody is listening; the generation was cancelled
+    response = fold(events)
     if response.status in ("failed", "cancelled"):
         message = response.error.message if response.error else "generation failed"
         raise ServerError(message)
@@ -148,7 +156,10 @@ def _base_response(
         parallel_tool_calls=body.parallel_tool_calls is not False,
         tool_choice=body.tool_choice or "auto",
         tools=body.tools or [],
-        reasoning={"effort": planned.transcript.reasoning_effort, "summary": None},
+        reasoning={
+            "effort": planned.transcript.reasoning_effort,
+            "summary": planned.options.summary,
+        },
         text={"format": text_format},
         temperature=_pick(body.temperature, generator.defaults.temperature),
         top_p=_pick(body.top_p, generator.defaults.top_p),
@@ -182,6 +193,15 @@ class _Finisher:
                 usage.input_tokens_details.cached_tokens,
                 usage.output_tokens,
                 usage.output_tokens_details.reasoning_tokens,
+            )
+        if usage is not None and usage.summary_usage is not None:
+            spent = usage.summary_usage
+            log.info(
+                "response %s: %d reasoning summaries, %d input tokens, %d output tokens",
+                response.id,
+                spent.summaries,
+                spent.input_tokens,
+                spent.output_tokens,
             )
         if not self.store:
             return

@@ -148,15 +148,23 @@ class OutputTextPart(BaseModel):
     logprobs: list[Any] = Field(default_factory=list)
 
 
+class SummaryTextPart(BaseModel):
+    type: Literal["summary_text"] = "summary_text"
+    text: str = ""
+
+
 ContentPart = Annotated[ReasoningTextPart | OutputTextPart, Field(discriminator="type")]
 
 
 class ReasoningItem(BaseModel):
-    """Raw chain of thought. `summary` is always present: Codex drops the item without it."""
+    """Chain of thought: raw `content` and/or `summary` (as the visibility policy allows).
+
+    `summary` is always present: Codex drops the item without it.
+    """
 
     type: Literal["reasoning"] = "reasoning"
     id: str
-    summary: list[Any] = Field(default_factory=list)
+    summary: list[SummaryTextPart] = Field(default_factory=list)
     content: list[ReasoningTextPart] = Field(default_factory=list)
     encrypted_content: None = None
     status: ItemStatus = "in_progress"
@@ -222,12 +230,31 @@ class OutputTokensDetails(BaseModel):
     reasoning_tokens: int = 0
 
 
+class SummaryUsage(BaseModel):
+    """The reasoning summaries' own tokens (an extension), not counted in the usage above."""
+
+    summaries: int
+    input_tokens: int
+    input_tokens_details: InputTokensDetails
+    output_tokens: int
+    output_tokens_details: OutputTokensDetails
+    total_tokens: int
+
+
 class ResponseUsage(BaseModel):
     input_tokens: int
     input_tokens_details: InputTokensDetails
     output_tokens: int
     output_tokens_details: OutputTokensDetails
     total_tokens: int
+    summary_usage: SummaryUsage | None = None  # only when summaries were asked for
+
+    @model_serializer(mode="wrap")
+    def _without_empty_summary_usage(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)
+        if isinstance(data, dict) and data.get("summary_usage") is None:
+            data.pop("summary_usage", None)
+        return data
 
 
 class ResponseError(BaseModel):
@@ -354,6 +381,31 @@ class ReasoningTextDone(_ItemEvent):
     text: str
 
 
+class ReasoningSummaryPartAdded(_ItemEvent):
+    type: Literal["response.reasoning_summary_part.added"] = "response.reasoning_summary_part.added"
+    summary_index: int
+    part: SummaryTextPart
+
+
+class ReasoningSummaryPartDone(_ItemEvent):
+    type: Literal["response.reasoning_summary_part.done"] = "response.reasoning_summary_part.done"
+    summary_index: int
+    part: SummaryTextPart
+    status: Literal["incomplete"] | None = None  # the summary was cut short
+
+
+class ReasoningSummaryTextDelta(_ItemEvent):
+    type: Literal["response.reasoning_summary_text.delta"] = "response.reasoning_summary_text.delta"
+    summary_index: int
+    delta: str
+
+
+class ReasoningSummaryTextDone(_ItemEvent):
+    type: Literal["response.reasoning_summary_text.done"] = "response.reasoning_summary_text.done"
+    summary_index: int
+    text: str
+
+
 class FunctionCallArgumentsDelta(_ItemEvent):
     type: Literal["response.function_call_arguments.delta"] = (
         "response.function_call_arguments.delta"
@@ -393,6 +445,10 @@ StreamEvent = Annotated[
     | OutputTextDone
     | ReasoningTextDelta
     | ReasoningTextDone
+    | ReasoningSummaryPartAdded
+    | ReasoningSummaryPartDone
+    | ReasoningSummaryTextDelta
+    | ReasoningSummaryTextDone
     | FunctionCallArgumentsDelta
     | FunctionCallArgumentsDone
     | CustomToolCallInputDelta

@@ -2,8 +2,10 @@
 
 `with_keepalive` waits for the next generation event in a task, so that a long wait (the prompt
 being evaluated, the engine busy with another request) can be bridged by real events without
-cancelling the generation. `ResponseRun` drives the emitter and hands the finished response to
-a callback (store, logging) before the terminal event leaves.
+cancelling the generation. `SequentialItems` holds back what the generation already wrote after
+a reasoning segment until that segment's summary is done, so that items stay strictly one after
+the other. `ResponseRun` drives the emitter and hands the finished response to a callback
+(store, logging) before the terminal event leaves.
 """
 
 from __future__ import annotations
@@ -16,7 +18,16 @@ from typing import Any, Protocol, TypeVar
 
 from server.api.responses.emitter import ResponsesEmitter
 from server.api.responses.schemas import ResponseObject, StreamEvent
-from server.events import Finished, FinishReason, GenerationEvent, SegmentEnd
+from server.events import (
+    Finished,
+    FinishReason,
+    GenerationEvent,
+    SegmentEnd,
+    SegmentKind,
+    SummaryDelta,
+    SummaryEnd,
+    SummaryStart,
+)
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +92,44 @@ async def _aclose(events: AsyncIterator[Any]) -> None:
         await aclose()
 
 
+class SequentialItems:
+    """Events in item order: after a reasoning segment, its summary before anything else.
+
+    A summary arrives after its segment ended, while the generation goes on with the next
+    message; those later events wait here until `SummaryEnd` of the segment, then follow in
+    their order. Summary runs come one at a time (server.summaries), so one gate suffices.
+    """
+
+    def __init__(self, summaries: bool) -> None:
+        self._summaries = summaries
+        self._waiting: int | None = None  # the reasoning segment whose summary is awaited
+        self._held: list[GenerationEvent] = []
+
+    def feed(self, event: GenerationEvent) -> list[GenerationEvent]:
+        if not self._summaries:
+            return [event]
+        if isinstance(event, Finished):  # last by contract; never held back
+            self._waiting, held, self._held = None, self._held, []
+            return [*held, event]
+        if self._waiting is None:
+            if isinstance(event, SegmentEnd) and event.kind is SegmentKind.REASONING:
+                self._waiting = event.index
+            return [event]
+        if (
+            not isinstance(event, (SummaryStart, SummaryDelta, SummaryEnd))
+            or event.segment != self._waiting
+        ):
+            self._held.append(event)
+            return []
+        if not isinstance(event, SummaryEnd):
+            return [event]
+        self._waiting, held, self._held = None, self._held, []
+        out: list[GenerationEvent] = [event]
+        for later in held:
+            out += self.feed(later)
+        return out
+
+
 class ResponseRun:
     """A prepared generation and the emitter of its response."""
 
@@ -95,6 +144,7 @@ class ResponseRun:
         for started in emitter.start():
             yield started
         ended: list[SegmentEnd] = []
+        in_order = SequentialItems(emitter.summaries)
         generation: AsyncIterator[GenerationEvent] = self._prepared.events()
         try:
             async with aclosing(with_keepalive(generation, keepalive_s)) as events:
@@ -105,8 +155,9 @@ class ResponseRun:
                         continue
                     if isinstance(event, SegmentEnd):
                         ended.append(event)
-                    for out in await self._feed(event, ended):
-                        yield out
+                    for ordered in in_order.feed(event):
+                        for out in await self._feed(ordered, ended):
+                            yield out
         except Exception as exc:
             log.exception("response %s: generation raised", emitter.response_id)
             failure = Finished(FinishReason.ERROR, error=f"internal error: {type(exc).__name__}")
