@@ -1,0 +1,45 @@
+"""The load test (`python -m scripts.load_test`) on the tiny synthetic GGUF, with small numbers:
+the server runs as a child process, and the report's invariants must all hold."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from scripts.load_test.runner import LoadTestOptions, run_load_test
+
+REQUESTS = 24
+
+
+def test_load_test_invariants(tiny_gguf: Path, tmp_path: Path) -> None:
+    options = LoadTestOptions(
+        model=tiny_gguf,
+        requests=REQUESTS,
+        concurrency=4,
+        max_tokens=12,
+        out=tmp_path,
+        n_ctx=4096,
+        n_threads=2,
+        rss_tolerance=0.25,  # few requests: the allocator's first growth is not a leak
+        startup_timeout_s=120,
+    )
+    report, status = run_load_test(options)
+    summary = report["summary"]
+    failed = [name for name, ok in report["invariants"].items() if not ok]
+    assert not failed, (failed, summary)
+    assert status == 0
+    assert summary["requests"] == REQUESTS
+    assert sum(n for kind in summary["by_kind_and_status"].values() for n in kind.values()) == (
+        REQUESTS
+    )
+    assert summary["status_5xx"] == 0
+    assert summary["streams_cancelled"] >= 1
+    streams_read = summary["streams"] - summary["streams_cancelled"]
+    assert summary["streams_with_terminal_event"] == streams_read
+    assert set(summary["by_kind_and_status"]) == {
+        "chat/json",
+        "chat/stream",
+        "responses/json",
+        "responses/stream",
+    }
+    assert report["rss"]["before_bytes"] > 0
+    assert (tmp_path / "load-test.json").is_file()
