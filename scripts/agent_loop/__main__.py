@@ -29,6 +29,10 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         "--cold", action=argparse.BooleanOptionalAction, default=True,
         help="also re-evaluate every round from scratch (llama-server, cache off)",
     )  # fmt: skip
+    parser.add_argument(
+        "--brief", action="store_true",
+        help="start from ≈1.2k tokens instead of Codex's ≈7.3k (slow machines, e.g. 20b on CPU)",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("agent-loop"))
     parser.add_argument("--seed", type=int, default=0)
     return parser.parse_args(argv)
@@ -49,6 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.rounds,
                 args.tool_output_tokens,
                 args.seed + i,
+                args.brief,
             )
             for i in range(args.conversations)
         ]

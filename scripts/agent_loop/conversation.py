@@ -24,15 +24,27 @@ class Turn:
     follow_up: list[dict[str, Any]]  # items the client appends after the response's output
 
 
-def first_request(conversation: str) -> dict[str, Any]:
-    """Codex's first request of a thread: developer prompt, tools, environment, user message."""
+BRIEF_CHARS = 2000  # of Codex's ≈17k-character developer prompt
+
+
+def first_request(conversation: str, *, brief: bool = False) -> dict[str, Any]:
+    """Codex's first request of a thread: developer prompt, tools, environment, user message.
+
+    `brief`: a start of ≈1.2k instead of ≈7.3k tokens, for machines where prefill is slow:
+    the first 2000 characters of the developer prompt and the exec_command tool only.
+    """
     body = json.loads(CAPTURE.read_text())
     leading = [item for item in body["input"] if item.get("type") == "message"]
     request: dict[str, Any] = copy.deepcopy(body)
     request["input"] = leading
+    if brief:
+        part = leading[0]["content"][0]
+        part["text"] = part["text"][:BRIEF_CHARS]
+        request["tools"] = [t for t in body["tools"] if t.get("name") == "exec_command"]
     request["input"][-1]["content"] = [
         {"type": "input_text", "text": f"{conversation}: read the ten log files and report."}
     ]
+    request["reasoning"].pop("summary", None)  # a summary is a generation apart: not measured here
     request["prompt_cache_key"] = f"agent-loop-{conversation}"
     request["stream"] = True
     return request

@@ -53,11 +53,12 @@ class Conversation:
     rounds: int
     output_tokens: int
     seed: int
+    brief: bool = False
     request: dict[str, Any] = field(init=False)
     pending: Iterator[Turn] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.request = first_request(self.name)
+        self.request = first_request(self.name, brief=self.brief)
         self.pending = turns(self.encoding, self.rounds, self.output_tokens, self.seed)
 
 
