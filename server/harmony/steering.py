@@ -10,6 +10,7 @@ reasoning budget ends the analysis by forcing the next header. A token from outs
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -85,7 +86,23 @@ def plan_steering(
     final_grammar: str | None = None,
     reasoning_budget: int | None = None,
 ) -> SteeringPlan:
-    """The plan for a request offering `recipients` (e.g. "functions.get_weather")."""
+    """The plan for a request offering `recipients` (e.g. "functions.get_weather").
+
+    Plans are immutable (each request walks them with its own HarmonySteering), so requests of
+    the same shape (same tools, tool_choice, grammar, budget) share one: building it encodes
+    every header and costs about as much as rendering the prompt.
+    """
+    return _plan(encoding, tuple(recipients), tool_choice, final_grammar, reasoning_budget)
+
+
+@functools.lru_cache(maxsize=256)
+def _plan(
+    encoding: HarmonyEncoding,
+    recipients: tuple[str, ...],
+    tool_choice: ToolChoice,
+    final_grammar: str | None,
+    reasoning_budget: int | None,
+) -> SteeringPlan:
     offered = _callable(recipients, tool_choice)
     kinds = _allowed_kinds(bool(recipients), tool_choice)
     headers = _headers(encoding, kinds, offered)

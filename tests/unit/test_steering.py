@@ -129,3 +129,21 @@ def test_final_grammar_is_attached_to_the_answer_only(encoding: HarmonyEncoding)
     directive = steering.next()
     assert isinstance(directive, Constrain)
     assert directive.grammar == 'root ::= "{}"'
+
+
+def test_requests_of_one_shape_share_a_plan_and_walk_it_independently(
+    encoding: HarmonyEncoding,
+) -> None:
+    plan = plan_steering(encoding, RECIPIENTS, ToolChoice())
+    assert plan_steering(encoding, list(RECIPIENTS), ToolChoice()) is plan
+    assert plan_steering(encoding, RECIPIENTS[:1], ToolChoice()) is not plan
+    assert plan_steering(encoding, RECIPIENTS, ToolChoice(mode="none")) is not plan
+    first, second = plan.start(), plan.start()
+    for token in tokens(encoding, "<|channel|>final<|message|>"):
+        first.next()
+        first.accept(token)
+    assert isinstance(first.next(), Constrain)
+    assert allowed_texts(encoding, second.next()) == {"<|channel|>", " to"}  # at its start
+    for token in tokens(encoding, "<|channel|>"):
+        second.accept(token)
+    assert allowed_texts(encoding, second.next()) == {"analysis", "final", "comment"}
