@@ -31,7 +31,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     )  # fmt: skip
     parser.add_argument(
         "--brief", action="store_true",
-        help="start from ≈1.2k tokens instead of Codex's ≈7.3k (slow machines, e.g. 20b on CPU)",
+        help="start from ≈1.4k tokens instead of Codex's ≈7.3k (slow machines, e.g. 20b on CPU)",
     )  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("agent-loop"))
     parser.add_argument("--seed", type=int, default=0)

@@ -30,7 +30,7 @@ BRIEF_CHARS = 2000  # of Codex's ≈17k-character developer prompt
 def first_request(conversation: str, *, brief: bool = False) -> dict[str, Any]:
     """Codex's first request of a thread: developer prompt, tools, environment, user message.
 
-    `brief`: a start of ≈1.2k instead of ≈7.3k tokens, for machines where prefill is slow:
+    `brief`: a start of ≈1.4k instead of ≈7.3k tokens, for machines where prefill is slow:
     the first 2000 characters of the developer prompt and the exec_command tool only.
     """
     body = json.loads(CAPTURE.read_text())
