@@ -47,7 +47,7 @@ from typing import Any
 import httpx
 
 from scripts.bench.http_path import free_port
-from scripts.bench.procs import ServerProcess
+from scripts.bench.procs import ServerProcess, serve_command
 from scripts.bench.sse import stream_events
 
 PROMPT = "Explain in two sentences why the sky is blue."
@@ -156,15 +156,12 @@ def delta(on: dict[str, float | None], off: dict[str, float | None]) -> dict[str
 
 
 def server_command(args: argparse.Namespace, port: int) -> list[str]:
-    return [
-        sys.executable, "-m", "server", "serve",
-        "--model", str(args.model),
-        "--host", "127.0.0.1",
-        "--port", str(port),
+    return serve_command(
+        args.model, port,
         "--n-ctx", str(args.n_ctx),
         "--summary-max-tokens", str(args.summary_max_tokens),
         "--log-level", "info",  # the log has each request's summary decode and wait times
-    ]  # fmt: skip
+    )  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import socket
-import sys
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -27,7 +26,7 @@ import httpx
 
 from scripts.bench.machine import OtherLoad
 from scripts.bench.plan import BenchError, Measurement, PathRun, Plan, Step, pp_label, tg_label
-from scripts.bench.procs import ServerProcess
+from scripts.bench.procs import ServerProcess, serve_command
 from scripts.bench.prompts import WordPrompts
 from scripts.bench.sse import stream_events
 from server.config import default_cache_dir
@@ -47,11 +46,8 @@ def free_port() -> int:
 
 
 def server_command(plan: Plan, port: int) -> list[str]:
-    return [
-        sys.executable, "-m", "server", "serve",
-        "--model", str(plan.model_path),
-        "--host", "127.0.0.1",
-        "--port", str(port),
+    return serve_command(
+        plan.model_path, port,
         "--n-ctx", str(plan.n_ctx),
         "--n-slots", str(plan.n_slots),
         "--n-threads", str(plan.n_threads),
@@ -60,7 +56,7 @@ def server_command(plan: Plan, port: int) -> list[str]:
         "--flash-attn", plan.flash_attn,
         "--use-mmap" if plan.use_mmap else "--no-use-mmap",
         "--log-level", "warning",
-    ]  # fmt: skip
+    )  # fmt: skip
 
 
 @dataclass

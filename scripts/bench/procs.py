@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +55,12 @@ def run_to_end(command: list[str], log_path: Path) -> ChildResult:
         ended = _reap(proc, block=True)
     assert ended is not None
     return ChildResult(ended, stdout, load.cores(ended.cpu_s))
+
+
+def serve_command(model: Path | str, port: int, *options: str) -> list[str]:
+    """`gpt-oss-server serve` on 127.0.0.1:`port` in this interpreter, with further flags."""
+    return [sys.executable, "-m", "server", "serve", "--model", str(model),
+            "--host", "127.0.0.1", "--port", str(port), *options]  # fmt: skip
 
 
 def log_tail(log_path: Path, n_chars: int = 2000) -> str:

@@ -9,7 +9,6 @@ import logging
 import math
 import re
 import statistics
-import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -21,7 +20,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from scripts.bench.http_path import free_port
-from scripts.bench.procs import ServerProcess
+from scripts.bench.procs import ServerProcess, serve_command
 from scripts.load_test.client import Outcome, send
 from scripts.load_test.mix import PATHS, plan_requests, warmup_requests
 
@@ -53,17 +52,14 @@ class LoadTestOptions:
 
 
 def server_command(options: LoadTestOptions, port: int) -> list[str]:
-    command = [
-        sys.executable, "-m", "server", "serve",
-        "--model", str(options.model),
-        "--host", "127.0.0.1",
-        "--port", str(port),
+    command = serve_command(
+        options.model, port,
         "--n-ctx", str(options.n_ctx),
         "--n-slots", str(options.n_slots),
         "--max-waiting", str(options.max_waiting),
         "--responses-store-path", str(options.out / "responses.sqlite"),
         "--log-level", "warning",
-    ]  # fmt: skip
+    )  # fmt: skip
     if options.n_threads is not None:
         command += ["--n-threads", str(options.n_threads)]
     return command
