@@ -46,9 +46,9 @@ from typing import Any
 
 import httpx
 
-from scripts.bench.http_path import free_port
-from scripts.bench.procs import ServerProcess, serve_command
-from scripts.bench.sse import stream_events
+from server.bench.http_path import free_port
+from server.bench.procs import ServerProcess, serve_command
+from server.bench.sse import stream_events
 
 PROMPT = "Explain in two sentences why the sky is blue."
 TERMINALS = ("response.completed", "response.incomplete", "response.failed")

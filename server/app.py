@@ -20,12 +20,12 @@ from server.api.models import health_router
 from server.api.models import router as models_router
 from server.api.responses.router import ResponsesState
 from server.api.responses.router import router as responses_router
-from server.config import Settings
-from server.generation import Generator, SamplingDefaults
+from server.core.generation import Generator, SamplingDefaults
+from server.core.history import History
+from server.core.summaries import SummaryConfig
 from server.harmony.render import assistant_start_tokens
-from server.history import History
-from server.runtime import Runtime, load_runtime
-from server.summaries import SummaryConfig
+from server.ops.config import Settings
+from server.ops.runtime import Runtime, load_runtime
 
 
 def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:

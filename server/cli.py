@@ -1,4 +1,4 @@
-"""The `gpt-oss-server` command: serve, download, codex-config, bench."""
+"""The `gpt-oss-server` command: serve, download, codex-config, bench, synth."""
 
 from __future__ import annotations
 
@@ -17,14 +17,14 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from server import codex_config
 from server.app import create_app
-from server.bench import BenchOptions
-from server.config import Settings
-from server.errors import StartupError
-from server.model_source import resolve_model
-from server.runtime import Runtime, load_runtime
-from server.serving import banner, serve
+from server.bench.options import BenchOptions
+from server.contracts.errors import StartupError
+from server.ops import codex_config
+from server.ops.config import Settings
+from server.ops.model_source import resolve_model
+from server.ops.runtime import Runtime, load_runtime
+from server.ops.serving import banner, serve
 
 log = logging.getLogger("gpt_oss_server")
 
@@ -40,7 +40,7 @@ class Serve(Settings):
             log.error("%s", exc)
             sys.exit(1)
         app = create_app(self, runtime)
-        try:  # graceful shutdown on SIGTERM / Ctrl-C: see server/serving.py
+        try:  # graceful shutdown on SIGTERM / Ctrl-C: see server/ops/serving.py
             serve(app, self, runtime, on_started=lambda: print_banner(self, runtime))
         finally:
             runtime.close()
@@ -119,6 +119,24 @@ class CodexConfig(BaseModel):
         log.info("Codex uses it when started with CODEX_HOME=%s (or as ~/.codex)", home)
 
 
+class Synth(BaseModel):
+    """Write a synthetic gpt-oss GGUF: the real vocabulary and architecture, random weights."""
+
+    preset: Literal["tiny", "20b"] = Field(
+        description="tiny: a few tens of MB, for tests; 20b: gpt-oss-20b's exact shapes and "
+        "tensor types (about 12 GB), for honest speed benchmarks."
+    )
+    out: Path = Field(description="Where to write the .gguf file (atomically).")
+    seed: int = Field(0, description="Seed of the random weights.")
+
+    def cli_cmd(self) -> None:
+        from server.testing.synthetic_gguf import build_gguf
+
+        configure_logging("info")
+        path = build_gguf(self.preset, self.out, self.seed)
+        log.info("wrote %s (%d bytes)", path, path.stat().st_size)
+
+
 class Command(BaseSettings):
     """gpt-oss-server: run OpenAI's gpt-oss models locally behind an OpenAI-compatible API."""
 
@@ -130,6 +148,7 @@ class Command(BaseSettings):
     download: CliSubCommand[Download] = Field(description=Download.__doc__)
     codex_config: CliSubCommand[CodexConfig] = Field(description=CodexConfig.__doc__)
     bench: CliSubCommand[BenchOptions] = Field(description=BenchOptions.__doc__)
+    synth: CliSubCommand[Synth] = Field(description=Synth.__doc__)
 
     def cli_cmd(self) -> None:
         CliApp.run_subcommand(self)

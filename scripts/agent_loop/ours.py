@@ -16,15 +16,15 @@ import uvicorn
 from openai_harmony import HarmonyEncoding
 
 from scripts.agent_loop.conversation import Turn, first_request, next_input, turns
-from scripts.bench.http_path import free_port
 from server.app import create_app
-from server.config import Settings
+from server.bench.http_path import free_port
 from server.engine.base import EngineConfig
+from server.engine.gguf_meta import vocabulary_bytes
 from server.engine.llama import LlamaEngine
-from server.gguf_meta import vocabulary_bytes
 from server.harmony.encoding import load_encoding
-from server.runtime import Runtime
-from tests.support.forced import ForcedScript
+from server.ops.config import Settings
+from server.ops.runtime import Runtime
+from server.testing.forced import ForcedScript
 
 
 @dataclass

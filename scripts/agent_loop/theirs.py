@@ -8,9 +8,9 @@ from pathlib import Path
 
 import httpx
 
-from scripts.bench.http_path import free_port
-from scripts.bench.llama_bench import llama_binary
-from scripts.bench.procs import ServerProcess
+from server.bench.http_path import free_port
+from server.bench.llama_bench import llama_binary
+from server.bench.procs import ServerProcess
 
 
 @dataclass

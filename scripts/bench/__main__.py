@@ -1,28 +1,6 @@
-"""`python -m scripts.bench --model PATH [...]`: the same benchmark as `gpt-oss-server bench`."""
+"""`python -m scripts.bench`: the same benchmark as `gpt-oss-server bench` (server/bench/)."""
 
-from __future__ import annotations
-
-import sys
-
-from pydantic_settings import BaseSettings, CliApp, SettingsConfigDict
-
-from server.bench import BenchOptions
-
-
-class BenchCommand(BaseSettings, BenchOptions):
-    """Prefill and decode tokens/s, time to first token and peak memory, side by side."""
-
-    model_config = SettingsConfigDict(
-        env_prefix="GPT_OSS_BENCH_",
-        cli_prog_name="python -m scripts.bench",
-        cli_kebab_case=True,
-        cli_implicit_flags=True,
-    )
-
-
-def main(argv: list[str] | None = None) -> None:
-    CliApp.run(BenchCommand, cli_args=sys.argv[1:] if argv is None else argv)
-
+from server.bench.__main__ import main
 
 if __name__ == "__main__":
     main()

@@ -36,16 +36,16 @@ from typing import Any
 
 import httpx
 
-from scripts.bench import http_path, llama_server
-from scripts.bench.machine import OtherLoad, machine_info, wait_for_memory
-from scripts.bench.plan import CTX_MARGIN, BenchError, Plan, default_threads
-from scripts.bench.procs import ServerProcess
-from scripts.bench.prompts import WordPrompts, random_tokens
-from scripts.bench.runner import versions
-from scripts.bench.sse import stream_events
-from server.config import default_cache_dir
-from server.gguf_meta import vocabulary_bytes
+from server.bench import http_path, llama_server
+from server.bench.machine import OtherLoad, machine_info, wait_for_memory
+from server.bench.plan import CTX_MARGIN, BenchError, Plan, default_threads
+from server.bench.procs import ServerProcess
+from server.bench.prompts import WordPrompts, random_tokens
+from server.bench.runner import versions
+from server.bench.sse import stream_events
+from server.engine.gguf_meta import vocabulary_bytes
 from server.harmony.encoding import load_encoding
+from server.ops.config import default_cache_dir
 
 log = logging.getLogger(__name__)
 

@@ -1,50 +1,8 @@
-"""`python -m scripts.load_test --model PATH [...]`: run the load test, print the JSON report."""
+"""`python -m scripts.load_test`: the same as `python -m server.bench.load`."""
 
-from __future__ import annotations
-
-import argparse
-import json
-import logging
 import sys
-from collections.abc import Sequence
-from pathlib import Path
 
-from scripts.load_test.runner import LoadTestOptions, run_load_test
-
-
-def parse(argv: Sequence[str] | None) -> LoadTestOptions:
-    parser = argparse.ArgumentParser(prog="python -m scripts.load_test", description=__doc__)
-    parser.add_argument("--model", type=Path, required=True, help="a .gguf file")
-    parser.add_argument("--requests", type=int, default=200)
-    parser.add_argument("--concurrency", type=int, default=8)
-    parser.add_argument("--cancel-fraction", type=float, default=0.2,
-                        help="share of the streams closed mid-stream")  # fmt: skip
-    parser.add_argument("--max-tokens", type=int, default=64,
-                        help="output limit (each request: half of it to it)")  # fmt: skip
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=Path("load-test"),
-                        help="folder for load-test.json, the server log and its store")  # fmt: skip
-    parser.add_argument("--n-slots", type=int, default=4)
-    parser.add_argument("--max-waiting", type=int, default=64)
-    parser.add_argument("--n-ctx", type=int, default=8192)
-    parser.add_argument("--n-threads", type=int, default=None)
-    parser.add_argument("--rss-tolerance", type=float, default=0.05,
-                        help="largest RSS growth over the run, as a fraction")  # fmt: skip
-    args = parser.parse_args(argv)
-    return LoadTestOptions(**vars(args))
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    options = parse(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    report, status = run_load_test(options)
-    print(json.dumps(report, indent=2))
-    failed = [name for name, ok in report["invariants"].items() if not ok]
-    if failed:
-        logging.error("invariants failed: %s", ", ".join(failed))
-    return status
-
+from server.bench.load.__main__ import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -6,8 +6,8 @@ import hmac
 
 from fastapi import Request
 
-from server.config import Settings
-from server.errors import ServerError
+from server.contracts.errors import ServerError
+from server.ops.config import Settings
 
 
 class AuthenticationError(ServerError):

@@ -6,15 +6,15 @@ import time
 import uuid
 from typing import Any, Literal
 
-from server.errors import InvalidRequest
-from server.events import SummaryReport, Timings, Usage
-from server.summaries import SummaryStyle
-from server.transcript import (
+from server.contracts.errors import InvalidRequest
+from server.contracts.events import SummaryReport, Timings, Usage
+from server.contracts.transcript import (
     FUNCTIONS_NAMESPACE,
     ReasoningEffort,
     ResponseFormat,
     ToolChoice,
 )
+from server.core.summaries import SummaryStyle
 
 _EFFORTS: dict[str, ReasoningEffort] = {
     "none": "low",

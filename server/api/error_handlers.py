@@ -9,7 +9,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from server.errors import ServerError, error_envelope
+from server.contracts.errors import ServerError, error_envelope
 
 log = logging.getLogger(__name__)
 

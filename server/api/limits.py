@@ -6,7 +6,7 @@ import json
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from server.errors import error_envelope
+from server.contracts.errors import error_envelope
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

@@ -19,8 +19,8 @@ from prometheus_client import (
 )
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from server.contracts.events import Finished
 from server.engine.base import Engine
-from server.events import Finished
 
 router = APIRouter()
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from server.runtime import Runtime
+from server.ops.runtime import Runtime
 
 router = APIRouter()
 health_router = APIRouter()

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
 
-from server.events import Timings, Usage
+from server.contracts.directives import Steering
+from server.contracts.events import Timings, Usage
 
 TokenChooser = Callable[[int], int]
 """Given the token the sampler picked, returns the token to use instead (tests force scripts)."""
@@ -16,46 +17,6 @@ SamplingHook = Callable[[Sequence[int]], TokenChooser | None]
 """Called at the start of each generation with its prompt; may return a TokenChooser.
 
 The chooser sees only tokens the engine sampled, never tokens a Steering forced."""
-
-
-@dataclass(frozen=True, slots=True)
-class Force:
-    """Emit these tokens next, without sampling."""
-
-    tokens: tuple[int, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Allow:
-    """Sample the next token among these only (small sets: sampled in Python from the logits)."""
-
-    tokens: tuple[int, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Constrain:
-    """Sample with llama.cpp's sampler, never picking `banned`, following `grammar` (GBNF).
-
-    A grammar starts when a directive first names it and follows every token sampled under it.
-    """
-
-    banned: frozenset[int] = frozenset()
-    grammar: str | None = None
-
-
-Directive = Force | Allow | Constrain | None
-
-
-class Steering(Protocol):
-    """Per-generation control of sampling; called on the engine thread, so it must be cheap."""
-
-    def next(self) -> Directive:
-        """What to do for the next token."""
-        ...
-
-    def accept(self, token: int) -> None:
-        """The token that was emitted (sampled, forced, or chosen by a test hook)."""
-        ...
 
 
 @dataclass(frozen=True, slots=True)

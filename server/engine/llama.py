@@ -13,13 +13,13 @@ import queue
 import threading
 from collections.abc import Sequence
 
+from server.contracts.directives import Steering
 from server.engine.base import (
     EngineConfig,
     EngineLoad,
     ModelInfo,
     SamplingHook,
     SamplingParams,
-    Steering,
 )
 from server.engine.channel import TokenChannel
 from server.engine.llama_context import LlamaContext

@@ -19,8 +19,9 @@ from typing import Any
 import llama_cpp.llama_cpp as lc
 import numpy as np
 
+from server.contracts.directives import Constrain
 from server.engine import offload
-from server.engine.base import Constrain, EngineConfig, ModelInfo, SamplingParams
+from server.engine.base import EngineConfig, ModelInfo, SamplingParams
 
 log = logging.getLogger(__name__)
 llama_log = logging.getLogger("llama_cpp")

@@ -22,6 +22,13 @@ from tqdm.auto import tqdm
 from tqdm.std import tqdm as std_tqdm
 
 from server.engine.base import EngineConfig
+from server.engine.gguf_meta import (
+    GGUFFormatError,
+    TensorInfo,
+    read_metadata,
+    read_tensor_infos,
+    split_paths,
+)
 from server.engine.placement import (
     ContextShape,
     GpuMemory,
@@ -31,13 +38,6 @@ from server.engine.placement import (
     PlacementOptions,
     footprint,
     plan_placement,
-)
-from server.gguf_meta import (
-    GGUFFormatError,
-    TensorInfo,
-    read_metadata,
-    read_tensor_infos,
-    split_paths,
 )
 
 log = logging.getLogger(__name__)

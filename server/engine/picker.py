@@ -10,14 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from server.engine.base import (
-    Allow,
-    Constrain,
-    Force,
-    SamplingParams,
-    Steering,
-    TokenChooser,
-)
+from server.contracts.directives import Allow, Constrain, Force, Steering
+from server.engine.base import SamplingParams, TokenChooser
 from server.engine.llama_context import LlamaContext, Sampler
 
 

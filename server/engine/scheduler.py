@@ -16,12 +16,13 @@ from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
 
-from server.engine.base import EngineResult, SamplingHook, SamplingParams, Steering, StopReason
+from server.contracts.directives import Steering
+from server.contracts.events import Timings, Usage
+from server.engine.base import EngineResult, SamplingHook, SamplingParams, StopReason
 from server.engine.channel import TokenChannel
 from server.engine.llama_context import BatchPart, DecodeError, LlamaContext
 from server.engine.picker import TokenPicker
 from server.engine.slots import Placement, Slot, eviction_order, place
-from server.events import Timings, Usage
 
 log = logging.getLogger(__name__)
 

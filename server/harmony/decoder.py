@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from openai_harmony import HarmonyEncoding, HarmonyError, Message, Role, StreamableParser
 
-from server.events import (
+from server.contracts.events import (
     DecoderEvent,
     DecodeWarning,
     SegmentDelta,
@@ -25,11 +25,10 @@ from server.events import (
     SegmentKind,
     SegmentStart,
 )
+from server.harmony.tokens import MESSAGE
+from server.harmony.tokens import MESSAGE_TERMINATORS as TERMINATORS
 
 log = logging.getLogger(__name__)
-
-MESSAGE = 200008  # <|message|>: end of a header
-TERMINATORS = frozenset({200007, 200012, 200002})  # <|end|>, <|call|>, <|return|>
 
 
 def new_call_id() -> str:

@@ -21,13 +21,14 @@ from pathlib import Path
 
 from openai_harmony import HarmonyEncoding, HarmonyEncodingName, load_harmony_encoding
 
-from server.errors import VocabularyNotFound
+from server.contracts.errors import VocabularyNotFound
+from server.harmony.tokens import FIRST_SPECIAL
 
 log = logging.getLogger(__name__)
 
 VOCAB_FILE = "o200k_base.tiktoken"
 VOCAB_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
-N_RANKS = 199998  # o200k_base ranks; the harmony specials follow them
+N_RANKS = FIRST_SPECIAL  # o200k_base ranks; the harmony specials follow them
 ENV_VAR = "TIKTOKEN_ENCODINGS_BASE"
 
 RankSource = Callable[[], Sequence[bytes]]

@@ -27,7 +27,7 @@ from openai_harmony import (
     ToolNamespaceConfig,
 )
 
-from server.transcript import (
+from server.contracts.transcript import (
     FUNCTIONS_NAMESPACE,
     AssistantMessage,
     DeveloperMessage,
@@ -39,9 +39,9 @@ from server.transcript import (
     Transcript,
     UserMessage,
 )
+from server.harmony.tokens import MESSAGE
 
 _NO_AUTO_DROP = RenderConversationConfig(auto_drop_analysis=False)
-MESSAGE = 200008  # <|message|>
 
 # A freeform (custom) tool takes raw text; harmony only knows JSON-argument functions, so the
 # model sees one string parameter and its calls carry {"input": "..."}.

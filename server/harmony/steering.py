@@ -17,21 +17,11 @@ from enum import Enum
 
 from openai_harmony import HarmonyEncoding
 
-from server.engine.base import Allow, Constrain, Directive, Force
-from server.events import SegmentKind
-from server.transcript import ToolChoice
+from server.contracts.directives import Allow, Constrain, Directive, Force
+from server.contracts.events import SegmentKind
+from server.contracts.transcript import ToolChoice
+from server.harmony.tokens import CALL, END, RETURN, SPECIALS, START
 
-FIRST_SPECIAL, N_VOCAB = 199998, 201088
-RETURN, CONSTRAIN, CHANNEL, START, END, MESSAGE, CALL = (
-    200002,
-    200003,
-    200005,
-    200006,
-    200007,
-    200008,
-    200012,
-)
-SPECIALS = frozenset(range(FIRST_SPECIAL, N_VOCAB))
 TERMINATOR = {
     SegmentKind.REASONING: END,
     SegmentKind.PREAMBLE: END,

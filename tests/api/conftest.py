@@ -8,8 +8,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from server.app import create_app
-from server.config import Settings
-from server.runtime import Runtime
+from server.ops.config import Settings
+from server.ops.runtime import Runtime
 
 
 @pytest.fixture(scope="session")

@@ -10,9 +10,9 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai_harmony import HarmonyEncoding
 
 from server.app import create_app
-from server.config import Settings
-from server.runtime import Runtime
-from tests.support.forced import ForcedScript
+from server.ops.config import Settings
+from server.ops.runtime import Runtime
+from server.testing.forced import ForcedScript
 from tests.support.sse import parse_sse
 
 REASON_THEN_ANSWER = (

@@ -13,10 +13,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from server.app import create_app
-from server.config import Settings
-from server.runtime import Runtime
+from server.ops.config import Settings
+from server.ops.runtime import Runtime
+from server.testing.forced import ForcedScript
 from tests.api.test_chat_completions import USER_HI, chunks_of, joined, post, stream
-from tests.support.forced import ForcedScript
 
 TOOLS: list[dict[str, Any]] = [
     {

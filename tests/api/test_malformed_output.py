@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from server.runtime import Runtime
+from server.ops.runtime import Runtime
+from server.testing.forced import ForcedScript
 from tests.support.chat_grammar import ChatStream, check_chat_body, check_chat_stream
-from tests.support.forced import ForcedScript
 from tests.support.responses import MODEL, create, responses_client, stream
 from tests.support.sse import parse_sse
 

@@ -20,10 +20,10 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.responses import ResponseReasoningItem, ResponseReasoningSummaryTextDeltaEvent
 from openai_harmony import HarmonyEncoding
 
-from server.runtime import Runtime
+from server.ops.runtime import Runtime
+from server.testing.forced import ForcedScript
 from tests.support.chat_grammar import check_chat_stream
 from tests.support.event_grammar import check_stream
-from tests.support.forced import ForcedScript
 from tests.support.responses import MODEL, create, responses_client, sse_payloads, stream
 from tests.support.sse import parse_sse
 

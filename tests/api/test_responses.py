@@ -15,8 +15,8 @@ import pytest
 from fastapi.testclient import TestClient
 from openai_harmony import HarmonyEncoding
 
-from server.runtime import Runtime
-from tests.support.forced import ForcedScript
+from server.ops.runtime import Runtime
+from server.testing.forced import ForcedScript
 from tests.support.responses import MODEL, create, responses_client, stream
 
 REASON_THEN_ANSWER = (

@@ -24,10 +24,10 @@ from schemathesis import Case, GenerationMode
 from schemathesis.python import asgi
 
 from server.app import create_app
-from server.config import Settings
 from server.engine.base import EngineConfig
 from server.engine.llama import LlamaEngine
-from server.runtime import Runtime
+from server.ops.config import Settings
+from server.ops.runtime import Runtime
 
 N_POSITIVE, N_NEGATIVE = 100, 150
 SCRIPTS = (

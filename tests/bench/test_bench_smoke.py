@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from scripts.bench.runner import run_bench
-from server.bench import BenchOptions
+from server.bench.options import BenchOptions
+from server.bench.runner import run_bench
 
 PROMPTS = (32, 64)
 GEN = 8

@@ -11,8 +11,8 @@ import pytest
 import uvicorn
 
 from server.app import create_app
-from server.config import Settings
-from server.runtime import Runtime
+from server.ops.config import Settings
+from server.ops.runtime import Runtime
 
 
 def free_port() -> int:

@@ -23,13 +23,13 @@ import pytest
 from openai_harmony import HarmonyEncoding
 
 from server.app import create_app
-from server.codex_config import CodexSetup, served_model, write
-from server.config import Settings
 from server.engine.base import EngineConfig
 from server.engine.llama import LlamaEngine
-from server.runtime import Runtime
+from server.ops.codex_config import CodexSetup, served_model, write
+from server.ops.config import Settings
+from server.ops.runtime import Runtime
+from server.testing.forced import ForcedScript
 from tests.support.event_grammar import CheckedStream
-from tests.support.forced import ForcedScript
 from tests.support.responses import StreamRecorder, check_sse, served
 
 CODEX_VERSION = "0.169.0"

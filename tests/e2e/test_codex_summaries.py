@@ -18,14 +18,14 @@ import pytest
 from openai_harmony import HarmonyEncoding
 
 from server.app import create_app
-from server.codex_config import CodexSetup, write
-from server.config import Settings
 from server.engine.base import EngineConfig
 from server.engine.llama import LlamaEngine
-from server.runtime import Runtime
+from server.ops.codex_config import CodexSetup, write
+from server.ops.config import Settings
+from server.ops.runtime import Runtime
+from server.testing.forced import ForcedScript
 from tests.e2e import test_codex
 from tests.e2e.test_codex import MODEL, N_CTX, SANDBOX, Codex, CodexRun
-from tests.support.forced import ForcedScript
 from tests.support.responses import StreamRecorder, served
 
 codex_binary = test_codex.codex_binary  # the fixture: Codex installed once, version checked

@@ -22,8 +22,8 @@ from typing import Any
 import httpx
 import pytest
 
-from server.config import Settings
-from server.healthcheck import healthy
+from server.ops.config import Settings
+from server.ops.healthcheck import healthy
 from tests.e2e.conftest import free_port
 
 

@@ -14,10 +14,10 @@ import pytest
 import uvicorn
 
 from server.app import create_app
-from server.config import Settings
 from server.engine.base import EngineConfig
 from server.engine.llama import LlamaEngine
-from server.runtime import Runtime
+from server.ops.config import Settings
+from server.ops.runtime import Runtime
 from tests.e2e.conftest import free_port
 
 LONG = {"messages": [{"role": "user", "content": "Go on."}], "max_tokens": 100000, "stream": True}
@@ -70,11 +70,14 @@ def test_full_queue_is_a_429_and_leaving_clients_free_their_sequence(
             httpx.AsyncClient(base_url=base, timeout=60) as client,
             client.stream("POST", "/v1/chat/completions", json=LONG) as running,
         ):
-            lines = running.aiter_lines()
-            while "content" not in await anext(lines) and engine.load.running == 0:
-                pass
+            assert running.status_code == 200
+            # The states the test needs, not a proxy for them: the first request generating,
+            # then the second one admitted and waiting for the only sequence.
+            await asyncio.to_thread(wait_for, lambda: engine.load.running == 1)
             waiting = asyncio.ensure_future(client.post("/v1/chat/completions", json=LONG))
-            await asyncio.to_thread(wait_for, lambda: engine.load.waiting == 1)
+            await asyncio.to_thread(
+                wait_for, lambda: engine.load.running == 1 and engine.load.waiting == 1
+            )
             refused = await client.post("/v1/chat/completions", json=LONG)
             assert refused.status_code == 429
             assert refused.headers["retry-after"] == "2"

@@ -1,11 +1,11 @@
-"""The load test (`python -m scripts.load_test`) on the tiny synthetic GGUF, with small numbers:
+"""The load test (`python -m server.bench.load`) on the tiny synthetic GGUF, with small numbers:
 the server runs as a child process, and the report's invariants must all hold."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from scripts.load_test.runner import LoadTestOptions, run_load_test
+from server.bench.load.runner import LoadTestOptions, run_load_test
 
 REQUESTS = 24
 

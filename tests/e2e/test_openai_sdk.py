@@ -14,8 +14,8 @@ import httpx
 import pytest
 from openai import OpenAI
 
+from server.testing.forced import ForcedScript
 from tests.e2e.conftest import free_port
-from tests.support.forced import ForcedScript
 
 
 @pytest.fixture

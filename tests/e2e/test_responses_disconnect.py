@@ -13,12 +13,12 @@ import pytest
 from openai_harmony import HarmonyEncoding
 
 from server.app import create_app
-from server.config import Settings
 from server.engine.base import EngineConfig
 from server.engine.channel import TokenChannel
 from server.engine.llama import LlamaEngine
-from server.runtime import Runtime
-from tests.support.forced import ForcedScript
+from server.ops.config import Settings
+from server.ops.runtime import Runtime
+from server.testing.forced import ForcedScript
 from tests.support.responses import MODEL, served
 
 

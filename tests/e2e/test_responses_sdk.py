@@ -16,10 +16,10 @@ from openai.types.responses import (
 )
 
 from server.app import create_app
-from server.config import Settings
-from server.runtime import Runtime
+from server.ops.config import Settings
+from server.ops.runtime import Runtime
+from server.testing.forced import ForcedScript
 from tests.support.event_grammar import check_stream
-from tests.support.forced import ForcedScript
 from tests.support.responses import MODEL, served, sse_payloads
 
 REASON_THEN_ANSWER = (

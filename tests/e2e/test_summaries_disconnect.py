@@ -13,10 +13,10 @@ import pytest
 from openai_harmony import HarmonyEncoding
 
 from server.app import create_app
-from server.config import Settings
 from server.engine.base import EngineConfig
 from server.engine.llama import LlamaEngine
-from server.runtime import Runtime
+from server.ops.config import Settings
+from server.ops.runtime import Runtime
 from tests.e2e.test_responses_disconnect import CountingScript
 from tests.support.responses import MODEL, served
 

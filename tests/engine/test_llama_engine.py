@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from openai_harmony import HarmonyEncoding
 
+from server.contracts.transcript import Transcript, UserMessage
 from server.engine.base import EngineConfig, EngineResult, SamplingParams, StopReason
 from server.engine.llama import LlamaEngine
 from server.harmony.render import render
-from server.transcript import Transcript, UserMessage
-from tests.support.forced import ForcedScript
+from server.testing.forced import ForcedScript
 
 STOPS = frozenset({200002, 200012})
 GREEDY = SamplingParams(max_tokens=16, temperature=0.0, stop_tokens=STOPS)

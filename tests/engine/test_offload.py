@@ -17,7 +17,7 @@ from server.engine import offload
 from server.engine.base import EngineConfig
 from server.engine.llama_context import LlamaContext
 from server.engine.placement import ContextShape, expert_patterns
-from server.model_source import resolve_model
+from server.ops.model_source import resolve_model
 from tests.support.split_gguf import split_gguf
 
 

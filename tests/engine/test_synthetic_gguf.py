@@ -15,7 +15,7 @@ import llama_cpp.llama_cpp as llama
 import numpy as np
 import pytest
 
-from scripts import build_synthetic_gguf as builder
+from server.testing import synthetic_gguf as builder
 
 N_VOCAB = 201088
 ORDINARY_TEXTS = [

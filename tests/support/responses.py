@@ -5,8 +5,9 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +16,13 @@ from fastapi.testclient import TestClient
 from openai.types.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from server.api.responses.adapter import generation_options, to_conversation, to_transcript
+from server.api.responses.schemas import ResponsesRequest
 from server.app import create_app
-from server.config import Settings
-from server.runtime import Runtime
+from server.contracts.transcript import Item, Transcript
+from server.core.generation import GenerationOptions
+from server.ops.config import Settings
+from server.ops.runtime import Runtime
 from tests.support.event_grammar import CheckedStream, check_stream
 from tests.support.sse import parse_sse
 
@@ -113,3 +118,22 @@ def create(client: TestClient, **body: Any) -> dict[str, Any]:
     data: dict[str, Any] = response.json()
     Response.model_validate(data)
     return data
+
+
+@dataclass(frozen=True)
+class Translated:
+    """A Responses request in the core's terms, as the router builds it."""
+
+    conversation: tuple[Item, ...]
+    transcript: Transcript
+    options: GenerationOptions
+
+
+def translate(
+    body: dict[str, Any], earlier: Sequence[Item] = (), date: str = "2026-01-02"
+) -> Translated:
+    """The adapter's steps over a request body, in the router's order."""
+    request = ResponsesRequest.model_validate(body)
+    conversation = to_conversation(request, earlier)
+    transcript = to_transcript(request, conversation, "medium", date)
+    return Translated(conversation, transcript, generation_options(request))

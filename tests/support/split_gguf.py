@@ -13,7 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from server.gguf_meta import _read_counts, _skip_metadata  # the header layout, not re-implemented
+from server.engine.gguf_meta import (  # the header layout, not re-implemented
+    _read_counts,
+    _skip_metadata,
+)
 
 UINT16, INT32 = 2, 5
 

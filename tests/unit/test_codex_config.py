@@ -9,7 +9,7 @@ import pytest
 from pydantic_settings import CliApp
 
 from server.cli import Command
-from server.codex_config import (
+from server.ops.codex_config import (
     CONFIG_NAME,
     CodexConfigError,
     CodexSetup,

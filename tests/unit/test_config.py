@@ -9,8 +9,8 @@ from pydantic import ValidationError
 from pydantic_settings import CliApp
 
 from server.cli import Command, Serve, main
-from server.config import Settings
-from server.errors import ConfigFileError
+from server.contracts.errors import ConfigFileError
+from server.ops.config import Settings
 
 
 @pytest.fixture(autouse=True)

@@ -7,7 +7,13 @@ import random
 import pytest
 from openai_harmony import HarmonyEncoding
 
-from server.events import DecodeWarning, SegmentDelta, SegmentEnd, SegmentKind, SegmentStart
+from server.contracts.events import (
+    DecodeWarning,
+    SegmentDelta,
+    SegmentEnd,
+    SegmentKind,
+    SegmentStart,
+)
 from server.harmony.decoder import HarmonyDecoder
 
 Event = SegmentStart | SegmentDelta | SegmentEnd | DecodeWarning

@@ -81,7 +81,7 @@ def test_runtime_runs_as_documented() -> None:
     assert runtime["EXPOSE"] == "8000"
     assert runtime["ENTRYPOINT"] == '["gpt-oss-server"]'
     assert runtime["CMD"] == '["serve"]'
-    assert 'CMD ["python", "-m", "server.healthcheck"]' in runtime["HEALTHCHECK"]
+    assert 'CMD ["python", "-m", "server.ops.healthcheck"]' in runtime["HEALTHCHECK"]
     env = runtime["ENV"]
     assert "GPT_OSS_HOST=0.0.0.0" in env
     assert "GPT_OSS_PORT=8000" in env

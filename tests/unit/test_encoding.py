@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 import server.harmony.encoding as encoding_module
-from server.errors import VocabularyNotFound
-from server.gguf_meta import vocabulary_bytes
+from server.contracts.errors import VocabularyNotFound
+from server.engine.gguf_meta import vocabulary_bytes
 from server.harmony.encoding import ENV_VAR, VOCAB_FILE, VOCAB_SHA256, ensure_vocab_dir
 
 

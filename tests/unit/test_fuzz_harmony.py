@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from openai_harmony import HarmonyEncoding
 
-from server.api.chat.output import ChatTranslator, ChunkFactory, fold
+from server.api.chat.output import ChatEmitter, ChunkFactory, fold
 from server.api.chat.router import _stream as chat_stream
 from server.api.chat.schemas import Delta
 from server.api.responses.adapter import output_items
@@ -36,7 +36,7 @@ from server.api.responses.emitter import fold as fold_response
 from server.api.responses.schemas import ResponseObject
 from server.api.responses.store import item_from_json, item_to_json
 from server.api.responses.streaming import ResponseRun
-from server.events import (
+from server.contracts.events import (
     DecodeWarning,
     Finished,
     FinishReason,
@@ -47,12 +47,12 @@ from server.events import (
     SegmentStart,
     Usage,
 )
-from server.generation import Prepared
+from server.contracts.transcript import ToolSpec
+from server.core.generation import Prepared
+from server.core.stop_strings import StopStrings
+from server.core.tool_names import ToolNames
 from server.harmony.decoder import HarmonyDecoder
 from server.harmony.render import assistant_start_tokens
-from server.stop_strings import StopStrings
-from server.tool_names import ToolNames
-from server.transcript import ToolSpec
 from tests.support.chat_grammar import check_chat_body, check_chat_stream
 from tests.support.event_grammar import check_stream
 from tests.support.sse import parse_sse
@@ -268,7 +268,7 @@ def check_chat(
     factory = ChunkFactory("chatcmpl-fuzz", 1, "gpt-oss-tiny")
 
     async def collect() -> bytes:
-        translator = ChatTranslator(include_reasoning=include_reasoning)
+        translator = ChatEmitter(include_reasoning=include_reasoning)
         prepared = cast(Prepared, _Events(events))
         return b"".join([c async for c in chat_stream(prepared, translator, factory, True)])
 
@@ -277,7 +277,7 @@ def check_chat(
     cancelled = finished.reason is FinishReason.CANCELLED
     streamed = check_chat_stream(payloads, cancelled=cancelled)
     assert (streamed.error is not None) == (finished.reason is FinishReason.ERROR)
-    translator = ChatTranslator(include_reasoning=include_reasoning)
+    translator = ChatEmitter(include_reasoning=include_reasoning)
     deltas: list[Delta] = []
     for event in events:
         deltas.extend(translator.deltas(event))
@@ -295,7 +295,6 @@ def check_responses(
     counter = itertools.count()
     emitter = ResponsesEmitter(
         ResponseObject(id="resp_fuzz", created_at=1, model="gpt-oss-tiny"),
-        TOOLS,
         new_item_id=lambda prefix: f"{prefix}{next(counter)}",
     )
     finished: list[tuple[ResponseObject, list[SegmentEnd]]] = []
@@ -313,7 +312,7 @@ def check_responses(
     assert response.model_dump(mode="json") == checked.terminal["response"]
     ((stored, ended),) = finished  # the store callback ran once, with the terminal response
     assert stored is response
-    items = output_items(ended, TOOLS, assistant_start_tokens(encoding))
+    items = output_items(ended, assistant_start_tokens(encoding))
     for item in items:
         assert item_from_json(json.loads(json.dumps(item_to_json(item)))) == item
 

@@ -4,9 +4,15 @@ from __future__ import annotations
 
 from openai_harmony import HarmonyEncoding
 
-from server.events import SegmentEnd, SegmentKind
-from server.history import History
-from server.transcript import AssistantMessage, Reasoning, ToolCall, Transcript, UserMessage
+from server.contracts.events import SegmentEnd, SegmentKind
+from server.contracts.transcript import (
+    AssistantMessage,
+    Reasoning,
+    ToolCall,
+    Transcript,
+    UserMessage,
+)
+from server.core.history import History
 
 
 def segment(

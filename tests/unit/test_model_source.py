@@ -9,18 +9,18 @@ import gguf
 import huggingface_hub.constants
 import pytest
 
-from scripts.build_synthetic_gguf import PRESETS, tensor_specs
-from server import model_source
 from server.cli import main
-from server.errors import ModelSourceError
-from server.gguf_meta import read_metadata, read_tensor_infos, split_paths, vocabulary_bytes
-from server.model_source import (
+from server.contracts.errors import ModelSourceError
+from server.engine.gguf_meta import read_metadata, read_tensor_infos, split_paths, vocabulary_bytes
+from server.ops import model_source
+from server.ops.model_source import (
     catalog,
     check_gguf,
     find_catalog_entry,
     model_name,
     resolve_model,
 )
+from server.testing.synthetic_gguf import PRESETS, tensor_specs
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 

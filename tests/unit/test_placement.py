@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 
-from scripts.build_synthetic_gguf import PRESETS, Preset, tensor_specs
 from server.engine.offload import model_footprint
 from server.engine.placement import (
     EXPERTS_REGEX,
@@ -27,6 +26,7 @@ from server.engine.placement import (
     kv_bytes,
     plan_placement,
 )
+from server.testing.synthetic_gguf import PRESETS, Preset, tensor_specs
 
 GIB = 1024**3
 N_VOCAB = 201088

@@ -15,8 +15,7 @@ from openai_harmony import (
     ToolDescription,
 )
 
-from server.harmony.render import render, visible_items
-from server.transcript import (
+from server.contracts.transcript import (
     AssistantMessage,
     Reasoning,
     ToolCall,
@@ -25,6 +24,7 @@ from server.transcript import (
     Transcript,
     UserMessage,
 )
+from server.harmony.render import render, visible_items
 
 WEATHER = ToolSpec(
     name="get_weather",

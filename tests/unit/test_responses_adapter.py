@@ -9,19 +9,15 @@ from typing import Any
 import pytest
 
 from server.api.responses.adapter import (
-    CallShape,
-    call_shape,
     custom_arguments,
     custom_input,
     output_items,
-    plan,
     to_items,
     to_tools,
 )
-from server.api.responses.schemas import ResponsesRequest
-from server.errors import InvalidRequest
-from server.events import SegmentEnd, SegmentKind
-from server.transcript import (
+from server.contracts.errors import InvalidRequest
+from server.contracts.events import SegmentEnd, SegmentKind, ToolTarget
+from server.contracts.transcript import (
     AssistantMessage,
     DeveloperMessage,
     Reasoning,
@@ -32,12 +28,13 @@ from server.transcript import (
     ToolSpec,
     UserMessage,
 )
+from tests.support.responses import Translated, translate
 
 FUNCTION = {"type": "function", "name": "f", "parameters": {"type": "object"}}
 
 
-def planned(**body: Any) -> Any:
-    return plan(ResponsesRequest.model_validate(body), (), "medium", "2026-01-02")
+def planned(**body: Any) -> Translated:
+    return translate(body)
 
 
 def test_string_input_is_one_user_message() -> None:
@@ -243,22 +240,6 @@ def test_bad_requests_name_their_param(body: dict[str, Any], param: str) -> None
     assert raised.value.param == param
 
 
-def test_call_shapes() -> None:
-    tools = to_tools(
-        [
-            FUNCTION,
-            {"type": "custom", "name": "apply_patch"},
-            {"type": "namespace", "name": "ns", "tools": [{"type": "custom", "name": "c"}]},
-        ]
-    )
-    assert call_shape("functions.f", tools) == CallShape("function", "f", None)
-    assert call_shape("functions.apply_patch", tools) == CallShape("custom", "apply_patch", None)
-    assert call_shape("ns.c", tools) == CallShape("custom", "c", "ns")
-    assert call_shape("functions.unknown", tools) == CallShape("function", "unknown", None)
-    assert call_shape("container.exec", tools) == CallShape("function", "exec", "container")
-    assert call_shape("python", tools) == CallShape("function", "python", None)
-
-
 @pytest.mark.parametrize(
     ("arguments", "expected"),
     [
@@ -290,12 +271,12 @@ def test_output_items_carry_prompt_ready_tokens() -> None:
             recipient="functions.apply_patch",
             content_type="<|constrain|>json",
             call_id="call_1",
+            target=ToolTarget("apply_patch", kind="custom"),
         ),
         SegmentEnd(2, SegmentKind.FINAL, "A", (200006, 173781, 5, 200002)),
         SegmentEnd(3, SegmentKind.PREAMBLE, "cut", (200006, 173781, 6), complete=False),
     ]
-    tools = to_tools([{"type": "custom", "name": "apply_patch"}])
-    assert output_items(ends, tools, start) == [
+    assert output_items(ends, start) == [
         Reasoning("R", tokens=(200006, 173781, 200005, 1, 200008, 2, 200007)),
         ToolCall(
             "call_1",

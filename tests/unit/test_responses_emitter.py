@@ -10,7 +10,7 @@ import pytest
 
 from server.api.responses.emitter import ResponsesEmitter, fold
 from server.api.responses.schemas import ResponseObject
-from server.events import (
+from server.contracts.events import (
     DecodeWarning,
     Finished,
     FinishReason,
@@ -21,7 +21,8 @@ from server.events import (
     SegmentStart,
     Usage,
 )
-from server.transcript import ToolSpec
+from server.contracts.transcript import ToolSpec
+from server.core.tool_names import ToolNames
 from tests.support.event_grammar import CheckedStream, check_stream
 
 USAGE = Usage(prompt_tokens=100, cached_tokens=60, completion_tokens=20, reasoning_tokens=7)
@@ -57,12 +58,12 @@ def emit(events: Sequence[GenerationEvent], tools: Sequence[ToolSpec] = TOOLS) -
     counter = itertools.count()
     emitter = ResponsesEmitter(
         ResponseObject(id="resp_1", created_at=1, model="m"),
-        tools,
         new_item_id=lambda prefix: f"{prefix}{next(counter)}",
     )
+    names = ToolNames(tools)  # the core gives tool calls their targets
     out = emitter.start()
     for event in events:
-        out += emitter.feed(event)
+        out += emitter.feed(names.to_client(event))
     assert emitter.feed(Finished(FinishReason.STOP)) == []  # nothing after the terminal event
     checked = check_stream([e.model_dump(mode="json") for e in out])
     assert fold(out).model_dump(mode="json") == checked.terminal["response"]
@@ -234,7 +235,7 @@ def test_a_new_segment_closes_an_unfinished_one() -> None:
 
 
 def test_keepalive_events_only_between_items() -> None:
-    emitter = ResponsesEmitter(ResponseObject(id="resp_1", created_at=1, model="m"), TOOLS)
+    emitter = ResponsesEmitter(ResponseObject(id="resp_1", created_at=1, model="m"))
     out = [*emitter.start(), *emitter.keepalive(), *emitter.keepalive()]
     start, delta, end = segment(0, SegmentKind.FINAL, ["Hi"])
     out += emitter.feed(start)

@@ -9,10 +9,9 @@ from typing import Any
 import pytest
 from openai_harmony import HarmonyEncoding
 
-from server.api.responses.adapter import Plan, plan
-from server.api.responses.schemas import ResponsesRequest
+from server.contracts.transcript import ResponseFormat, ToolCall, ToolChoice
 from server.harmony.render import render
-from server.transcript import ResponseFormat, ToolCall, ToolChoice
+from tests.support.responses import Translated, translate
 
 DATA = Path(__file__).parent.parent / "data" / "codex"
 DATE = "2026-11-21"
@@ -24,8 +23,8 @@ def body(name: str) -> dict[str, Any]:
     return data
 
 
-def planned(name: str) -> Plan:
-    return plan(ResponsesRequest.model_validate(body(name)), (), "medium", DATE)
+def planned(name: str) -> Translated:
+    return translate(body(name), date=DATE)
 
 
 def prompt(encoding: HarmonyEncoding, name: str) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from server.api.responses.router import ResponsesState
 from server.api.responses.store import ResponseStore, StoredResponse, item_from_json, item_to_json
-from server.transcript import (
+from server.contracts.transcript import (
     AssistantMessage,
     DeveloperMessage,
     Item,

@@ -9,7 +9,7 @@ from typing import Any
 from server.api.responses.emitter import ResponsesEmitter
 from server.api.responses.schemas import ResponseObject
 from server.api.responses.streaming import ResponseRun, with_keepalive
-from server.events import (
+from server.contracts.events import (
     Finished,
     FinishReason,
     GenerationEvent,

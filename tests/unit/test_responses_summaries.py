@@ -12,7 +12,7 @@ import pytest
 from server.api.responses.emitter import ResponsesEmitter, fold
 from server.api.responses.schemas import ResponseObject
 from server.api.responses.streaming import SequentialItems
-from server.events import (
+from server.contracts.events import (
     Finished,
     FinishReason,
     GenerationEvent,
@@ -26,8 +26,9 @@ from server.events import (
     SummaryStart,
     Usage,
 )
-from server.summaries import ReasoningView
-from server.transcript import ToolSpec
+from server.contracts.transcript import ToolSpec
+from server.core.summaries import ReasoningView
+from server.core.tool_names import ToolNames
 from tests.support.event_grammar import CheckedStream, check_stream
 
 RAW = "SECRET raw chain of thought"
@@ -62,14 +63,14 @@ def emit(events: Sequence[GenerationEvent], view: ReasoningView) -> CheckedStrea
     counter = itertools.count()
     emitter = ResponsesEmitter(
         ResponseObject(id="resp_1", created_at=1, model="m"),
-        TOOLS,
         new_item_id=lambda prefix: f"{prefix}{next(counter)}",
         view=view,
     )
     order = SequentialItems(emitter.summaries)
+    names = ToolNames(TOOLS)  # the core gives tool calls their targets
     out = emitter.start()
     for event in events:
-        for ordered in order.feed(event):
+        for ordered in order.feed(names.to_client(event)):
             out += emitter.feed(ordered)
     checked = check_stream([e.model_dump(mode="json") for e in out])
     assert fold(out).model_dump(mode="json") == checked.terminal["response"]

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from server.config import Settings
 from server.engine.placement import Placement
-from server.healthcheck import client_url
-from server.runtime import Runtime
-from server.serving import banner, exposure_warning
+from server.ops.config import Settings
+from server.ops.healthcheck import client_url
+from server.ops.runtime import Runtime
+from server.ops.serving import banner, exposure_warning
 
 
 def test_client_url_for_each_kind_of_bind_address() -> None:

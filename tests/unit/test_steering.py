@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from openai_harmony import HarmonyEncoding
 
-from server.engine.base import Allow, Constrain, Force
-from server.events import SegmentKind
-from server.harmony.steering import CALL, END, RETURN, SPECIALS, START, plan_steering
-from server.transcript import ToolChoice
+from server.contracts.directives import Allow, Constrain, Force
+from server.contracts.events import SegmentKind
+from server.contracts.transcript import ToolChoice
+from server.harmony.steering import plan_steering
+from server.harmony.tokens import CALL, END, RETURN, SPECIALS, START
 
 RECIPIENTS = ["functions.get_weather", "functions.get_time", "agents.spawn"]
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from server.events import GenerationEvent, SegmentDelta, SegmentEnd, SegmentKind
-from server.stop_strings import StopStrings
+from server.contracts.events import GenerationEvent, SegmentDelta, SegmentEnd, SegmentKind
+from server.core.stop_strings import StopStrings
 
 FINAL = SegmentKind.FINAL
 

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Sequence
 import pytest
 
 from server.api.responses.streaming import SequentialItems
-from server.events import (
+from server.contracts.events import (
     Finished,
     FinishReason,
     GenerationEvent,
@@ -23,15 +23,15 @@ from server.events import (
     Timings,
     Usage,
 )
-from server.summaries import (
+from server.contracts.transcript import UserMessage
+from server.core.summaries import (
     ReasoningView,
     SummaryConfig,
     SummaryMerge,
     SummaryRunner,
-    reasoning_view,
+    resolve_view,
     summary_transcript,
 )
-from server.transcript import UserMessage
 
 REASONING, FINAL = SegmentKind.REASONING, SegmentKind.FINAL
 
@@ -59,7 +59,7 @@ def segment(index: int, kind: SegmentKind, text: str) -> list[GenerationEvent]:
 def test_reasoning_view(
     visibility: str, requested: str | None, exclude: bool, expected: ReasoningView
 ) -> None:
-    assert reasoning_view(visibility, requested, exclude=exclude) == expected  # type: ignore[arg-type]
+    assert resolve_view(visibility, requested, exclude=exclude) == expected  # type: ignore[arg-type]
 
 
 def test_summary_prompt_quotes_only_the_reasoning() -> None:

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-from server.events import SegmentKind, SegmentStart
-from server.tool_names import ToolNames, identifier
-from server.transcript import ToolCall, ToolChoice, ToolResult, ToolSpec, Transcript, UserMessage
+from server.contracts.events import SegmentKind, SegmentStart, ToolTarget
+from server.contracts.transcript import (
+    ToolCall,
+    ToolChoice,
+    ToolResult,
+    ToolSpec,
+    Transcript,
+    UserMessage,
+)
+from server.core.tool_names import ToolNames, identifier
 
 
 def test_identifiers() -> None:
@@ -40,12 +47,29 @@ def test_round_trip_with_collisions() -> None:
     assert isinstance(result, ToolResult)
     assert call.recipient == result.author == "functions.web_search_2"
     for harmony, client in (
-        ("functions.web_search", "functions.web.search"),
-        ("functions.web_search_2", "functions.web-search"),
-        ("my_ns.run", "my-ns.run"),
-        ("functions.unknown", "functions.unknown"),
+        ("functions.web_search", ToolTarget("web.search")),
+        ("functions.web_search_2", ToolTarget("web-search")),
+        ("my_ns.run", ToolTarget("run", "my-ns")),
+        ("functions.unknown", ToolTarget("unknown")),
     ):
         event = SegmentStart(0, SegmentKind.TOOL_CALL, "commentary", harmony)
-        assert names.to_client(event).recipient == client  # type: ignore[union-attr]
+        assert names.to_client(event).target == client  # type: ignore[union-attr]
     choice = names.to_harmony_choice(ToolChoice(mode="named", name="web-search"))
     assert choice.name == "web_search_2"
+
+
+def test_targets_carry_the_kind_and_namespace_of_the_offered_tool() -> None:
+    tools = (
+        ToolSpec("f"),
+        ToolSpec("apply_patch", kind="custom"),
+        ToolSpec("c", namespace="ns", kind="custom"),
+    )
+    names = ToolNames(tools)
+    assert names.target("functions.f") == ToolTarget("f")
+    assert names.target("functions.apply_patch") == ToolTarget("apply_patch", kind="custom")
+    assert names.target("ns.c") == ToolTarget("c", "ns", "custom")
+    assert names.target("functions.unknown") == ToolTarget("unknown")
+    assert names.target("container.exec") == ToolTarget("exec", "container")
+    assert names.target("python") == ToolTarget("python")
+    assert ToolTarget("exec", "container").qualified_name == "container.exec"
+    assert ToolTarget("f").qualified_name == "f"

@@ -1,4 +1,8 @@
-"""Chat Completions request -> the neutral Transcript and GenerationOptions."""
+"""Chat Completions request -> the neutral Transcript and GenerationOptions.
+
+The steps every API adapter has, by the same names: `reasoning_view`, `to_transcript`,
+`generation_options`, and `WIRE_NAMES` for the core's errors.
+"""
 
 from __future__ import annotations
 
@@ -11,10 +15,8 @@ from server.api.common import (
     to_summary_style,
     to_tool_choice,
 )
-from server.errors import InvalidRequest
-from server.generation import GenerationOptions
-from server.summaries import ReasoningView, ReasoningVisibility, SummaryStyle, reasoning_view
-from server.transcript import (
+from server.contracts.errors import InvalidRequest, RequestField
+from server.contracts.transcript import (
     AssistantMessage,
     DeveloperMessage,
     Item,
@@ -26,8 +28,17 @@ from server.transcript import (
     Transcript,
     UserMessage,
 )
+from server.core.generation import GenerationOptions
+from server.core.summaries import ReasoningView, ReasoningVisibility, SummaryStyle, resolve_view
 
 TEXT_PARTS = ("text", "input_text", "output_text")
+WIRE_NAMES = {
+    RequestField.CONVERSATION: "messages",
+    RequestField.MAX_TOKENS: "max_completion_tokens",
+    RequestField.TOOL_CHOICE: "tool_choice",
+    RequestField.RESPONSE_FORMAT: "response_format",
+    RequestField.REASONING: "reasoning",
+}
 
 
 def check_supported(request: ChatCompletionRequest) -> None:
@@ -97,11 +108,13 @@ def include_reasoning(request: ChatCompletionRequest) -> bool:
     return request.include_reasoning is not False
 
 
-def view(request: ChatCompletionRequest, visibility: ReasoningVisibility) -> ReasoningView:
+def reasoning_view(
+    request: ChatCompletionRequest, visibility: ReasoningVisibility
+) -> ReasoningView:
     """What of the reasoning this completion shows: the server's policy, then the request."""
     config = request.reasoning
     summary = to_summary_style(config.summary if config else None, "reasoning.summary")
-    return reasoning_view(visibility, summary, exclude=not include_reasoning(request))
+    return resolve_view(visibility, summary, exclude=not include_reasoning(request))
 
 
 def _tool_spec(tool: ToolIn, index: int) -> ToolSpec:

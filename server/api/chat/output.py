@@ -23,7 +23,7 @@ from server.api.chat.schemas import (
     UsageOut,
 )
 from server.api.common import summary_timings_out, timings_out
-from server.events import (
+from server.contracts.events import (
     DecodeWarning,
     Finished,
     FinishReason,
@@ -36,7 +36,6 @@ from server.events import (
     SummaryStart,
     Usage,
 )
-from server.transcript import FUNCTIONS_NAMESPACE
 
 FINISH_REASONS = {
     FinishReason.STOP: "stop",
@@ -47,16 +46,8 @@ FINISH_REASONS = {
 }
 
 
-def function_name(recipient: str | None) -> str:
-    """`functions.get_weather` -> `get_weather`; other recipients are passed whole."""
-    prefix = FUNCTIONS_NAMESPACE + "."
-    if recipient and recipient.startswith(prefix):
-        return recipient[len(prefix) :]
-    return recipient or ""
-
-
 @dataclass
-class ChatTranslator:
+class ChatEmitter:
     """Turns generation events into chat deltas; remembers how the generation finished.
 
     Several analysis messages become one reasoning text, separated by a newline (their
@@ -98,7 +89,7 @@ class ChatTranslator:
                 index=self._tool_calls,
                 id=event.call_id or "",
                 type="function",
-                function={"name": function_name(event.recipient), "arguments": ""},
+                function={"name": _function_name(event), "arguments": ""},
             )
             self._tool_calls += 1
             return [Delta(tool_calls=[call])]
@@ -202,17 +193,17 @@ class ChunkFactory:
         return chunk
 
 
-def fold(deltas: list[Delta], translator: ChatTranslator, factory: ChunkFactory) -> ChatCompletion:
+def fold(deltas: list[Delta], emitter: ChatEmitter, factory: ChunkFactory) -> ChatCompletion:
     """The non-streaming body: the same deltas, merged."""
     content = "".join(d.get("content", "") for d in deltas)
     reasoning = "".join(d.get("reasoning", "") for d in deltas)
     message = MessageOut(role="assistant", content=content or None)
     if reasoning:
         message["reasoning"] = reasoning
-        if translator.reasoning_content:
+        if emitter.reasoning_content:
             message["reasoning_content"] = reasoning
     details = _merged_details(deltas)
-    if reasoning and translator.include_reasoning:
+    if reasoning and emitter.include_reasoning:
         raw = ReasoningDetailOut(type="reasoning.text", text=reasoning, format="unknown", index=0)
         details.insert(0, raw)
     if details:
@@ -229,12 +220,12 @@ def fold(deltas: list[Delta], translator: ChatTranslator, factory: ChunkFactory)
             {
                 "index": 0,
                 "message": message,
-                "finish_reason": translator.finish_reason,
+                "finish_reason": emitter.finish_reason,
                 "logprobs": None,
             }
         ],
     )
-    finished = translator.finished
+    finished = emitter.finished
     if finished is not None:
         body["usage"] = usage_out(finished.usage, finished.summaries)
         body["timings"] = chat_timings(finished)
@@ -270,3 +261,8 @@ def _merged_tool_calls(deltas: list[Delta]) -> list[ToolCallOut]:
                 calls[-1]["function"]["arguments"] = ""
             calls[fragment["index"]]["function"]["arguments"] += function.get("arguments", "")
     return calls
+
+
+def _function_name(event: SegmentStart) -> str:
+    """The called function's name (`namespace.name` outside the default namespace)."""
+    return event.target.qualified_name if event.target is not None else ""

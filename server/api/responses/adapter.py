@@ -1,5 +1,9 @@
 """Responses request -> Transcript + GenerationOptions, and generated calls -> Responses shapes.
 
+The steps every API adapter has, by the same names: `reasoning_view`, `to_transcript`,
+`generation_options`, and `WIRE_NAMES` for the core's errors; `to_conversation` is this API's
+own (the conversation is stored for previous_response_id).
+
 Input items become transcript items one for one: messages by role, one Reasoning per reasoning
 item that carries raw text (summary-only items carry no chain of thought and are skipped),
 function and custom tool calls, and their outputs. The developer and system messages at the
@@ -13,8 +17,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
@@ -39,12 +42,9 @@ from server.api.responses.schemas import (
     ResponsesRequest,
     ToolOutputIn,
 )
-from server.errors import InvalidRequest
-from server.events import SegmentEnd, SegmentKind
-from server.generation import GenerationOptions
-from server.history import prompt_tokens
-from server.summaries import SummaryStyle
-from server.transcript import (
+from server.contracts.errors import InvalidRequest, RequestField
+from server.contracts.events import SegmentEnd, SegmentKind, ToolTarget
+from server.contracts.transcript import (
     FUNCTIONS_NAMESPACE,
     AssistantChannel,
     AssistantMessage,
@@ -58,6 +58,9 @@ from server.transcript import (
     Transcript,
     UserMessage,
 )
+from server.core.generation import GenerationOptions
+from server.core.history import prompt_tokens
+from server.core.summaries import ReasoningView, ReasoningVisibility, SummaryStyle, resolve_view
 
 log = logging.getLogger(__name__)
 
@@ -86,28 +89,30 @@ USER_PARTS = ("input_text", "text", "output_text")
 REASONING_PARTS = ("reasoning_text", "text")
 
 
-@dataclass(frozen=True)
-class Plan:
-    """What one request asks for: the transcript to render and how to generate."""
+WIRE_NAMES = {
+    RequestField.CONVERSATION: "input",
+    RequestField.MAX_TOKENS: "max_output_tokens",
+    RequestField.TOOL_CHOICE: "tool_choice",
+    RequestField.RESPONSE_FORMAT: "text.format",
+    RequestField.REASONING: "reasoning",
+}
 
-    transcript: Transcript
-    options: GenerationOptions
-    conversation: tuple[Item, ...]  # earlier + input items, leading developer messages included
+
+def to_conversation(request: ResponsesRequest, earlier: Sequence[Item]) -> tuple[Item, ...]:
+    """The `earlier` conversation (of previous_response_id) followed by this request's input.
+
+    Leading developer messages included: this is what is stored with the response.
+    """
+    return (*earlier, *to_items(request.input, earlier))
 
 
-def plan(
+def to_transcript(
     request: ResponsesRequest,
-    earlier: Sequence[Item],
+    conversation: Sequence[Item],
     default_effort: ReasoningEffort,
     date: str,
-    summary: SummaryStyle | None = None,
-) -> Plan:
-    """The transcript (after the `earlier` conversation of previous_response_id) and options.
-
-    `summary`: summarize each reasoning segment in this style (the visibility view decides).
-    """
-    tools = to_tools(request.tools or [])
-    conversation = (*earlier, *to_items(request.input, earlier))
+) -> Transcript:
+    """The transcript of a conversation (see to_conversation) under this request's settings."""
     n_lead = next(
         (i for i, item in enumerate(conversation) if not isinstance(item, DeveloperMessage)),
         len(conversation),
@@ -115,15 +120,14 @@ def plan(
     lead = [item.text for item in conversation[:n_lead] if isinstance(item, DeveloperMessage)]
     instructions = "\n\n".join(text for text in (request.instructions, *lead) if text)
     text_format = request.text.format if request.text else None
-    transcript = Transcript(
-        items=conversation[n_lead:],
+    return Transcript(
+        items=tuple(conversation[n_lead:]),
         instructions=instructions or None,
-        tools=tools,
+        tools=to_tools(request.tools or []),
         reasoning_effort=requested_effort(request) or default_effort,
         conversation_date=date,
         response_format=to_response_format(text_format, "text.format"),
     )
-    return Plan(transcript, generation_options(request, summary), conversation)
 
 
 def requested_effort(request: ResponsesRequest) -> ReasoningEffort | None:
@@ -137,10 +141,11 @@ def requested_effort(request: ResponsesRequest) -> ReasoningEffort | None:
     return None
 
 
-def requested_summary(request: ResponsesRequest) -> SummaryStyle | None:
-    """`reasoning.summary`: auto | concise | detailed, or none / absent (None)."""
+def reasoning_view(request: ResponsesRequest, visibility: ReasoningVisibility) -> ReasoningView:
+    """What of the reasoning this response shows: the server's policy, then `reasoning.summary`
+    (auto | concise | detailed, or none / absent)."""
     summary = request.reasoning.summary if request.reasoning else None
-    return to_summary_style(summary, "reasoning.summary")
+    return resolve_view(visibility, to_summary_style(summary, "reasoning.summary"))
 
 
 def generation_options(
@@ -205,25 +210,6 @@ def _tool_spec(
     return None
 
 
-@dataclass(frozen=True, slots=True)
-class CallShape:
-    """How a call the model addressed to a recipient is returned to the client."""
-
-    kind: Literal["function", "custom"]
-    name: str
-    namespace: str | None  # None: the default `functions` namespace (not sent)
-
-
-def call_shape(recipient: str, tools: Sequence[ToolSpec]) -> CallShape:
-    """`functions.exec_command` -> function exec_command; `ns.f` -> function f in namespace ns."""
-    namespace, dot, name = recipient.partition(".")
-    if not dot or not name:
-        return CallShape("function", recipient, None)
-    spec = next((s for s in tools if s.namespace == namespace and s.name == name), None)
-    kind = spec.kind if spec is not None else "function"
-    return CallShape(kind, name, None if namespace == FUNCTIONS_NAMESPACE else namespace)
-
-
 def custom_input(arguments: str) -> str:
     """The raw input of a custom tool call: `{"input": "..."}` unwrapped, other text as is."""
     try:
@@ -240,9 +226,7 @@ def custom_arguments(raw_input: str) -> str:
     return json.dumps({"input": raw_input}, ensure_ascii=False, separators=(",", ":"))
 
 
-def output_items(
-    ends: Sequence[SegmentEnd], tools: Sequence[ToolSpec], message_start: Sequence[int]
-) -> list[Item]:
+def output_items(ends: Sequence[SegmentEnd], message_start: Sequence[int]) -> list[Item]:
     """The generated messages as transcript items with their exact tokens (for the store).
 
     `message_start` is `<|start|>assistant`, which the first message of a completion lacks
@@ -254,10 +238,11 @@ def output_items(
         if end.kind is SegmentKind.REASONING:
             items.append(Reasoning(end.text, tokens=tokens))
         elif end.kind is SegmentKind.TOOL_CALL:
-            shape = call_shape(end.recipient or "", tools)
-            namespace = shape.namespace or FUNCTIONS_NAMESPACE
+            target = end.target or ToolTarget("")
             call_id = end.call_id or ""
-            call = ToolCall(call_id, shape.name, end.text, namespace, end.content_type, tokens)
+            call = ToolCall(
+                call_id, target.name, end.text, target.namespace, end.content_type, tokens
+            )
             items.append(call)
         else:
             channel: AssistantChannel = (

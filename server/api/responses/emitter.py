@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 from server.api.common import new_id, now
-from server.api.responses.adapter import CallShape, call_shape, custom_input
+from server.api.responses.adapter import custom_input
 from server.api.responses.items import (
     ID_PREFIXES,
     ItemKind,
@@ -59,7 +59,7 @@ from server.api.responses.schemas import (
     StreamEvent,
     TerminalEvent,
 )
-from server.events import (
+from server.contracts.events import (
     DecodeWarning,
     Finished,
     FinishReason,
@@ -71,9 +71,9 @@ from server.events import (
     SummaryDelta,
     SummaryEnd,
     SummaryStart,
+    ToolTarget,
 )
-from server.summaries import ReasoningView
-from server.transcript import ToolSpec
+from server.core.summaries import ReasoningView
 
 log = logging.getLogger(__name__)
 
@@ -86,13 +86,11 @@ class ResponsesEmitter:
     def __init__(
         self,
         base: ResponseObject,
-        tools: Sequence[ToolSpec] = (),
         new_item_id: Callable[[str], str] = new_id,
         *,
         view: ReasoningView = RAW,
     ) -> None:
         self._base = base
-        self._tools = tuple(tools)
         self._new_item_id = new_item_id
         self._view = view
         self._sequence = 0
@@ -146,7 +144,7 @@ class ResponsesEmitter:
     # -------------------------------------------------------------------------- opening
 
     def _open_item(self, start: SegmentStart) -> list[StreamEvent]:
-        kind, shape = self._kind_of(start)
+        kind, target = self._kind_of(start)
         item = OpenItem(
             kind=kind,
             id=self._new_item_id(ID_PREFIXES[kind]),
@@ -154,7 +152,7 @@ class ResponsesEmitter:
             segment=start.index,
             phase="commentary" if start.kind is SegmentKind.PREAMBLE else "final_answer",
             call_id=start.call_id or "",
-            shape=shape,
+            target=target,
         )
         self._open = item
         added: list[StreamEvent] = [
@@ -177,13 +175,13 @@ class ResponsesEmitter:
             )
         return added
 
-    def _kind_of(self, start: SegmentStart) -> tuple[ItemKind, CallShape | None]:
+    def _kind_of(self, start: SegmentStart) -> tuple[ItemKind, ToolTarget | None]:
         if start.kind is SegmentKind.REASONING:
             return "reasoning", None
         if start.kind is not SegmentKind.TOOL_CALL:
             return "message", None
-        shape = call_shape(start.recipient or "", self._tools)
-        return ("custom_tool_call" if shape.kind == "custom" else "function_call"), shape
+        target = start.target or ToolTarget("")
+        return ("custom_tool_call" if target.kind == "custom" else "function_call"), target
 
     # -------------------------------------------------------------------------- streaming
 
@@ -280,7 +278,7 @@ class ResponsesEmitter:
     def _done_events(self, item: OpenItem, text: str) -> list[StreamEvent]:
         item_id, index = item.id, item.output_index
         if item.kind == "function_call":
-            name = item.shape.name if item.shape else ""
+            name = item.target.name if item.target else ""
             return [
                 FunctionCallArgumentsDone(
                     sequence_number=self._next(),

@@ -12,7 +12,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from server.api.responses.adapter import CallShape
 from server.api.responses.schemas import (
     CustomToolCallItem,
     FunctionCallItem,
@@ -33,7 +32,7 @@ from server.api.responses.schemas import (
     SummaryTextPart,
     SummaryUsage,
 )
-from server.events import SegmentEnd, SummaryReport, Usage
+from server.contracts.events import SegmentEnd, SummaryReport, ToolTarget, Usage
 
 ItemKind = Literal["reasoning", "message", "function_call", "custom_tool_call"]
 ID_PREFIXES: dict[ItemKind, str] = {
@@ -54,7 +53,7 @@ class OpenItem:
     segment: int
     phase: Literal["commentary", "final_answer"] = "final_answer"
     call_id: str = ""
-    shape: CallShape | None = None
+    target: ToolTarget | None = None  # tool calls only
     parts: list[str] = field(default_factory=list)
     ended: SegmentEnd | None = None  # reasoning whose content is done, waiting for its summary
     summary: list[str] | None = None  # the summary part's text, once the part is open
@@ -79,21 +78,22 @@ def output_item(item: OpenItem, status: ItemStatus, text: str, *, raw: bool) -> 
     if item.kind == "message":
         parts = [OutputTextPart(text=text)] if final else []
         return MessageItem(id=item.id, status=status, content=parts, phase=item.phase)
-    shape = item.shape or CallShape("function", "", None)
+    target = item.target or ToolTarget("")
+    namespace = None if target.in_default_namespace else target.namespace  # not sent
     if item.kind == "custom_tool_call":
         return CustomToolCallItem(
             id=item.id,
             call_id=item.call_id,
-            name=shape.name,
-            namespace=shape.namespace,
+            name=target.name,
+            namespace=namespace,
             input=text,
             status=status,
         )
     return FunctionCallItem(
         id=item.id,
         call_id=item.call_id,
-        name=shape.name,
-        namespace=shape.namespace,
+        name=target.name,
+        namespace=namespace,
         arguments=text,
         status=status,
     )

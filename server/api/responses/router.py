@@ -18,7 +18,14 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from server.api.common import new_id, now
 from server.api.disconnect import ClientGone, consume_while_connected
-from server.api.responses.adapter import Plan, output_items, plan, requested_summary
+from server.api.responses.adapter import (
+    WIRE_NAMES,
+    generation_options,
+    output_items,
+    reasoning_view,
+    to_conversation,
+    to_transcript,
+)
 from server.api.responses.emitter import ResponsesEmitter, fold
 from server.api.responses.schemas import (
     DeletedResponse,
@@ -29,12 +36,12 @@ from server.api.responses.schemas import (
 from server.api.responses.store import ResponseStore, StoredResponse
 from server.api.responses.streaming import ResponseRun
 from server.api.sse import sse_event
-from server.config import Settings
-from server.errors import NotFound, ServerError
-from server.events import SegmentEnd
-from server.generation import Generator
+from server.contracts.errors import NotFound, ServerError
+from server.contracts.events import SegmentEnd
+from server.contracts.transcript import Item, Transcript
+from server.core.generation import GenerationOptions, Generator
 from server.harmony.render import assistant_start_tokens
-from server.summaries import reasoning_view
+from server.ops.config import Settings
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -87,13 +94,17 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     earlier = await _earlier(state, body.previous_response_id)
     today = datetime.date.today().isoformat()
     date = state.conversation_date(body.prompt_cache_key, earlier, today)
-    conversation = earlier.conversation if earlier is not None else ()
-    shown = reasoning_view(settings.reasoning_visibility, requested_summary(body))
-    planned = plan(body, conversation, settings.reasoning_effort, date, shown.summary)
-    prepared = generator.prepare(planned.transcript, planned.options, input_param="input")
-    base = _base_response(body, planned, generator, request.app.state.model_name)
-    emitter = ResponsesEmitter(base, planned.transcript.tools, view=shown)
-    finisher = _Finisher(state, generator, planned, date, store=base.store)
+    shown = reasoning_view(body, settings.reasoning_visibility)
+    conversation = to_conversation(body, earlier.conversation if earlier is not None else ())
+    transcript = to_transcript(body, conversation, settings.reasoning_effort, date)
+    options = generation_options(body, shown.summary)
+    try:
+        prepared = generator.prepare(transcript, options)
+    except ServerError as exc:
+        raise exc.named(WIRE_NAMES) from None
+    base = _base_response(body, transcript, options, generator, request.app.state.model_name)
+    emitter = ResponsesEmitter(base, view=shown)
+    finisher = _Finisher(state, generator, conversation, date, store=base.store)
     run = ResponseRun(prepared, emitter, finisher)
     if body.stream:
         stream = _sse(run.events(state.keepalive_s))
@@ -141,7 +152,11 @@ def _not_found(response_id: str, param: str | None = None) -> NotFound:
 
 
 def _base_response(
-    body: ResponsesRequest, planned: Plan, generator: Generator, served_name: str
+    body: ResponsesRequest,
+    transcript: Transcript,
+    options: GenerationOptions,
+    generator: Generator,
+    served_name: str,
 ) -> ResponseObject:
     """The Response as it starts: everything the request asked for, echoed back."""
     text_format = body.text.format if body.text and body.text.format else {"type": "text"}
@@ -157,8 +172,8 @@ def _base_response(
         tool_choice=body.tool_choice or "auto",
         tools=body.tools or [],
         reasoning={
-            "effort": planned.transcript.reasoning_effort,
-            "summary": planned.options.summary,
+            "effort": transcript.reasoning_effort,
+            "summary": options.summary,
         },
         text={"format": text_format},
         temperature=_pick(body.temperature, generator.defaults.temperature),
@@ -178,7 +193,7 @@ class _Finisher:
 
     state: ResponsesState
     generator: Generator
-    planned: Plan
+    conversation: tuple[Item, ...]  # what the request asked about, stored with the output
     date: str
     store: bool
 
@@ -206,11 +221,11 @@ class _Finisher:
         if not self.store:
             return
         message_start = assistant_start_tokens(self.generator.encoding)
-        outputs = output_items(ended, self.planned.transcript.tools, message_start)
+        outputs = output_items(ended, message_start)
         record = StoredResponse(
             id=response.id,
             response=response.model_dump(mode="json"),
-            conversation=(*self.planned.conversation, *outputs),
+            conversation=(*self.conversation, *outputs),
             conversation_date=self.date,
         )
         await self.state.store.put(record)

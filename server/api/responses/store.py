@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from server.transcript import (
+from server.contracts.transcript import (
     AssistantMessage,
     DeveloperMessage,
     Item,

@@ -18,7 +18,7 @@ from typing import Any, Protocol, TypeVar
 
 from server.api.responses.emitter import ResponsesEmitter
 from server.api.responses.schemas import ResponseObject, StreamEvent
-from server.events import (
+from server.contracts.events import (
     Finished,
     FinishReason,
     GenerationEvent,
@@ -36,7 +36,7 @@ Finisher = Callable[[ResponseObject, list[SegmentEnd]], Awaitable[None]]
 
 
 class EventSource(Protocol):
-    """A prepared generation (server.generation.Prepared)."""
+    """A prepared generation (server.core.generation.Prepared)."""
 
     def events(self) -> AsyncIterator[GenerationEvent]: ...
 
@@ -97,7 +97,7 @@ class SequentialItems:
 
     A summary arrives after its segment ended, while the generation goes on with the next
     message; those later events wait here until `SummaryEnd` of the segment, then follow in
-    their order. Summary runs come one at a time (server.summaries), so one gate suffices.
+    their order. Summary runs come one at a time (server.core.summaries), so one gate suffices.
     """
 
     def __init__(self, summaries: bool) -> None:

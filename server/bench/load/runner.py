@@ -1,0 +1,312 @@
+"""Start the server, warm it up, run the mix, read /metrics and /proc, check the invariants."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import math
+import re
+import statistics
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from server.bench.http_path import free_port
+from server.bench.load.client import Outcome, send
+from server.bench.load.mix import PATHS, plan_requests, warmup_requests
+from server.bench.procs import ServerProcess, serve_command
+
+log = logging.getLogger(__name__)
+
+REQUEST_TIMEOUT_S = 600.0
+_REQUESTS = re.compile(
+    r'gpt_oss_requests_total\{endpoint="(?P<endpoint>[^"]*)",status="(?P<status>[^"]*)"\}'
+)
+POLL_S = 0.2  # /metrics polling period for the queue and sequence gauges
+IDLE_WAIT_S = 30.0  # after the run, how long the engine may take to drop cancelled requests
+
+
+@dataclass(frozen=True, slots=True)
+class LoadTestOptions:
+    model: Path
+    requests: int = 200
+    concurrency: int = 8
+    cancel_fraction: float = 0.2
+    max_tokens: int = 64  # each request's limit is drawn between half of it and it
+    seed: int = 0
+    out: Path = Path("load-test")
+    n_slots: int = 4
+    max_waiting: int = 64
+    n_ctx: int = 8192
+    n_threads: int | None = None
+    rss_tolerance: float = 0.05
+    startup_timeout_s: float = 900.0
+
+
+def server_command(options: LoadTestOptions, port: int) -> list[str]:
+    command = serve_command(
+        options.model, port,
+        "--n-ctx", str(options.n_ctx),
+        "--n-slots", str(options.n_slots),
+        "--max-waiting", str(options.max_waiting),
+        "--responses-store-path", str(options.out / "responses.sqlite"),
+        "--log-level", "warning",
+    )  # fmt: skip
+    if options.n_threads is not None:
+        command += ["--n-threads", str(options.n_threads)]
+    return command
+
+
+def rss_bytes(pid: int) -> int:
+    """The process's resident set now (VmRSS)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for process {pid}")
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """The server's own samples as `name{label="value",...}` -> value (no buckets, no _created)."""
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if not sample.name.startswith("gpt_oss_") or sample.name.endswith(
+                ("_bucket", "_created")
+            ):
+                continue
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+            samples[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return samples
+
+
+def request_counts(metrics: dict[str, float]) -> dict[str, int]:
+    """gpt_oss_requests_total of the two generation endpoints, by `endpoint status`."""
+    counts = {}
+    for key, value in metrics.items():
+        found = _REQUESTS.fullmatch(key)
+        if found and found["endpoint"] in PATHS.values():
+            counts[f"{found['endpoint']} {found['status']}"] = int(value)
+    return counts
+
+
+class GaugeWatch:
+    """Polls /metrics while the load runs; keeps the highest queue depth and active count."""
+
+    def __init__(self, client: httpx.AsyncClient, base: str) -> None:
+        self._client, self._base = client, base
+        self.max_queue_depth = 0.0
+        self.max_active = 0.0
+        self.polls = 0
+
+    async def scrape(self) -> dict[str, float]:
+        metrics = parse_metrics((await self._client.get(f"{self._base}/metrics")).text)
+        self.polls += 1
+        self.max_queue_depth = max(self.max_queue_depth, metrics.get("gpt_oss_queue_depth", 0))
+        self.max_active = max(self.max_active, metrics.get("gpt_oss_active_sequences", 0))
+        return metrics
+
+    async def run(self) -> None:
+        while True:
+            await self.scrape()
+            await asyncio.sleep(POLL_S)
+
+    async def until_idle(self, timeout_s: float) -> dict[str, float]:
+        """The metrics once no request waits or runs (or at the timeout)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            metrics = await self.scrape()
+            idle = not metrics.get("gpt_oss_queue_depth") and not metrics.get(
+                "gpt_oss_active_sequences"
+            )
+            if idle or time.monotonic() > deadline:
+                return metrics
+            await asyncio.sleep(POLL_S)
+
+
+async def run_all(
+    client: httpx.AsyncClient, base: str, specs: Sequence[Any], concurrency: int
+) -> list[Outcome]:
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(spec: Any) -> Outcome:
+        async with gate:
+            return await send(client, base, spec)
+
+    return list(await asyncio.gather(*(one(spec) for spec in specs)))
+
+
+def percentiles(values: Sequence[float]) -> dict[str, float] | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+
+    def at(q: float) -> float:
+        return round(ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)], 4)
+
+    return {
+        "n": len(ordered),
+        "p50": at(0.5),
+        "p90": at(0.9),
+        "p99": at(0.99),
+        "max": round(ordered[-1], 4),
+        "mean": round(statistics.fmean(ordered), 4),
+    }
+
+
+def summarize(outcomes: Sequence[Outcome]) -> dict[str, Any]:
+    by_kind: dict[str, Counter[str]] = {}
+    for o in outcomes:
+        by_kind.setdefault(o.spec.kind, Counter())[str(o.status)] += 1
+    streams = [o for o in outcomes if o.spec.stream and o.status == 200]
+    done = [o for o in outcomes if not o.cancelled and o.status == 200]
+    queue = [o.queue_ms for o in outcomes if o.queue_ms is not None]
+    return {
+        "requests": len(outcomes),
+        "by_kind_and_status": {k: dict(v) for k, v in sorted(by_kind.items())},
+        "with_tools": sum(o.spec.tools for o in outcomes),
+        "status_5xx": sum(1 for o in outcomes if o.status is not None and o.status >= 500),
+        "status_429": sum(1 for o in outcomes if o.status == 429),
+        "transport_errors": [f"#{o.spec.index}: {o.error}" for o in outcomes if o.error],
+        "streams": len(streams),
+        "streams_cancelled": sum(o.cancelled for o in streams),
+        "cancel_planned_but_ended_first": sum(
+            1 for o in streams if o.spec.cancel_after is not None and not o.cancelled
+        ),
+        "streams_with_terminal_event": sum(1 for o in streams if o.terminal_ok),
+        "streams_without_terminal_event": [
+            f"#{o.spec.index} {o.spec.kind} ({o.events} events)"
+            for o in streams
+            if not o.cancelled and not o.terminal_ok
+        ],
+        "json_answers_incomplete": [
+            f"#{o.spec.index} {o.spec.kind}"
+            for o in outcomes
+            if not o.spec.stream and o.status == 200 and not o.terminal_ok
+        ],
+        "latency_s": percentiles([o.latency_s for o in done]),
+        "latency_s_by_kind": {
+            kind: percentiles([o.latency_s for o in done if o.spec.kind == kind])
+            for kind in sorted({o.spec.kind for o in done})
+        },
+        "first_event_s_streams": percentiles(
+            [o.first_event_s for o in done if o.first_event_s is not None]
+        ),
+        "queue_ms_chat": percentiles(queue),
+    }
+
+
+def check(
+    options: LoadTestOptions,
+    result: dict[str, Any],
+    counted: dict[str, int],
+    exit_status: int | None,
+) -> dict[str, bool]:
+    """The invariants; `result`: what `drive` found, `counted`: the server's request counts."""
+    summary, admission, rss = result["summary"], result["admission"], result["rss"]
+    statuses = {s for kind in summary["by_kind_and_status"].values() for s in kind}
+    overload_possible = options.concurrency > options.n_slots + options.max_waiting
+    return {
+        "no_5xx": summary["status_5xx"] == 0
+        and not any(key.split()[1].startswith("5") for key in counted),
+        "no_transport_errors": not summary["transport_errors"],
+        "only_200_or_expected_429": statuses <= ({"200", "429"} if overload_possible else {"200"}),
+        "all_accounted_for": summary["requests"] == options.requests
+        and sum(counted.values()) == result["expected_total"],
+        "streams_end_with_terminal_event": not summary["streams_without_terminal_event"],
+        "json_answers_complete": not summary["json_answers_incomplete"],
+        "queue_within_bound": admission["max_queue_depth_seen"] <= options.max_waiting,
+        "engine_idle_after": admission["idle_after"],
+        "rss_within_tolerance": rss["ratio"] <= 1 + options.rss_tolerance,
+        "server_exit_clean": exit_status == 0,
+    }
+
+
+async def drive(options: LoadTestOptions, base: str, pid: int) -> dict[str, Any]:
+    limits = httpx.Limits(max_connections=options.concurrency + 4)
+    timeout = httpx.Timeout(REQUEST_TIMEOUT_S, connect=30.0)
+    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+        watch = GaugeWatch(client, base)
+        warm = warmup_requests(start=options.requests)
+        warm_outcomes = await run_all(client, base, warm, options.n_slots)
+        await watch.until_idle(IDLE_WAIT_S)
+        rss_before = rss_bytes(pid)
+        log.info("warm-up done (%d requests); RSS %.1f MiB", len(warm), rss_before / 2**20)
+        specs = plan_requests(
+            options.requests, options.seed, options.cancel_fraction, options.max_tokens
+        )
+        poller = asyncio.create_task(watch.run())
+        started = time.perf_counter()
+        outcomes = await run_all(client, base, specs, options.concurrency)
+        elapsed = time.perf_counter() - started
+        poller.cancel()
+        metrics = await watch.until_idle(IDLE_WAIT_S)
+        rss_after = rss_bytes(pid)
+    idle = not metrics.get("gpt_oss_queue_depth") and not metrics.get("gpt_oss_active_sequences")
+    queue_s = metrics.get('gpt_oss_engine_seconds_total{phase="queue"}', 0.0)
+    generations = sum(v for k, v in metrics.items() if k.startswith("gpt_oss_generations_total"))
+    summary = summarize(outcomes)
+    return {
+        "elapsed_s": round(elapsed, 2),
+        "requests_per_s": round(len(outcomes) / elapsed, 3),
+        "warmup": {
+            "requests": len(warm_outcomes),
+            "statuses": dict(Counter(str(o.status) for o in warm_outcomes)),
+        },
+        "summary": summary,
+        "admission": {
+            "max_queue_ms_chat": (summary["queue_ms_chat"] or {}).get("max"),
+            "mean_queue_ms_all": round(1000 * queue_s / generations, 3) if generations else None,
+            "max_queue_depth_seen": watch.max_queue_depth,
+            "max_active_sequences_seen": watch.max_active,
+            "max_waiting": options.max_waiting,
+            "n_slots": options.n_slots,
+            "metrics_polls": watch.polls,
+            "idle_after": idle,
+        },
+        "rss": {
+            "before_bytes": rss_before,
+            "after_bytes": rss_after,
+            "before_mib": round(rss_before / 2**20, 1),
+            "after_mib": round(rss_after / 2**20, 1),
+            "ratio": round(rss_after / rss_before, 4),
+        },
+        "metrics": metrics,
+        "expected_total": len(warm_outcomes) + len(outcomes),
+    }
+
+
+def run_load_test(options: LoadTestOptions) -> tuple[dict[str, Any], int]:
+    """Run it; the report (also written to `options.out/load-test.json`) and the exit status."""
+    options.out.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    command = server_command(options, port)
+    base = f"http://127.0.0.1:{port}"
+    server = ServerProcess(
+        command, options.out / "server.log", f"{base}/health", options.startup_timeout_s
+    )
+    with server:
+        result = asyncio.run(drive(options, base, server.pid))
+    exit_status = server.ended.returncode if server.ended is not None else None
+    counted = request_counts(result["metrics"])
+    invariants = check(options, result, counted, exit_status)
+    del result["expected_total"]
+    report = {
+        "settings": json.loads(json.dumps(dataclasses.asdict(options), default=str)),
+        "server_command": command,
+        "server_load_s": round(server.load_s, 2),
+        "server_exit_status": exit_status,
+        **result,
+        "requests_counted_by_server": counted,
+        "invariants": invariants,
+        "ok": all(invariants.values()),
+    }
+    (options.out / "load-test.json").write_text(json.dumps(report, indent=2) + "\n")
+    return report, 0 if report["ok"] else 1

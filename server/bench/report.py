@@ -1,0 +1,164 @@
+"""The JSON report: per path min/median/max of every metric, ratios to raw llama.cpp, targets."""
+
+from __future__ import annotations
+
+import shlex
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from server.bench.plan import Measurement, PathRun
+
+GIB = 1024**3
+RAW_PATHS = ("llama-bench", "llama-server")
+QUIET_CPUS = 0.15  # a measurement is "quiet" when other processes kept at most this many busy
+TARGETS = {  # issue 6: minimum ratio to raw llama.cpp, or the most TTFT overhead in ms
+    "decode_http": 0.98,
+    "decode_inprocess": 0.99,
+    "prefill_http": 0.98,
+    "ttft_http_overhead_ms": 5.0,
+}
+
+
+def summary(values: Sequence[float]) -> dict[str, float]:
+    return {
+        "min": round(min(values), 3),
+        "median": round(statistics.median(values), 3),
+        "max": round(max(values), 3),
+        "n": len(values),
+    }
+
+
+def summarize(measurements: Sequence[Measurement]) -> dict[str, dict[str, float]]:
+    """Every metric that all measurements of a test have -> its summary."""
+    keys = [k for k in measurements[0] if all(k in m for m in measurements)]
+    return {key: summary([m[key] for m in measurements]) for key in keys}
+
+
+def quiet(measurements: Sequence[Measurement]) -> list[Measurement]:
+    """The measurements during which other processes kept at most QUIET_CPUS busy."""
+    return [m for m in measurements if m.get("other_cpus", 0.0) <= QUIET_CPUS]
+
+
+def path_report(run: PathRun) -> dict[str, Any]:
+    peak = run.peak_rss_bytes
+    quiet_tests = {label: quiet(ms) for label, ms in run.tests.items()}
+    return {
+        "tests": {label: summarize(ms) for label, ms in run.tests.items() if ms},
+        "tests_quiet": {label: summarize(ms) for label, ms in quiet_tests.items() if ms},
+        "samples": run.tests,
+        "peak_rss_bytes": peak,
+        "peak_rss_gib": round(peak / GIB, 3) if peak else None,
+        "load_s": round(run.load_s, 2) if run.load_s is not None else None,
+        "other_processes_cpus": run.other_cores,
+        "commands": [shlex.join(command) for command in run.commands],
+        "notes": run.notes,
+        "error": run.error,
+    }
+
+
+def median_of(
+    paths: Mapping[str, Any], path: str, label: str, metric: str, tests: str = "tests"
+) -> float | None:
+    test = paths.get(path, {}).get(tests, {}).get(label, {})
+    value = test.get(metric, {}).get("median")
+    return None if value is None else float(value)
+
+
+def ratios(paths: Mapping[str, Any], tests: str = "tests") -> dict[str, dict[str, float]]:
+    """Median tokens/s of each path over each raw llama.cpp path, per test."""
+    out: dict[str, dict[str, float]] = {}
+    for raw in RAW_PATHS:
+        for path in paths:
+            if path in (raw, "llama-bench"):
+                continue
+            per_test = {}
+            for label in paths[path].get(tests, {}):
+                mine = median_of(paths, path, label, "tokens_per_s", tests)
+                ref = median_of(paths, raw, label, "tokens_per_s", tests)
+                if mine and ref:
+                    per_test[label] = round(mine / ref, 4)
+            if per_test:
+                out[f"{path}/{raw}"] = per_test
+    return out
+
+
+def targets(paths: Mapping[str, Any], decode_label: str) -> dict[str, Any]:
+    """Issue 6's targets against llama-bench (else llama-server).
+
+    Each is computed on the quiet measurements when both sides have some (`basis`), else on all.
+    """
+    raw = next((p for p in RAW_PATHS if paths.get(p, {}).get("tests")), None)
+    found: dict[str, Any] = {"reference": raw}
+    if raw is not None:
+        prefill_labels = [k for k in paths[raw]["tests"] if k.startswith("pp")]
+        for name, path, labels in (
+            ("decode_http", "http", [decode_label]),
+            ("decode_inprocess", "inprocess", [decode_label]),
+            ("prefill_http", "http", prefill_labels),
+        ):
+            for label in labels:
+                check = _ratio_check(paths, path, raw, label, TARGETS[name])
+                if check is not None:
+                    found[f"{name}_{label}"] = check
+    overhead = _ttft_overhead(paths)
+    if overhead is not None:
+        found["ttft_http_overhead_ms"] = overhead
+    return found
+
+
+def _ratio_check(
+    paths: Mapping[str, Any], path: str, raw: str, label: str, target: float
+) -> dict[str, Any] | None:
+    for basis in ("tests_quiet", "tests"):
+        mine = median_of(paths, path, label, "tokens_per_s", basis)
+        ref = median_of(paths, raw, label, "tokens_per_s", basis)
+        if mine and ref:
+            return _check(mine / ref, target, higher=True) | {"basis": basis}
+    return None
+
+
+def _ttft_overhead(paths: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The worst median over the prefill sizes of (time to first token - prefill) via HTTP."""
+    for basis in ("tests_quiet", "tests"):
+        labels = [k for k in paths.get("http", {}).get(basis, {}) if k.startswith("pp")]
+        values = [median_of(paths, "http", k, "ttft_overhead_ms", basis) for k in labels]
+        known = [v for v in values if v is not None]
+        if known:
+            target = TARGETS["ttft_http_overhead_ms"]
+            return _check(max(known), target, higher=False) | {"basis": basis}
+    return None
+
+
+def _check(value: float, target: float, *, higher: bool) -> dict[str, Any]:
+    met = value >= target if higher else value <= target
+    return {"value": round(value, 4), "target": target, "met": met}
+
+
+def markdown_table(report: Mapping[str, Any], tests: str = "tests") -> str:
+    """Medians per path: tokens/s of every test, time to first token, peak RSS."""
+    paths: Mapping[str, Any] = report["paths"]
+    labels: list[str] = []
+    for path in paths.values():
+        labels += [label for label in path.get(tests, {}) if label not in labels]
+    labels.sort(key=lambda label: (label[:2] != "pp", int(label[2:])))
+    head = ["path", *(f"{label} tok/s" for label in labels), "TTFT ms", "peak RSS GiB"]
+    head.append("CPUs busy with other work")
+    rows = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    first_pp = next((label for label in labels if label.startswith("pp")), "")
+    for name, path in paths.items():
+        cells = [name]
+        cells += [_cell(paths, name, label, "tokens_per_s", tests) for label in labels]
+        cells.append(_cell(paths, name, first_pp, "ttft_ms", tests))
+        cells.append(str(path.get("peak_rss_gib") or "-"))
+        cells.append(", ".join(f"{x:.2f}" for x in path.get("other_processes_cpus", [])) or "-")
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def _cell(paths: Mapping[str, Any], path: str, label: str, metric: str, tests: str) -> str:
+    value = median_of(paths, path, label, metric, tests)
+    if value is None:
+        return "-"
+    stats = paths[path][tests][label][metric]
+    return f"{value:.4g} ({stats['min']:.4g}–{stats['max']:.4g})"

@@ -1,0 +1,42 @@
+"""Streaming HTTP requests: each server-sent event with the time it arrived."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+
+from server.bench.plan import BenchError
+
+REQUEST_TIMEOUT_S = 3600.0
+
+
+def stream_events(
+    client: httpx.Client, url: str, body: dict[str, Any]
+) -> Iterator[tuple[float, dict[str, Any]]]:
+    """POST `body` and yield (perf_counter at arrival, parsed data) per event until [DONE].
+
+    Each request has a connection of its own (llama-server closes a streamed response's
+    connection, which a reused keep-alive connection would only notice on the next request).
+    """
+    headers = {"Connection": "close"}
+    with client.stream(
+        "POST", url, json=body, headers=headers, timeout=REQUEST_TIMEOUT_S
+    ) as response:
+        if response.status_code != 200:
+            response.read()
+            raise BenchError(f"{url} answered {response.status_code}: {response.text[:500]}")
+        for line in response.iter_lines():
+            arrived = time.perf_counter()
+            if not line.startswith("data:"):
+                continue
+            data = line[len("data:") :].strip()
+            if data == "[DONE]":
+                return
+            event = json.loads(data)
+            if isinstance(event, dict) and "error" in event:
+                raise BenchError(f"{url} streamed an error: {event['error']}")
+            yield arrived, event

@@ -1,0 +1,1 @@
+"""The generation core shared by every API: transcript -> prompt -> engine -> events."""

@@ -1,0 +1,305 @@
+"""The generation core shared by every endpoint: Transcript -> prompt -> engine -> events.
+
+`Generator.prepare()` renders the prompt and rejects what cannot run (before any HTTP response
+has started); `Prepared.events()` streams decoder events while the engine samples and ends with
+exactly one `Finished` event, also on cancellation and engine errors. When summaries are asked
+for, the events of a short summary generation per reasoning segment are merged in
+(server.core.summaries).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+
+from openai_harmony import HarmonyEncoding
+
+from server.contracts.errors import (
+    ContextLengthExceeded,
+    InvalidRequest,
+    RequestField,
+    ServerBusy,
+)
+from server.contracts.events import Finished, FinishReason, GenerationEvent, SegmentEnd
+from server.contracts.transcript import ResponseFormat, ToolChoice, Transcript
+from server.core.history import History
+from server.core.stop_strings import StopStrings
+from server.core.summaries import SummaryConfig, SummaryMerge, SummaryStyle, summary_transcript
+from server.core.tool_names import ToolNames
+from server.engine.base import Engine, EngineResult, SamplingParams, StopReason
+from server.engine.grammar import json_grammar
+from server.harmony.decoder import HarmonyDecoder
+from server.harmony.render import assistant_start_tokens, render
+from server.harmony.steering import HarmonySteering, SteeringPlan, plan_steering
+from server.harmony.tokens import CALL as CALL_TOKEN
+
+log = logging.getLogger(__name__)
+
+SEED_RANGE = 1 << 64  # any integer seed (OpenAI allows negative ones) maps into the engine's
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationOptions:
+    """What a request asks of generation; None means the server's default."""
+
+    max_tokens: int | None = None  # all output tokens, reasoning included
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    tool_choice: ToolChoice = field(default_factory=ToolChoice)
+    reasoning_budget: int | None = None  # analysis tokens before the answer is forced to start
+    stop: tuple[str, ...] = ()  # strings that end the final answer
+    summary: SummaryStyle | None = None  # summarize each reasoning segment in this style
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingDefaults:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+
+
+class Generator:
+    """Owns the engine and the encoding; one per app."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        encoding: HarmonyEncoding,
+        defaults: SamplingDefaults | None = None,
+        history: History | None = None,
+        on_finished: Callable[[Finished], None] | None = None,
+        *,
+        summaries: SummaryConfig | None = None,
+    ) -> None:
+        self.engine = engine
+        self.encoding = encoding
+        self.defaults = defaults or SamplingDefaults()
+        self.history = history or History(assistant_start_tokens(encoding))
+        self.on_finished = on_finished  # e.g. metrics; called once per generation (summaries too)
+        self.summaries = summaries or SummaryConfig()
+        self._stop_tokens = frozenset(encoding.stop_tokens_for_assistant_actions())
+
+    def prepare(self, transcript: Transcript, options: GenerationOptions) -> Prepared:
+        """Render and validate; raises InvalidRequest / ContextLengthExceeded / ServerBusy.
+
+        Errors name logical request fields (RequestField); the adapter names them on the wire.
+        """
+        load = self.engine.load
+        if load.running + load.waiting >= load.slots + load.max_waiting:
+            raise ServerBusy(load.waiting)
+        names = ToolNames(transcript.tools)
+        transcript = names.to_harmony(self.history.apply(transcript))
+        prompt_tokens = render(self.encoding, transcript)
+        n_ctx = self.engine.info.n_ctx
+        room = n_ctx - len(prompt_tokens)
+        if room <= 0:
+            raise ContextLengthExceeded(
+                f"This model's context window is {n_ctx} tokens; the prompt has "
+                f"{len(prompt_tokens)}. Shorten the conversation or restart the server with a "
+                "larger --n-ctx.",
+                field=RequestField.CONVERSATION,
+            )
+        params = self._sampling(options, room)
+        steering = self._steering(transcript, names.to_harmony_choice(options.tool_choice), options)
+        return Prepared(self, prompt_tokens, params, steering, options.stop, names, options.summary)
+
+    def summary(self, reasoning: str, style: SummaryStyle) -> Prepared | None:
+        """The summary generation of a chain of thought; None if its prompt cannot fit.
+
+        Not subject to the waiting-room limit (it belongs to a request already admitted) and
+        not recorded in the history (nobody sends it back as a message).
+        """
+        config = self.summaries
+        prompt_tokens = render(self.encoding, summary_transcript(reasoning, style, config))
+        room = self.engine.info.n_ctx - len(prompt_tokens)
+        if room < 1:
+            log.warning("a reasoning summary was skipped: its prompt does not fit the context")
+            return None
+        params = self._sampling(GenerationOptions(max_tokens=config.max_tokens), room)
+        steering = plan_steering(
+            self.encoding, [], ToolChoice(mode="none"), reasoning_budget=config.reasoning_budget
+        )
+        return Prepared(self, prompt_tokens, params, steering, record=False)
+
+    def _sampling(self, options: GenerationOptions, room: int) -> SamplingParams:
+        if options.max_tokens is not None and options.max_tokens < 1:
+            raise InvalidRequest("max tokens must be at least 1", field=RequestField.MAX_TOKENS)
+        return SamplingParams(
+            max_tokens=min(options.max_tokens or room, room),
+            temperature=_pick(options.temperature, self.defaults.temperature),
+            top_p=_pick(options.top_p, self.defaults.top_p),
+            top_k=self.defaults.top_k,
+            min_p=self.defaults.min_p,
+            seed=None if options.seed is None else options.seed % SEED_RANGE,
+            stop_tokens=self._stop_tokens,
+        )
+
+    def _steering(
+        self, transcript: Transcript, choice: ToolChoice, options: GenerationOptions
+    ) -> SteeringPlan:
+        recipients = [spec.recipient for spec in transcript.tools]
+        if choice.mode in ("required", "named") and not recipients:
+            raise InvalidRequest(
+                f"tool_choice {choice.mode!r} needs tools", field=RequestField.TOOL_CHOICE
+            )
+        if choice.mode == "named" and f"{choice.namespace}.{choice.name}" not in recipients:
+            raise InvalidRequest(
+                f"tool_choice names {choice.name!r}, which is not among the tools",
+                field=RequestField.TOOL_CHOICE,
+            )
+        if options.reasoning_budget is not None and options.reasoning_budget < 1:
+            raise InvalidRequest(
+                "the reasoning budget must be positive", field=RequestField.REASONING
+            )
+        return plan_steering(
+            self.encoding,
+            recipients,
+            choice,
+            final_grammar=self._final_grammar(transcript.response_format),
+            reasoning_budget=options.reasoning_budget,
+        )
+
+    def _final_grammar(self, response_format: ResponseFormat | None) -> str | None:
+        if response_format is None:
+            return None
+        schema = response_format.schema if response_format.kind == "json_schema" else None
+        try:
+            grammar = json_grammar(schema)
+            self.engine.validate_grammar(grammar)
+        except ValueError as exc:
+            raise InvalidRequest(
+                f"the response format's JSON schema cannot be enforced: {exc}",
+                field=RequestField.RESPONSE_FORMAT,
+            ) from exc
+        return grammar
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A validated generation, ready to run."""
+
+    generator: Generator
+    prompt_tokens: list[int]
+    params: SamplingParams
+    steering: SteeringPlan
+    stop: tuple[str, ...] = ()
+    names: ToolNames | None = None
+    summary: SummaryStyle | None = None  # summarize each reasoning segment in this style
+    record: bool = True  # remember the generated messages in the history
+
+    def events(self) -> AsyncIterator[GenerationEvent]:
+        """Decoder events while the engine samples (summary events merged in), then Finished.
+
+        Complete messages are recorded in the history, so the next request can replay them.
+        If the consumer leaves early, the engine requests are cancelled and still reported to
+        `on_finished` once the engine lets go of them.
+        """
+        if self.summary is None:
+            events = self._events()
+        else:
+            history = self.generator.history
+            merge = SummaryMerge(self._events(), self._summary_events, history.record_summaries)
+            events = merge.events()
+        return events
+
+    async def _summary_events(self, reasoning: str) -> AsyncIterator[GenerationEvent]:
+        assert self.summary is not None
+        prepared = self.generator.summary(reasoning, self.summary)
+        if prepared is None:
+            yield Finished(FinishReason.LENGTH)
+            return
+        async for event in prepared.events():
+            yield event
+
+    async def _events(self) -> AsyncGenerator[GenerationEvent, None]:
+        decoder = HarmonyDecoder(self.generator.encoding)
+        stops = StopStrings(self.stop)
+        steering = self.steering.start()
+        stream = self.generator.engine.submit(self.prompt_tokens, self.params, steering)
+        ended: list[SegmentEnd] = []
+        consumed = False
+        try:
+            async for chunk in stream:
+                for event in _decoded(decoder, stops, chunk):
+                    if isinstance(event, SegmentEnd):
+                        ended.append(event)
+                    yield self._for_client(event)
+                if stops.hit:
+                    break
+            consumed = True
+        finally:
+            stream.cancel()  # no-op once finished; stops the engine if the consumer left
+            if not consumed and not stops.hit:
+                stream.on_close(
+                    lambda result: self._report(result, decoder, steering, stopped=False)
+                )
+        if stops.hit:
+            async for _ in stream:  # the engine stops within a token; wait for its result
+                pass
+        else:
+            for event in decoder.finish():
+                for passed in stops.filter(event):
+                    yield self._for_client(passed)
+        if self.record:
+            self.generator.history.record(ended)
+        yield self._report(stream.result, decoder, steering, stopped=stops.hit)
+
+    def _for_client(self, event: GenerationEvent) -> GenerationEvent:
+        return self.names.to_client(event) if self.names is not None else event
+
+    def _report(
+        self,
+        result: EngineResult,
+        decoder: HarmonyDecoder,
+        steering: HarmonySteering,
+        *,
+        stopped: bool,
+    ) -> Finished:
+        finished = _finished(result, decoder.reasoning_tokens, stopped=stopped)
+        if decoder.left_grammar or steering.left_grammar:  # logged without the model's text
+            log.warning(
+                "the model's output left the harmony grammar (%s); the response ends with what "
+                "was parsed",
+                "the parser gave up" if decoder.left_grammar else "steering was switched off",
+            )
+            finished = dataclasses.replace(finished, malformed=True)
+        if self.generator.on_finished is not None:
+            self.generator.on_finished(finished)
+        return finished
+
+
+def _decoded(
+    decoder: HarmonyDecoder, stops: StopStrings, tokens: list[int]
+) -> Iterator[GenerationEvent]:
+    for token in tokens:
+        for event in decoder.feed(token):
+            yield from stops.filter(event)
+            if stops.hit:
+                return
+
+
+def _finished(result: EngineResult, reasoning_tokens: int, *, stopped: bool) -> Finished:
+    return Finished(
+        reason=FinishReason.STOP if stopped else finish_reason(result),
+        usage=dataclasses.replace(result.usage, reasoning_tokens=reasoning_tokens),
+        timings=result.timings,
+        error=result.error,
+    )
+
+
+def finish_reason(result: EngineResult) -> FinishReason:
+    if result.stop_reason is StopReason.STOP_TOKEN:
+        return FinishReason.TOOL_CALL if result.stop_token == CALL_TOKEN else FinishReason.STOP
+    if result.stop_reason in (StopReason.MAX_TOKENS, StopReason.CONTEXT_FULL):
+        return FinishReason.LENGTH
+    if result.stop_reason is StopReason.CANCELLED:
+        return FinishReason.CANCELLED
+    return FinishReason.ERROR
+
+
+def _pick(value: float | None, default: float) -> float:
+    return default if value is None else value

@@ -1,0 +1,1 @@
+"""Operations: settings, model resolution and download, start-up, serving, Codex set-up."""

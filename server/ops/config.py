@@ -1,0 +1,201 @@
+"""Settings: one pydantic-settings model for flags, environment (GPT_OSS_*), config file, defaults.
+
+Precedence: command-line flags > environment variables > the TOML config file (--config PATH or
+$GPT_OSS_CONFIG, see server.ops.config_file) > defaults.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from server.ops.config_file import ConfigFileSource
+
+
+def default_cache_dir() -> Path:
+    return Path.home() / ".cache" / "gpt-oss-server"
+
+
+def default_responses_store() -> Path:
+    data_home = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(data_home) / "gpt-oss-server" / "responses.sqlite3"
+
+
+class Settings(BaseSettings):
+    """Everything the server can be told."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="GPT_OSS_", extra="ignore", cli_kebab_case=True, cli_implicit_flags=True
+    )
+
+    config: Path | None = Field(
+        None,
+        description="TOML file of settings, keyed by these options' names (n_ctx = 65536); "
+        "flags and GPT_OSS_* variables win over it.",
+    )
+    model: str = Field(
+        "gpt-oss-20b",
+        description="Catalog alias (gpt-oss-20b, gpt-oss-120b), a path to a .gguf file, or a "
+        "Hugging Face repo as owner/name[:file.gguf].",
+    )
+    served_model_name: str | None = Field(
+        None, description="Model id reported by /v1/models; default: the alias or file name."
+    )
+    host: str = Field("127.0.0.1", description="Address to bind.")
+    port: int = Field(8000, ge=1, le=65535, description="Port to bind.")
+    shutdown_grace_s: float = Field(
+        8.0,
+        ge=0,
+        description="On SIGTERM or Ctrl-C, seconds in-flight requests may take to finish; then "
+        "their generations are stopped and each stream ends with its terminal event. Under "
+        "Docker's default 10 s stop timeout.",
+    )
+    n_ctx: int = Field(
+        32768,
+        ge=0,
+        description="Context window in tokens (0: the model's full 131072). The KV cache costs "
+        "about 48 KiB per token for gpt-oss-20b with the full-size sliding-window cache.",
+    )
+    n_slots: int = Field(
+        4,
+        ge=1,
+        le=64,
+        description="Sequences in the context: conversations whose KV cache is kept (a Codex "
+        "session with sub-agents, several users) and requests generated in parallel. They share "
+        "the n_ctx cells; the least recently used idle conversation gives way when full.",
+    )
+    max_request_bytes: int = Field(
+        64 * 1024 * 1024,
+        ge=1024,
+        description="Largest request body accepted (HTTP 413 beyond it).",
+    )
+    max_waiting: int = Field(
+        64,
+        ge=0,
+        description="Requests that may wait for a free sequence; beyond that new requests get "
+        "HTTP 429 with Retry-After.",
+    )
+    history_max_entries: int = Field(
+        4096,
+        ge=1,
+        description="Generated messages remembered for exact-token replay (least recently used "
+        "first out): clients send output back as text, and replaying the exact sampled tokens "
+        "keeps the KV cache valid. A few KiB each.",
+    )
+    prefill_chunk: int = Field(
+        512,
+        ge=1,
+        description="Prompt tokens evaluated per step while other requests are generating, so "
+        "their streams keep flowing.",
+    )
+    n_batch: int = Field(2048, ge=1, description="Prompt tokens evaluated per llama_decode call.")
+    n_ubatch: int = Field(512, ge=1, description="Physical batch size inside llama.cpp.")
+    n_threads: int | None = Field(
+        None, ge=1, description="Threads for generation; default: every CPU this process may use."
+    )
+    n_threads_batch: int | None = Field(
+        None, ge=1, description="Threads for prompt evaluation; default: same as n_threads."
+    )
+    n_gpu_layers: Annotated[int, Field(ge=-1)] | Literal["auto", "all"] = Field(
+        "auto",
+        description="Layers to offload to the GPU: auto (what fits the free GPU memory, keeping "
+        "MoE experts on the CPU as needed; 0 on a CPU-only build), all (or -1), or a number. "
+        "Needs a CUDA build of llama-cpp-python.",
+    )
+    cpu_moe: bool = Field(
+        False, description="Keep the MoE expert tensors of every layer in system memory."
+    )
+    n_cpu_moe: int = Field(
+        0,
+        ge=0,
+        description="Keep the MoE expert tensors of the first N layers in system memory "
+        "(with auto: at least these; auto adds more until the rest fits the GPU).",
+    )
+    gpu_margin_mb: int = Field(
+        1024, ge=0, description="GPU memory (MiB) that --n-gpu-layers auto leaves free per GPU."
+    )
+    use_mmap: bool = Field(
+        False,
+        description="Memory-map the model file. Off by default: on CPU llama.cpp repacks the "
+        "MXFP4 experts, and with mmap both copies stay resident (≈21.5 GiB instead of ≈12 GiB "
+        "for gpt-oss-20b).",
+    )
+    flash_attn: Literal["auto", "on", "off"] = Field("auto", description="Flash attention.")
+    swa_full: bool = Field(
+        True,
+        description="Full-size cache for the sliding-window layers, so the KV cache can roll "
+        "back to any earlier prefix (costs ≈24 KiB per token of context for gpt-oss-20b).",
+    )
+    temperature: float = Field(1.0, ge=0.0, le=2.0, description="Default sampling temperature.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Default nucleus sampling threshold.")
+    reasoning_effort: Literal["low", "medium", "high"] = Field(
+        "medium", description="Reasoning effort when a request does not say."
+    )
+    reasoning_visibility: Literal["raw", "summary", "none"] = Field(
+        "raw",
+        description="What clients may see of the model's chain of thought, in both APIs: raw "
+        "(the reasoning, plus summaries when a request asks for them), summary (a summary "
+        "written by the same model replaces it in every output; the raw text never leaves the "
+        "server but is kept for the tool loop), none (no reasoning at all). For deployments "
+        "that face end users: OpenAI advises against showing raw chain of thought to them.",
+    )
+    summary_max_tokens: int = Field(
+        512,
+        ge=16,
+        description="Most tokens of one reasoning summary's generation (its own short reasoning "
+        "included; the answer is forced to start halfway).",
+    )
+    reasoning_content: bool = Field(
+        True,
+        description="Also send Chat Completions reasoning as `reasoning_content` (the name "
+        "llama.cpp and DeepSeek clients read), besides `reasoning`.",
+    )
+    api_key: SecretStr | None = Field(
+        None,
+        description="When set, every /v1 request must carry `Authorization: Bearer <key>`.",
+    )
+    cache_dir: Path = Field(
+        default_factory=default_cache_dir,
+        description="Where the server keeps its own files (the o200k vocabulary copy).",
+    )
+    download_dir: Path | None = Field(
+        None, description="Hugging Face cache for model downloads; default: huggingface-hub's."
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="Logging level."
+    )
+    responses_store_path: Path = Field(
+        default_factory=default_responses_store,
+        description="SQLite file of the /v1/responses store (store=true, previous_response_id); "
+        "default: $XDG_DATA_HOME/gpt-oss-server/responses.sqlite3 (~/.local/share/...).",
+    )
+    responses_store_max_entries: int = Field(
+        1000, ge=1, description="Most responses kept in the store; the oldest go first."
+    )
+    responses_store_max_mb: int = Field(
+        256, ge=1, description="Most megabytes of responses kept in the store."
+    )
+    responses_keepalive_s: float = Field(
+        5.0,
+        gt=0,
+        description="Seconds without output (e.g. a long prompt being evaluated) after which a "
+        "/v1/responses stream sends a response.in_progress event; Codex resets its idle timer "
+        "only on real events.",
+    )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Flags (init) > environment > the config file > defaults."""
+        config_file = ConfigFileSource(settings_cls)
+        return init_settings, env_settings, dotenv_settings, config_file, file_secret_settings
