@@ -6,7 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from server.bench.load.runner import LoadTestOptions, run_load_test
+
+pytestmark = pytest.mark.slow  # a server process under load
 
 REQUESTS = 24
 
