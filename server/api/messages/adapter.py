@@ -3,7 +3,8 @@
 The steps every API adapter has, by the same names: `reasoning_view`, `to_transcript`,
 `generation_options`, and `WIRE_NAMES` for the core's errors.
 
-`system` (a string or text blocks) becomes the developer instructions. Each message's content
+`system` (a string or text blocks) becomes the developer instructions; a message of role `system`
+(Claude Code sends them mid-conversation) a developer message in place. Each message's content
 blocks become transcript items in order: user `text` (consecutive blocks joined) and
 `tool_result` (matched to an earlier `tool_use` by id; `is_error` marks the output); assistant
 `thinking` (its signature may restore the exact sampled tokens, see signature.py), `text`
@@ -41,6 +42,7 @@ from server.contracts.errors import InvalidRequest, RequestField
 from server.contracts.transcript import (
     AssistantChannel,
     AssistantMessage,
+    DeveloperMessage,
     Item,
     Reasoning,
     ReasoningEffort,
@@ -73,6 +75,7 @@ _BLOCK_MODELS: dict[str, type[BaseModel]] = {
     "redacted_thinking": RedactedThinkingBlockIn,
 }
 _ROLE_BLOCKS = {
+    "system": frozenset({"text"}),
     "user": frozenset({"text", "tool_result"}),
     "assistant": frozenset({"text", "tool_use", "thinking", "redacted_thinking"}),
 }
@@ -236,17 +239,24 @@ def _items(
     if isinstance(message.content, str):
         if message.role == "user":
             return [UserMessage(message.content)]
+        if message.role == "system":
+            return [DeveloperMessage(message.content)] if message.content else []
         return [AssistantMessage(message.content)] if message.content else []
     blocks = [
         (f"{param}.content.{i}", _block(raw, message.role, f"{param}.content.{i}"))
         for i, raw in enumerate(message.content)
     ]
+    if message.role == "system":
+        text = "\n".join(block.text for _, block in blocks if isinstance(block, TextBlockIn))
+        return [DeveloperMessage(text)] if text else []
     if message.role == "user":
         return _user_items(blocks, calls)
     return _assistant_items(blocks, calls, signer)
 
 
-def _block(raw: dict[str, Any], role: Literal["user", "assistant"], param: str) -> BlockIn:
+def _block(
+    raw: dict[str, Any], role: Literal["user", "assistant", "system"], param: str
+) -> BlockIn:
     kind = raw.get("type")
     if kind in _NOT_TEXT:
         raise InvalidRequest(

@@ -20,7 +20,9 @@ class _Lenient(BaseModel):
 
 
 class MessageIn(_Lenient):
-    role: Literal["user", "assistant"]
+    """A message; `system` ones (Claude Code's mid-conversation-tool-changes beta) hold text."""
+
+    role: Literal["user", "assistant", "system"]
     content: str | list[dict[str, Any]]
 
 
