@@ -79,7 +79,7 @@ class Generator:
         self.engine = engine
         self.encoding = encoding
         self.defaults = defaults or SamplingDefaults()
-        self.history = history or History(assistant_start_tokens(encoding))
+        self.history = history if history is not None else History(assistant_start_tokens(encoding))
         self.on_finished = on_finished  # e.g. metrics; called once per generation (summaries too)
         self.summaries = summaries or SummaryConfig()
         self._stop_tokens = frozenset(encoding.stop_tokens_for_assistant_actions())
