@@ -14,7 +14,7 @@ import anthropic
 import httpx
 import pytest
 from anthropic import Anthropic
-from anthropic.types import Message, MessageParam, ToolParam
+from anthropic.types import Message, MessageParam, ToolParam, ToolUseBlock
 from openai_harmony import HarmonyEncoding
 
 from server.app import create_app
@@ -115,13 +115,11 @@ def test_stream_helper_accumulates_the_non_streaming_message(
         streamed = stream.get_final_message()
     assert texts == []  # thinking and a call: no text
     assert streamed.stop_reason == created.stop_reason == "tool_use"
-    call_ids = [b.id for m in (created, streamed) for b in m.content if b.type == "tool_use"]
-    assert all(call_id.startswith("toolu_") for call_id in call_ids)
-    assert len(set(call_ids)) == 2  # a fresh id per call
-    for message in (created, streamed):
-        for block in message.content:
-            if block.type == "tool_use":
-                block.id = "toolu_x"
+    calls = [b for m in (created, streamed) for b in m.content if isinstance(b, ToolUseBlock)]
+    assert all(call.id.startswith("toolu_") for call in calls)
+    assert len({call.id for call in calls}) == 2  # a fresh id per call
+    for call in calls:
+        call.id = "toolu_x"
     assert comparable(streamed) == comparable(created)
     assert [b.type for b in streamed.content] == ["thinking", "tool_use"]
     assert streamed.content[1].type == "tool_use"
@@ -179,12 +177,9 @@ def test_tool_loop_with_tool_result_reuses_the_cache(sdk: Anthropic, forced: For
 
 def test_errors_come_in_anthropic_types(sdk: Anthropic, forced: ForcedScript) -> None:
     before = len(forced.prompts)
+    bogus: Any = [{"role": "user", "content": [{"type": "bogus"}]}]
     with pytest.raises(anthropic.BadRequestError) as caught:
-        sdk.messages.create(
-            model=MODEL,
-            max_tokens=10,
-            messages=[{"role": "user", "content": [{"type": "bogus"}]}],  # type: ignore[list-item]
-        )
+        sdk.messages.create(model=MODEL, max_tokens=10, messages=bogus)
     assert caught.value.status_code == 400
     body: Any = caught.value.body
     assert body["type"] == "error"
