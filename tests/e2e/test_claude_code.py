@@ -182,7 +182,7 @@ def shape(exchange: Exchange) -> dict[str, Any]:
     }
     if exchange.content_type.startswith("text/event-stream"):
         payloads = check_messages_sse(exchange.response.decode().splitlines()).payloads
-        out["stream"] = _stream_shape(payloads)
+        out["response_stream"] = _stream_shape(payloads)
     if isinstance(body, dict):
         out["body_keys"] = sorted(body)
         out["messages"] = [_message_shape(m) for m in body.get("messages", [])]
