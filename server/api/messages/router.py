@@ -125,7 +125,7 @@ async def _logged(
 
 def _log_usage(message_id: str, usage: dict[str, object]) -> None:
     log.info(
-        "message %s: %s input tokens (%s cached), %s output tokens",
+        "message %s: %s input tokens evaluated, %s read from the cache, %s output tokens",
         message_id,
         usage["input_tokens"],
         usage["cache_read_input_tokens"],
