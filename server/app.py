@@ -14,6 +14,8 @@ from server.api.auth import require_api_key
 from server.api.chat.router import router as chat_router
 from server.api.error_handlers import install_error_handlers
 from server.api.limits import BodyLimitMiddleware
+from server.api.messages.router import MessagesState
+from server.api.messages.router import router as messages_router
 from server.api.metrics import Metrics, RequestMetricsMiddleware
 from server.api.metrics import router as metrics_router
 from server.api.models import health_router
@@ -51,6 +53,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
         )
         app.state.metrics.watch(app.state.generator.admission)
         app.state.responses = ResponsesState.from_settings(settings)
+        app.state.messages = MessagesState.from_settings(settings)
         try:
             yield
         finally:
@@ -64,6 +67,6 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     app.add_middleware(RequestMetricsMiddleware)
     app.include_router(health_router)
     app.include_router(metrics_router)
-    for router in (models_router, chat_router, responses_router):
+    for router in (models_router, chat_router, responses_router, messages_router):
         app.include_router(router, dependencies=[Depends(require_api_key)])
     return app

@@ -1,4 +1,8 @@
-"""API-key check for the /v1 routes: `Authorization: Bearer <key>` when a key is configured."""
+"""API-key check for the /v1 routes when a key is configured.
+
+The key is accepted as `Authorization: Bearer <key>` (OpenAI clients, Claude Code's
+ANTHROPIC_AUTH_TOKEN) or as `x-api-key: <key>` (Anthropic's SDKs, ANTHROPIC_API_KEY).
+"""
 
 from __future__ import annotations
 
@@ -23,7 +27,16 @@ async def require_api_key(request: Request) -> None:
     expected = settings.api_key.get_secret_value()
     header = request.headers.get("authorization", "")
     scheme, _, given = header.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip(), expected):
-        raise AuthenticationError(
-            "missing or invalid API key: send it as `Authorization: Bearer <key>`"
-        )
+    if scheme.lower() == "bearer" and _matches(given, expected):
+        return
+    api_key = request.headers.get("x-api-key")
+    if api_key is not None and _matches(api_key, expected):
+        return
+    raise AuthenticationError(
+        "missing or invalid API key: send it as `Authorization: Bearer <key>` or `x-api-key: <key>`"
+    )
+
+
+def _matches(given: str, expected: str) -> bool:
+    """Constant-time comparison (as bytes: a header may hold any latin-1 character)."""
+    return hmac.compare_digest(given.strip().encode(), expected.encode())

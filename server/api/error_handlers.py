@@ -1,14 +1,20 @@
-"""Every error leaves the server in OpenAI's error envelope, with a fitting status code."""
+"""Every error leaves the server in its API's error envelope, with a fitting status code.
+
+OpenAI's envelope (`{"error": {message, type, param, code}}`) everywhere, except on the
+/v1/messages paths, which answer in Anthropic's (`{"type": "error", "error": {type, message}}`).
+"""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from server.api.messages.errors import anthropic_envelope, is_messages_path
 from server.contracts.errors import ServerError, error_envelope
 
 log = logging.getLogger(__name__)
@@ -23,34 +29,59 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(Exception, _unexpected_error)
 
 
-async def _server_error(_request: Request, exc: ServerError) -> JSONResponse:
-    return JSONResponse(exc.envelope(), status_code=exc.status_code, headers=exc.headers)
+def _respond(
+    request: Request,
+    status: int,
+    message: str,
+    error_type: str,
+    *,
+    param: str | None = None,
+    code: str | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> JSONResponse:
+    """The error in the envelope of the API the request was made to."""
+    if is_messages_path(request.url.path):
+        if param is not None and param not in message:
+            message = f"{param}: {message}"
+        body = anthropic_envelope(status, message)
+    else:
+        body = error_envelope(message, error_type, param=param, code=code)
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
-async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+async def _server_error(request: Request, exc: ServerError) -> JSONResponse:
+    return _respond(
+        request,
+        exc.status_code,
+        exc.message,
+        exc.error_type,
+        param=exc.param,
+        code=exc.code,
+        headers=exc.headers,
+    )
+
+
+async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
     errors = exc.errors()
     first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
     if first.get("type") == "json_invalid":
         context = first.get("ctx")
         detail = context.get("error", "") if isinstance(context, dict) else ""
         message = f"the request body is not valid JSON: {detail}".rstrip(": ")
-        return JSONResponse(error_envelope(message, "invalid_request_error"), status_code=400)
+        return _respond(request, 400, message, "invalid_request_error")
     location = [str(part) for part in first.get("loc", ()) if part != "body"]
     param = ".".join(location) or None
     message = f"{param}: {first['msg']}" if param else str(first["msg"])
     if len(errors) > 1:
         message += f" (and {len(errors) - 1} more problems)"
-    body = error_envelope(message, "invalid_request_error", param=param)
-    return JSONResponse(body, status_code=400)
+    return _respond(request, 400, message, "invalid_request_error", param=param)
 
 
-async def _http_error(_request: Request, exc: HTTPException) -> JSONResponse:
+async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
     error_type = _HTTP_TYPES.get(exc.status_code, "invalid_request_error")
-    body = error_envelope(str(exc.detail), error_type)
-    return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+    return _respond(request, exc.status_code, str(exc.detail), error_type, headers=exc.headers)
 
 
-async def _unexpected_error(_request: Request, exc: Exception) -> JSONResponse:
+async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unexpected error", exc_info=exc)
-    body = error_envelope(f"internal error: {type(exc).__name__}", "server_error")
-    return JSONResponse(body, status_code=500)
+    return _respond(request, 500, f"internal error: {type(exc).__name__}", "server_error")

@@ -1,4 +1,5 @@
-"""Request body size limit, enforced before the body is parsed (HTTP 413, OpenAI envelope)."""
+"""Request body size limit, enforced before the body is parsed (HTTP 413, in the envelope of the
+API the request was made to: Anthropic's on /v1/messages, else OpenAI's)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import json
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from server.api.messages.errors import anthropic_envelope, is_messages_path
 from server.contracts.errors import error_envelope
 
 
@@ -38,13 +40,13 @@ class BodyLimitMiddleware:
         declared = dict(scope.get("headers", [])).get(b"content-length")
         if declared is not None and declared.isdigit():
             if int(declared) > self.max_bytes:
-                await self._refuse(send)
+                await self._refuse(scope, send)
                 return
             await self.app(scope, receive, send)
             return
         body = await self._read_limited(receive)  # no declared length: count it in
         if body is None:
-            await self._refuse(send)
+            await self._refuse(scope, send)
             return
         await self.app(scope, _replay(body, receive), send)
 
@@ -63,12 +65,12 @@ class BodyLimitMiddleware:
             if not message.get("more_body", False):
                 return b"".join(chunks)
 
-    async def _refuse(self, send: Send) -> None:
-        body = error_envelope(
-            f"the request body is larger than the server's limit of {self.max_bytes} bytes",
-            "invalid_request_error",
-            code="request_too_large",
-        )
+    async def _refuse(self, scope: Scope, send: Send) -> None:
+        message = f"the request body is larger than the server's limit of {self.max_bytes} bytes"
+        if is_messages_path(str(scope.get("path", ""))):
+            body = anthropic_envelope(413, message)
+        else:
+            body = error_envelope(message, "invalid_request_error", code="request_too_large")
         payload = json.dumps(body).encode()
         headers = [
             (b"content-type", b"application/json"),

@@ -191,6 +191,7 @@ class Finished:
     error: str | None = None
     summaries: SummaryReport | None = None  # set when summaries were asked for
     malformed: bool = False  # the output left the harmony grammar; the events hold what parsed
+    stop_sequence: str | None = None  # the request's stop string that ended the answer, if any
 
 
 DecoderEvent = SegmentStart | SegmentDelta | SegmentEnd | DecodeWarning

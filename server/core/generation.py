@@ -50,6 +50,7 @@ class GenerationOptions:
     max_tokens: int | None = None  # all output tokens, reasoning included
     temperature: float | None = None
     top_p: float | None = None
+    top_k: int | None = None  # 0 = no top-k cut
     seed: int | None = None
     tool_choice: ToolChoice = field(default_factory=ToolChoice)
     reasoning_budget: int | None = None  # analysis tokens before the answer is forced to start
@@ -81,7 +82,7 @@ class Generator:
         self.engine = engine
         self.encoding = encoding
         self.defaults = defaults or SamplingDefaults()
-        self.history = history or History(assistant_start_tokens(encoding))
+        self.history = history if history is not None else History(assistant_start_tokens(encoding))
         self.on_finished = on_finished  # e.g. metrics; called once per generation (summaries too)
         self.summaries = summaries or SummaryConfig()
         load = engine.load
@@ -127,6 +128,11 @@ class Generator:
             self, prompt_tokens, params, steering, options.stop, names, options.summary, ticket
         )
 
+    def count_tokens(self, transcript: Transcript) -> int:
+        """How many tokens the prompt of `transcript` has, rendered as `prepare` would."""
+        names = ToolNames(transcript.tools)
+        return len(render(self.encoding, names.to_harmony(self.history.apply(transcript))))
+
     def summary(self, reasoning: str, style: SummaryStyle) -> Prepared | None:
         """The summary generation of a chain of thought; None if its prompt cannot fit.
 
@@ -152,7 +158,7 @@ class Generator:
             max_tokens=min(options.max_tokens or room, room),
             temperature=_pick(options.temperature, self.defaults.temperature),
             top_p=_pick(options.top_p, self.defaults.top_p),
-            top_k=self.defaults.top_k,
+            top_k=self.defaults.top_k if options.top_k is None else options.top_k,
             min_p=self.defaults.min_p,
             seed=None if options.seed is None else options.seed % SEED_RANGE,
             stop_tokens=self._stop_tokens,
@@ -256,7 +262,7 @@ class Prepared:
             stream.cancel()  # no-op once finished; stops the engine if the consumer left
             if not consumed and not stops.hit:
                 stream.on_close(
-                    lambda result: self._report(result, decoder, steering, stopped=False)
+                    lambda result: self._report(result, decoder, steering, stopped=None)
                 )
         if stops.hit:
             async for _ in stream:  # the engine stops within a token; wait for its result
@@ -267,7 +273,7 @@ class Prepared:
                     yield self._for_client(passed)
         if self.record:
             self.generator.history.record(ended)
-        yield self._report(stream.result, decoder, steering, stopped=stops.hit)
+        yield self._report(stream.result, decoder, steering, stopped=stops.matched)
 
     def _for_client(self, event: GenerationEvent) -> GenerationEvent:
         return self.names.to_client(event) if self.names is not None else event
@@ -278,7 +284,7 @@ class Prepared:
         decoder: HarmonyDecoder,
         steering: HarmonySteering,
         *,
-        stopped: bool,
+        stopped: str | None,
     ) -> Finished:
         finished = _finished(result, decoder.reasoning_tokens, stopped=stopped)
         if decoder.left_grammar or steering.left_grammar:  # logged without the model's text
@@ -315,12 +321,14 @@ def _decoded(
                 return
 
 
-def _finished(result: EngineResult, reasoning_tokens: int, *, stopped: bool) -> Finished:
+def _finished(result: EngineResult, reasoning_tokens: int, *, stopped: str | None) -> Finished:
+    """`stopped`: the stop string that ended the answer, if one did."""
     return Finished(
-        reason=FinishReason.STOP if stopped else finish_reason(result),
+        reason=FinishReason.STOP if stopped is not None else finish_reason(result),
         usage=dataclasses.replace(result.usage, reasoning_tokens=reasoning_tokens),
         timings=result.timings,
         error=result.error,
+        stop_sequence=stopped,
     )
 
 

@@ -20,7 +20,11 @@ class StopStrings:
         self._stops = tuple(s for s in stops if s)
         self._held = ""
         self._sent: list[str] = []
-        self.hit = False
+        self.matched: str | None = None  # the stop string that appeared
+
+    @property
+    def hit(self) -> bool:
+        return self.matched is not None
 
     def filter(self, event: GenerationEvent) -> list[GenerationEvent]:
         """The events to pass on in place of `event`; sets `hit` when a stop string appeared."""
@@ -36,9 +40,9 @@ class StopStrings:
 
     def _delta(self, event: SegmentDelta) -> list[GenerationEvent]:
         text = self._held + event.text
-        cut = min((i for i in (text.find(s) for s in self._stops) if i >= 0), default=-1)
-        if cut >= 0:
-            self.hit = True
+        found = [(i, stop) for stop in self._stops if (i := text.find(stop)) >= 0]
+        if found:
+            cut, self.matched = min(found, key=lambda hit: hit[0])
             out = self._emit(event, text[:cut])
             end = SegmentEnd(event.index, event.kind, "".join(self._sent), (), complete=False)
             return [*out, end]

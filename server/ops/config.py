@@ -186,6 +186,12 @@ class Settings(BaseSettings):
         "/v1/responses stream sends a response.in_progress event; Codex resets its idle timer "
         "only on real events.",
     )
+    messages_ping_s: float = Field(
+        5.0,
+        gt=0,
+        description="Seconds without output (e.g. a long prompt being evaluated) after which a "
+        "/v1/messages stream sends a `ping` event.",
+    )
 
     @classmethod
     def settings_customise_sources(

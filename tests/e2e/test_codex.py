@@ -28,7 +28,7 @@ from server.ops.config import Settings
 from server.ops.runtime import Runtime
 from server.testing.forced import ForcedScript
 from tests.support.event_grammar import CheckedStream
-from tests.support.npm_clients import cache_root, npm_binary
+from tests.support.npm_cli import cache_dir, installed
 from tests.support.responses import StreamRecorder, check_sse, served
 
 pytestmark = pytest.mark.slow  # the real Codex CLI (installed from npm once per machine)
@@ -44,13 +44,13 @@ def codex_dir() -> Path:
     override = os.environ.get("GPT_OSS_CODEX_DIR")
     if override:
         return Path(override)
-    return cache_root() / f"codex-{CODEX_VERSION}"
+    return cache_dir(f"codex-{CODEX_VERSION}")
 
 
 @pytest.fixture(scope="module")
 def codex_binary() -> Path:
     """The Codex CLI from npm, installed once per machine into a cache directory."""
-    binary = npm_binary("@openai/codex", CODEX_VERSION, "codex", codex_dir())
+    binary = installed("@openai/codex", CODEX_VERSION, "codex", codex_dir())
     version = subprocess.run(
         [str(binary), "--version"], capture_output=True, text=True, timeout=60, check=False
     )

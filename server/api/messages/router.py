@@ -1,0 +1,138 @@
+"""POST /v1/messages (streaming and not, one event stream) and POST /v1/messages/count_tokens.
+
+Claude Code posts to `/v1/messages?beta=true` with `anthropic-version` and `anthropic-beta`
+headers: the query and the headers are accepted and need nothing. Everything that can be refused
+is refused before the first byte (bad input 400, a prompt that does not fit 400, a full queue
+429), in Anthropic's error envelope (server.api.error_handlers); a failure after that ends the
+stream with an `error` event.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from server.api.common import new_id
+from server.api.disconnect import ClientGone, consume_while_connected
+from server.api.messages.adapter import (
+    WIRE_NAMES,
+    generation_options,
+    reasoning_view,
+    thinking_text_shown,
+    to_transcript,
+)
+from server.api.messages.emitter import MessagesEmitter, fold
+from server.api.messages.schemas import (
+    CountTokensRequest,
+    MessageDelta,
+    MessagesRequest,
+    StreamEvent,
+    TokenCount,
+)
+from server.api.messages.signature import ThinkingSigner
+from server.api.messages.streaming import MessageRun
+from server.api.sse import sse_event
+from server.contracts.errors import ServerError
+from server.contracts.transcript import Transcript
+from server.core.generation import Generator
+from server.harmony.render import assistant_start_tokens
+from server.ops.config import Settings
+
+log = logging.getLogger(__name__)
+router = APIRouter()
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+@dataclass
+class MessagesState:
+    """What /v1/messages keeps for the server's life; lives on app.state.messages."""
+
+    signer: ThinkingSigner  # its key is drawn at start-up: signatures do not survive a restart
+    ping_s: float = 5.0
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> MessagesState:
+        return cls(signer=ThinkingSigner(), ping_s=settings.messages_ping_s)
+
+
+@router.post("/v1/messages", response_model=None)
+async def create_message(body: MessagesRequest, request: Request) -> Response:
+    settings: Settings = request.app.state.settings
+    generator: Generator = request.app.state.generator
+    state: MessagesState = request.app.state.messages
+    shown = reasoning_view(body, settings.reasoning_visibility)
+    try:
+        transcript = _transcript(body, settings, state)
+        prepared = generator.prepare(transcript, generation_options(body, shown.summary))
+    except ServerError as exc:
+        raise exc.named(WIRE_NAMES) from None
+    emitter = MessagesEmitter(
+        new_id("msg_"),
+        body.model or request.app.state.model_name,
+        input_tokens=len(prepared.prompt_tokens),
+        signer=state.signer,
+        message_start=assistant_start_tokens(generator.encoding),
+        view=shown,
+        thinking_text=thinking_text_shown(body),
+    )
+    run = MessageRun(prepared, emitter)
+    if body.stream:
+        stream = _sse(_logged(emitter.message_id, run.events(state.ping_s)))
+        return StreamingResponse(stream, media_type="text/event-stream", headers=SSE_HEADERS)
+    events: list[StreamEvent] = []
+    try:
+        await consume_while_connected(request, run.events(), events.append)
+    except ClientGone:
+        return Response(status_code=499)  # nobody is listening; the generation was cancelled
+    message = fold(events)  # an error event raises: a 500 in Anthropic's envelope
+    _log_usage(message.id, message.usage.model_dump())
+    return JSONResponse(message.model_dump(mode="json"))
+
+
+@router.post("/v1/messages/count_tokens", response_model=None)
+async def count_tokens(body: CountTokensRequest, request: Request) -> Response:
+    """The prompt's length in tokens, rendered exactly as /v1/messages would render it."""
+    settings: Settings = request.app.state.settings
+    generator: Generator = request.app.state.generator
+    state: MessagesState = request.app.state.messages
+    try:
+        transcript = _transcript(body, settings, state)
+    except ServerError as exc:
+        raise exc.named(WIRE_NAMES) from None
+    count = TokenCount(input_tokens=generator.count_tokens(transcript))
+    return JSONResponse(count.model_dump(mode="json"))
+
+
+def _transcript(body: CountTokensRequest, settings: Settings, state: MessagesState) -> Transcript:
+    today = datetime.date.today().isoformat()
+    return to_transcript(body, settings.reasoning_effort, today, state.signer)
+
+
+async def _logged(
+    message_id: str, events: AsyncIterator[StreamEvent]
+) -> AsyncIterator[StreamEvent]:
+    async for event in events:
+        if isinstance(event, MessageDelta):
+            _log_usage(message_id, event.usage.model_dump())
+        yield event
+
+
+def _log_usage(message_id: str, usage: dict[str, object]) -> None:
+    log.info(
+        "message %s: %s input tokens evaluated, %s read from the cache, %s output tokens",
+        message_id,
+        usage["input_tokens"],
+        usage["cache_read_input_tokens"],
+        usage["output_tokens"],
+    )
+
+
+async def _sse(events: AsyncIterator[StreamEvent]) -> AsyncIterator[bytes]:
+    async for event in events:
+        yield sse_event(event.type, event.model_dump(mode="json"))

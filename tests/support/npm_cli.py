@@ -1,0 +1,58 @@
+"""Command-line clients from npm (Codex, Claude Code), installed once per machine into a cache.
+
+Where npm is missing the test is skipped with the reason, except under GPT_OSS_REQUIRE_CLIENTS=1
+(CI), where a missing client is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+REQUIRE_ENV = "GPT_OSS_REQUIRE_CLIENTS"
+
+
+def cache_dir(name: str) -> Path:
+    """`~/.cache/gpt-oss-server/<name>`: where a pinned client is installed."""
+    return Path.home() / ".cache" / "gpt-oss-server" / name
+
+
+def unavailable(reason: str) -> None:
+    """Skip the test for `reason`, or fail it where clients are required (CI)."""
+    if os.environ.get(REQUIRE_ENV) == "1":
+        pytest.fail(f"{reason} ({REQUIRE_ENV}=1)")
+    pytest.skip(reason)
+
+
+def installed(package: str, version: str, binary: str, directory: Path) -> Path:
+    """`node_modules/.bin/<binary>` of `package@version`, installed into `directory` if absent.
+
+    The install goes to a staging directory first and is renamed into place, so an interrupted
+    or concurrent install never leaves a half-installed client behind.
+    """
+    path = directory / "node_modules" / ".bin" / binary
+    if path.exists():
+        return path
+    npm = shutil.which("npm")
+    if npm is None:
+        unavailable(f"npm is needed to install {package}@{version} for this test (Node.js)")
+    assert npm is not None
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f"{directory.name}-install-", dir=directory.parent))
+    command = [npm, "install", "--prefix", str(staging), "--no-audit", "--no-fund"]
+    result = subprocess.run(
+        [*command, f"{package}@{version}"], capture_output=True, text=True, timeout=600, check=False
+    )
+    if result.returncode != 0:
+        shutil.rmtree(staging, ignore_errors=True)
+        unavailable(f"npm could not install {package}@{version}:\n{result.stderr[-2000:]}")
+    try:
+        staging.rename(directory)
+    except OSError:  # another run installed it meanwhile
+        shutil.rmtree(staging, ignore_errors=True)
+    return path
