@@ -64,4 +64,5 @@ async def server_facts(request: Request) -> dict[str, Any]:
         "max_waiting": load.max_waiting,
         "reasoning_visibility": settings.reasoning_visibility,
         "reasoning_effort": settings.reasoning_effort,
+        "temperature": settings.temperature,
     }

@@ -73,6 +73,7 @@ def test_server_facts(client: TestClient, runtime: Runtime) -> None:
     assert facts["max_waiting"] == load.max_waiting
     assert facts["reasoning_visibility"] == "raw"
     assert facts["reasoning_effort"] == "medium"
+    assert facts["temperature"] == 1.0
     assert facts["placement"] is None  # the test runtime was not placed by `serve`
 
 

@@ -411,8 +411,15 @@ def test_server_view_shows_facts_and_live_load(
     open_page(browser, root)
     browser.find_element(By.ID, "toggle-server").click()
 
-    def fact(name: str) -> str:
-        return text_of(browser.find_element(By.ID, "server-facts"), f'dd[data-fact="{name}"]')
+    def fact(name: str) -> str:  # read in one step: the view is rebuilt every few seconds
+        return str(
+            browser.execute_script(
+                "const dd = document.querySelector("
+                "`#server-facts dd[data-fact='${arguments[0]}']`);"
+                "return dd ? dd.textContent : '';",
+                name,
+            )
+        )
 
     wait_until(lambda: fact("model").startswith(MODEL))
     assert fact("context").startswith("32,768 tokens")

@@ -19,11 +19,17 @@ const page = {
   server: null,
 };
 
+/** Settings for a new conversation: the server's defaults, then what was chosen last. */
 function defaults() {
+  const base = {
+    instructions: '',
+    effort: (page.facts && page.facts.reasoning_effort) || 'medium',
+    temperature: page.facts ? page.facts.temperature : 1,
+  };
   try {
-    return { instructions: '', effort: 'medium', temperature: 1, ...JSON.parse(localStorage.getItem(DEFAULTS) || '{}') };
+    return { ...base, ...JSON.parse(localStorage.getItem(DEFAULTS) || '{}') };
   } catch {
-    return { instructions: '', effort: 'medium', temperature: 1 };
+    return base;
   }
 }
 
@@ -56,7 +62,6 @@ async function loadFacts() {
     page.facts = await page.server.loadFacts();
     page.server.setStatus('ok');
     $('model-name').textContent = page.facts.model;
-    if (!localStorage.getItem(DEFAULTS)) $('effort').value = page.facts.reasoning_effort;
   } catch (error) {
     page.server.setStatus(error.status === 401 ? 'locked' : 'down');
     if (error.status === 401) await askKey();
@@ -321,7 +326,7 @@ async function main() {
   bind();
   select(store.get(store.currentId));
   await loadFacts();
-  if (page.conversation && !page.controller) select(page.conversation);  // labels that depend on the server's policy
+  if (!page.controller) select(page.conversation);  // the server's defaults and policy are known now
   document.body.dataset.ready = 'true';
 }
 

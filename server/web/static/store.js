@@ -59,7 +59,13 @@ export class Store {
 function load() {
   try {
     const list = JSON.parse(localStorage.getItem(KEY) || '[]');
-    return Array.isArray(list) ? list.filter((c) => c && c.id && Array.isArray(c.messages)) : [];
+    if (!Array.isArray(list)) return [];
+    const conversations = list.filter((c) => c && c.id && Array.isArray(c.messages));
+    for (const message of conversations.flatMap((c) => c.messages)) {
+      // A page closed mid-stream left its answer unfinished.
+      if (['waiting', 'thinking', 'answering'].includes(message.state)) message.state = 'stopped';
+    }
+    return conversations;
   } catch {
     return [];
   }
