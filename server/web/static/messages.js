@@ -17,9 +17,9 @@ export class AssistantView {
     this.reasoningLabel = reasoningLabel;  // "Thinking" or "Reasoning summary"
     this.label = h('span', { class: 'thinking-label' });
     this.thinkingText = h('div', { class: 'thinking-text' });
-    this.thinking = h('details', { class: 'thinking', hidden: true },
-      h('summary', {}, h('span', { class: 'pulse', 'aria-hidden': 'true' }), this.label),
-      this.thinkingText);
+    const summary = h('summary', {}, h('span', { class: 'pulse', 'aria-hidden': 'true' }), this.label);
+    summary.addEventListener('click', () => { this.collapsed = true; });  // the reader decides now
+    this.thinking = h('details', { class: 'thinking', hidden: true }, summary, this.thinkingText);
     this.answer = h('div', { class: 'answer markdown' });
     this.error = h('div', { class: 'error', hidden: true, role: 'alert' });
     this.stats = h('div', { class: 'stats' });
