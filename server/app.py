@@ -22,6 +22,7 @@ from server.api.models import health_router
 from server.api.models import router as models_router
 from server.api.responses.router import ResponsesState
 from server.api.responses.router import router as responses_router
+from server.api.web import router as web_router
 from server.core.generation import Generator, SamplingDefaults
 from server.core.history import History
 from server.core.summaries import SummaryConfig
@@ -67,6 +68,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     app.add_middleware(RequestMetricsMiddleware)
     app.include_router(health_router)
     app.include_router(metrics_router)
+    app.include_router(web_router)  # the chat page at `/`: static files, no key
     for router in (models_router, chat_router, responses_router, messages_router):
         app.include_router(router, dependencies=[Depends(require_api_key)])
     return app

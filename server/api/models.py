@@ -1,4 +1,4 @@
-"""/health and /v1/models."""
+"""/health, /v1/models and /v1/server (the facts the chat page shows about this server)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
+from server import __version__
+from server.ops.config import Settings
 from server.ops.runtime import Runtime
 
 router = APIRouter()
@@ -40,4 +42,27 @@ async def list_models(request: Request) -> dict[str, Any]:
                 },
             }
         ],
+    }
+
+
+@router.get("/v1/server")
+async def server_facts(request: Request) -> dict[str, Any]:
+    """What the chat page's server view shows: model, context, placement, slots, policy."""
+    runtime: Runtime = request.app.state.runtime
+    settings: Settings = request.app.state.settings
+    info, load = runtime.engine.info, runtime.engine.load
+    return {
+        "object": "server",
+        "version": __version__,
+        "model": runtime.model_name,
+        "description": info.description,
+        "size": info.size_bytes,
+        "n_ctx": info.n_ctx,
+        "n_ctx_train": info.n_ctx_train,
+        "placement": runtime.placement.summary if runtime.placement else None,
+        "slots": load.slots,
+        "max_waiting": load.max_waiting,
+        "reasoning_visibility": settings.reasoning_visibility,
+        "reasoning_effort": settings.reasoning_effort,
+        "temperature": settings.temperature,
     }

@@ -155,6 +155,7 @@ def banner(settings: Settings, runtime: Runtime) -> str:
         f"  context    {info.n_ctx} tokens (trained for {info.n_ctx_train})",
         f"  placement  {placement}",
         f"  API        {url}{where}: /chat/completions, /responses, /models (and /health)",
+        f"  chat page  {url.removesuffix('/v1')}/ (in a browser)",
         "Try it:",
         _curl_snippet(url, runtime.model_name, settings.api_key is not None),
         _python_snippet(url, runtime.model_name, settings.api_key is not None),

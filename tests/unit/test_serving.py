@@ -36,6 +36,7 @@ def test_banner_names_model_placement_url_and_snippets(runtime: Runtime) -> None
     assert f"context    {runtime.engine.info.n_ctx} tokens" in text
     assert "placement  GPU: 24/24 layers; MoE experts of layers 0-5 on the CPU" in text
     assert "API        http://127.0.0.1:8123/v1 (all interfaces)" in text
+    assert "chat page  http://127.0.0.1:8123/ (in a browser)" in text
     assert "Authorization: Bearer $GPT_OSS_API_KEY" in text
     assert 'api_key=os.environ["GPT_OSS_API_KEY"]' in text
     assert "secret-key" not in text

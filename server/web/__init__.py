@@ -1,0 +1,1 @@
+"""The built-in chat page: static files only (static/), served by server.api.web at `/`."""
