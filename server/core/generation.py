@@ -34,6 +34,7 @@ from server.harmony.decoder import HarmonyDecoder
 from server.harmony.render import assistant_start_tokens, render
 from server.harmony.steering import HarmonySteering, SteeringPlan, plan_steering
 from server.harmony.tokens import CALL as CALL_TOKEN
+from server.harmony.tokens import END as END_TOKEN
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +83,7 @@ class Generator:
         self.on_finished = on_finished  # e.g. metrics; called once per generation (summaries too)
         self.summaries = summaries or SummaryConfig()
         self._stop_tokens = frozenset(encoding.stop_tokens_for_assistant_actions())
+        self._developer_start = encoding.encode("<|start|>developer", allowed_special="all")
 
     def prepare(self, transcript: Transcript, options: GenerationOptions) -> Prepared:
         """Render and validate; raises InvalidRequest / ContextLengthExceeded / ServerBusy.
@@ -105,7 +107,30 @@ class Generator:
             )
         params = self._sampling(options, room)
         steering = self._steering(transcript, names.to_harmony_choice(options.tool_choice), options)
-        return Prepared(self, prompt_tokens, params, steering, options.stop, names, options.summary)
+        points = self.save_points(prompt_tokens)
+        return Prepared(
+            self,
+            prompt_tokens,
+            params,
+            steering,
+            options.stop,
+            names,
+            options.summary,
+            save_points=points,
+        )
+
+    def save_points(self, prompt_tokens: list[int]) -> tuple[int, ...]:
+        """Prompt lengths worth keeping on disk: the end of the system + developer block (the
+        instructions and tools, shared by every conversation of a client) and the end of the
+        last message (where the next request of this conversation starts)."""
+        ends = [i + 1 for i, token in enumerate(prompt_tokens) if token == END_TOKEN]
+        if not ends:
+            return ()
+        head = ends[0]
+        after = prompt_tokens[head : head + len(self._developer_start)]
+        if after == self._developer_start and len(ends) > 1:
+            head = ends[1]
+        return tuple(sorted({head, ends[-1]}))
 
     def summary(self, reasoning: str, style: SummaryStyle) -> Prepared | None:
         """The summary generation of a chain of thought; None if its prompt cannot fit.
@@ -190,6 +215,7 @@ class Prepared:
     names: ToolNames | None = None
     summary: SummaryStyle | None = None  # summarize each reasoning segment in this style
     record: bool = True  # remember the generated messages in the history
+    save_points: tuple[int, ...] = ()  # prompt lengths the engine may save to disk
 
     def events(self) -> AsyncIterator[GenerationEvent]:
         """Decoder events while the engine samples (summary events merged in), then Finished.
@@ -219,7 +245,9 @@ class Prepared:
         decoder = HarmonyDecoder(self.generator.encoding)
         stops = StopStrings(self.stop)
         steering = self.steering.start()
-        stream = self.generator.engine.submit(self.prompt_tokens, self.params, steering)
+        stream = self.generator.engine.submit(
+            self.prompt_tokens, self.params, steering, self.save_points
+        )
         ended: list[SegmentEnd] = []
         consumed = False
         try:
