@@ -84,6 +84,7 @@ class Generator:
         self.summaries = summaries or SummaryConfig()
         self._stop_tokens = frozenset(encoding.stop_tokens_for_assistant_actions())
         self._developer_start = encoding.encode("<|start|>developer", allowed_special="all")
+        self._user_start = encoding.encode("<|start|>user<|message|>", allowed_special="all")
 
     def prepare(self, transcript: Transcript, options: GenerationOptions) -> Prepared:
         """Render and validate; raises InvalidRequest / ContextLengthExceeded / ServerBusy.
@@ -120,17 +121,22 @@ class Generator:
         )
 
     def save_points(self, prompt_tokens: list[int]) -> tuple[int, ...]:
-        """Prompt lengths worth keeping on disk: the end of the system + developer block (the
-        instructions and tools, shared by every conversation of a client) and the end of the
-        last message (where the next request of this conversation starts)."""
+        """Prompt lengths worth keeping on disk once evaluated: the end of the system +
+        developer block (instructions and tools: shared by every conversation of a client) and
+        the start of the last user message's text (shared by a new conversation of the same
+        client in the same environment, and by an edited last message)."""
+        points = set()
         ends = [i + 1 for i, token in enumerate(prompt_tokens) if token == END_TOKEN]
-        if not ends:
-            return ()
-        head = ends[0]
-        after = prompt_tokens[head : head + len(self._developer_start)]
-        if after == self._developer_start and len(ends) > 1:
-            head = ends[1]
-        return tuple(sorted({head, ends[-1]}))
+        if ends:
+            head = ends[0]
+            after = prompt_tokens[head : head + len(self._developer_start)]
+            points.add(ends[1] if after == self._developer_start and len(ends) > 1 else head)
+        user = self._user_start
+        for i in range(len(prompt_tokens) - len(user), -1, -1):
+            if prompt_tokens[i : i + len(user)] == user:
+                points.add(i + len(user))
+                break
+        return tuple(sorted(points))
 
     def summary(self, reasoning: str, style: SummaryStyle) -> Prepared | None:
         """The summary generation of a chain of thought; None if its prompt cannot fit.
