@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 State = np.ndarray[Any, np.dtype[np.uint8]]
 MAGIC = b"GOSKV001"
 SUFFIX = ".kv"
+TEMP_PREFIX = ".tmp-"
+STALE_TEMP_S = 3600.0  # a temporary file this old belongs to no running write
 _HEADER_LEN_BYTES = 4
 _FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
 
@@ -83,9 +85,17 @@ class KVFiles:
         self._lock = threading.Lock()
         self._saving = True
         directory.mkdir(parents=True, exist_ok=True)
+        self._remove_stale_temps()
         self._queue: queue.Queue[tuple[list[int], State] | None] = queue.Queue()
         self._writer = threading.Thread(target=self._write_loop, name="kv-writer", daemon=True)
         self._writer.start()
+
+    def _remove_stale_temps(self) -> None:
+        """Temporary files left by a process killed while writing (not ones being written)."""
+        for temp in self.directory.glob(f"{TEMP_PREFIX}*"):
+            with contextlib.suppress(OSError):
+                if time.time() - temp.stat().st_mtime > STALE_TEMP_S:
+                    temp.unlink()
 
     # --- index (any thread) ---
 
@@ -213,7 +223,7 @@ class KVFiles:
                 "created": time.time(),
             }
         ).encode()
-        temp = self.directory / f".tmp-{os.getpid()}-{threading.get_ident()}-{target.name}"
+        temp = self.directory / f"{TEMP_PREFIX}{os.getpid()}-{threading.get_ident()}-{target.name}"
         try:
             with temp.open("wb") as f:
                 f.write(MAGIC + len(header).to_bytes(_HEADER_LEN_BYTES, "little") + header)

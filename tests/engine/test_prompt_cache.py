@@ -9,10 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import random
+import shutil
+import subprocess
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+
+import pytest
 
 from server.engine.base import EngineConfig, EngineResult
 from server.engine.kv_files import MAGIC, SUFFIX
@@ -168,3 +173,34 @@ def test_the_budget_deletes_the_least_recently_used(tiny_gguf: Path, tmp_path: P
     assert stats is not None
     assert stats.evicted >= 2
     assert not one.exists()  # the least recently used went first
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MiB tmpfs (needs the right to mount: root in CI's container; skipped elsewhere)."""
+    mount_point = tmp_path / "small"
+    mount_point.mkdir()
+    mount = ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)]
+    mounted = shutil.which("mount") and subprocess.run(mount, check=False, capture_output=True)
+    if not mounted or mounted.returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", str(mount_point)], check=False)
+
+
+def test_a_full_disk_stops_saving_with_one_warning(
+    tiny_gguf: Path, small_disk: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="server.engine.kv_files")
+    with running(config(tiny_gguf, small_disk)) as engine:
+        for seed in (18, 19, 20):
+            _, result = run(engine, tokens(seed, 1700), save_points=range(300, 1700, 300))
+            assert result.error is None
+        stats = engine.prompt_cache
+    full = [r for r in caplog.records if "disk is full" in r.getMessage()]
+    assert len(full) == 1
+    assert stats is not None
+    assert stats.skipped_saves >= 1  # every save after the warning
+    assert not list(small_disk.glob(".tmp-*"))  # the failed write left nothing behind
