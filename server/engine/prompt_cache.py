@@ -2,9 +2,10 @@
 
 Runs on the engine thread, beside the scheduler: `save()` copies a sequence's state out of
 llama.cpp (it must be copied there) and hands it to the writer thread of KVFiles (checksum,
-write, fsync, rename happen there); `find()` + `load()` restore the longest saved prefix of a
-prompt into a sequence. Entries are keyed by the model file's identity and every setting that
-changes the KV layout (see `identity()`), so entries made under other settings never load.
+write, fsync, rename happen there); `lookup()` finds the longest saved prefix of a prompt and
+reads it on a reader thread, and `load()` restores it into a sequence. Entries are keyed by the
+model file's identity and every setting that changes the KV layout (see `identity()`), so
+entries made under other settings never load.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import logging
 import os
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,6 +78,7 @@ class PromptCache:
         directory = Path(os.path.expanduser(config.prompt_cache_dir))
         pending = min(budget, MAX_PENDING_BYTES)  # states copied, not written yet
         self.files = KVFiles(directory, identity(config, ctx.n_ctx), budget, pending)
+        self._reader = ThreadPoolExecutor(1, thread_name_prefix="kv-reader")
         log.info(
             "prompt cache: %s (budget %.1f GiB, prefixes of %d+ tokens)",
             directory,
@@ -99,23 +102,26 @@ class PromptCache:
         self.stats.copy_seconds += time.perf_counter() - started
         return self.files.submit(list(tokens), state)
 
-    def find(self, prompt: Sequence[int], cached: int) -> Found | None:
-        """The longest saved prefix of `prompt` longer than `cached`, read and checked.
+    def lookup(self, prompt: Sequence[int], cached: int) -> Future[Found | None] | None:
+        """Start reading the longest saved prefix of `prompt` longer than `cached` tokens.
 
-        At least one prompt token is left to evaluate. Looked up only when at least min_tokens
-        would be evaluated otherwise; then counts a miss when there is none.
+        The file is read and checked on the reader thread (running streams go on meanwhile);
+        None when the disk has no such prefix (a miss). Looked up only when at least
+        min_tokens would be evaluated otherwise; at least one prompt token is left to evaluate.
         """
         if len(prompt) - 1 - cached < self.min_tokens:
-            return None  # little to gain: not counted as a miss
-        started = time.perf_counter()
-        try:
-            for entry in self.files.longest(prompt, cached, len(prompt) - 1):
-                read = self.files.read(entry, prompt)
-                if read is not None:
-                    return Found(entry, *read)
-        finally:
-            self.stats.load_seconds += time.perf_counter() - started
-        self.stats.misses += 1
+            return None  # little to gain: not counted
+        candidates = self.files.longest(prompt, cached, len(prompt) - 1)
+        if not candidates:
+            self.stats.misses += 1
+            return None
+        return self._reader.submit(self._read_first, candidates, list(prompt))
+
+    def _read_first(self, candidates: list[Entry], prompt: list[int]) -> Found | None:
+        for entry in candidates:
+            read = self.files.read(entry, prompt)
+            if read is not None:
+                return Found(entry, *read)
         return None
 
     def load(self, seq_id: int, found: Found) -> bool:
@@ -128,4 +134,5 @@ class PromptCache:
         return ok
 
     def close(self) -> None:
+        self._reader.shutdown(wait=True)
         self.files.close()

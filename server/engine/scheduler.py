@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -25,8 +26,8 @@ from server.engine.base import EngineResult, SamplingHook, SamplingParams, StopR
 from server.engine.channel import TokenChannel
 from server.engine.llama_context import BatchPart, DecodeError, LlamaContext
 from server.engine.picker import TokenPicker
-from server.engine.prompt_cache import PromptCache
-from server.engine.slots import Placement, Slot, eviction_order, place
+from server.engine.prompt_cache import Found, PromptCache
+from server.engine.slots import Placement, Slot, eviction_order, longest_prefix, place
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,8 @@ class Job:
     channel: TokenChannel
     steering: Steering | None = None
     save_points: tuple[int, ...] = ()  # prompt lengths to save on disk once evaluated
+    looked_up: bool = False  # the disk was asked for a longer prefix
+    disk: Found | None = None  # what the disk had, read, until the job starts
     submitted: float = field(default_factory=time.perf_counter)
     phase: _Phase = _Phase.WAITING
     slot: Slot | None = None
@@ -103,14 +106,15 @@ class Scheduler:
         self.slots = [Slot(seq_id) for seq_id in range(ctx.n_seq)]
         self._waiting: deque[Job] = deque()
         self._running: list[Job] = []
+        self._loading: list[tuple[Job, Future[Found | None]]] = []  # reading from disk
 
     @property
     def busy(self) -> bool:
-        return bool(self._waiting or self._running)
+        return bool(self._waiting or self._running or self._loading)
 
     @property
-    def waiting(self) -> int:
-        return len(self._waiting)  # read from other threads: a snapshot is all they need
+    def waiting(self) -> int:  # read from other threads: a snapshot is all they need
+        return len(self._waiting) + len(self._loading)
 
     @property
     def running(self) -> int:
@@ -120,8 +124,9 @@ class Scheduler:
         self._waiting.append(job)
 
     def shutdown(self) -> None:
-        for job in [*self._running, *self._waiting]:
+        for job in [*self._running, *self._waiting, *(job for job, _ in self._loading)]:
             self._finish(job, StopReason.ERROR, "the engine shut down")
+        self._loading.clear()
         if self._cache is not None:
             for slot in self.slots:
                 self._save(slot.seq_id, slot.tokens)
@@ -129,9 +134,12 @@ class Scheduler:
     def step(self) -> None:
         """Admit what fits, run one batch, let each request pick its next tokens."""
         self._retire()
+        self._collect_loads()
         self._admit()
         parts, owners = self._plan()
         if not parts:
+            if self._loading:  # nothing to run until a file is read
+                wait([future for _, future in self._loading], 0.05, FIRST_COMPLETED)
             return
         indices = self._decode(parts, owners)
         if indices is None:
@@ -146,6 +154,9 @@ class Scheduler:
     def _retire(self) -> None:
         for job in [j for j in self._waiting if j.channel.cancelled]:
             self._waiting.remove(job)
+            self._finish(job, StopReason.CANCELLED)
+        for job, future in [(j, f) for j, f in self._loading if j.channel.cancelled]:
+            self._loading.remove((job, future))
             self._finish(job, StopReason.CANCELLED)
         for job in list(self._running):
             assert job.slot is not None
@@ -162,6 +173,13 @@ class Scheduler:
                 error = f"prompt of {len(job.prompt_tokens)} tokens does not fit"
                 self._finish(job, StopReason.ERROR, error)
                 continue
+            if self._cache is not None and not job.looked_up:
+                job.looked_up = True
+                cached = longest_prefix(self.slots, job.prompt_tokens)
+                future = self._cache.lookup(job.prompt_tokens, cached)
+                if future is not None:  # read off the engine thread; admitted once read
+                    self._loading.append((self._waiting.popleft(), future))
+                    continue
             placement = place(self.slots, job.prompt_tokens)
             if placement is None:
                 return
@@ -308,12 +326,22 @@ class Scheduler:
         except Exception:  # the disk cache never fails a generation
             log.exception("prompt cache: could not save a sequence")
 
+    def _collect_loads(self) -> None:
+        """Jobs whose disk read ended go back to the head of the queue."""
+        for job, future in [(j, f) for j, f in self._loading if f.done()]:
+            self._loading.remove((job, future))
+            try:
+                job.disk = future.result()
+            except Exception:  # a failed read is a miss, never a failed request
+                log.exception("prompt cache: could not read an entry")
+            if job.disk is None and self._cache is not None:
+                self._cache.stats.misses += 1
+            self._waiting.appendleft(job)
+
     def _restore(self, job: Job, slot: Slot, keep: int) -> int:
-        """Start from the disk's longest prefix of the prompt if it beats `keep`."""
-        if self._cache is None:
-            return keep
-        found = self._cache.find(job.prompt_tokens, keep)
-        if found is None:
+        """Start from the prefix read from disk if it is longer than `keep`."""
+        found, job.disk = job.disk, None
+        if self._cache is None or found is None or found.n_tokens <= keep:
             return keep
         while not self._cache.load(slot.seq_id, found):  # the sequence is empty now
             slot.tokens.clear()
