@@ -6,6 +6,8 @@ a time, each with `max_output_tokens` 1 so its time is its time to first token:
 
 1. server 1: conversation A (cold), then B (a new conversation: warm in memory); SIGTERM.
 2. server 2 on the same directory: C (a new conversation: warm from disk), then D (in memory).
+Each server first answers one short unrelated request (first-use costs are not measured).
+
 3. `--budget-conversations N`: server 3 with a small `--prompt-cache-gb`, N conversations whose
    instructions differ (each saves new entries); the directory's size after each one.
 4. `--save-cost`: the inter-token gaps of a streaming answer while another request's prefill
@@ -50,6 +52,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--budget-conversations", type=int, default=0)
     parser.add_argument("--budget-gb", type=float, default=0.01)
     parser.add_argument("--save-cost", action="store_true")
+    parser.add_argument("--save-cost-rounds", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("prompt-cache-restart.json"))
     return parser.parse_args(argv)
 
@@ -69,9 +72,16 @@ def server(args: argparse.Namespace, work: Path, kv: Path, *extra: str) -> Itera
         ServerProcess(command, work / "server.log", health, timeout_s=1800) as proc,
         httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=None) as client,
     ):
+        warm_up(client)
         yield client
     assert proc.ended is not None
     log.info("server exited with %d", proc.ended.returncode)
+
+
+def warm_up(client: httpx.Client) -> None:
+    """One short unrelated request, so no measured one pays a fresh server's first-use costs."""
+    chat = {"model": "m", "messages": [{"role": "user", "content": "Hi."}], "max_tokens": 1}
+    client.post("/v1/chat/completions", json=chat).raise_for_status()
 
 
 def metrics(client: httpx.Client) -> dict[str, float]:
@@ -203,10 +213,13 @@ def gaps_during_prefill(client: httpx.Client, brief: bool, tag: str) -> dict[str
 
 
 def save_cost(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    results = {}
-    for mode, extra in (("on", ()), ("off", ("--no-prompt-cache",))):
-        with server(args, work, work / f"kv-cost-{mode}", *extra) as client:
-            results[mode] = gaps_during_prefill(client, args.brief, tag=f"Cost {mode}.")
+    """Cache on and off in turns (a busy machine's phases fall on both)."""
+    results: dict[str, list[dict[str, Any]]] = {"on": [], "off": []}
+    for i in range(args.save_cost_rounds):
+        for mode, extra in (("on", ()), ("off", ("--no-prompt-cache",))):
+            with server(args, work, work / f"kv-cost-{mode}", *extra) as client:
+                tag = f"Cost {mode} {i}."
+                results[mode].append(gaps_during_prefill(client, args.brief, tag=tag))
     return results
 
 

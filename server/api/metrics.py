@@ -137,7 +137,7 @@ class PromptCacheCollector(Collector):
         ("corrupt", "Prompt cache files deleted because they failed their checks."),
         ("evicted", "Prompt cache files deleted to stay within the budget."),
         ("copy_seconds", "Engine-thread time spent copying states out of llama.cpp."),
-        ("load_seconds", "Engine-thread time spent reading and restoring saved states."),
+        ("load_seconds", "Engine-thread time spent restoring states read from disk."),
     )
 
     def __init__(self, engine: Engine) -> None:

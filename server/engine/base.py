@@ -88,7 +88,7 @@ class PromptCacheStats:
     corrupt: int = 0  # entries deleted because they failed their checks
     evicted: int = 0  # entries deleted to stay within the budget
     copy_seconds: float = 0.0  # engine-thread time spent copying states out of llama.cpp
-    load_seconds: float = 0.0  # engine-thread time spent reading and restoring entries
+    load_seconds: float = 0.0  # engine-thread time spent restoring entries (read elsewhere)
 
 
 @dataclass(frozen=True, slots=True)
