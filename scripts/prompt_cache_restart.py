@@ -6,12 +6,12 @@ a time, each with `max_output_tokens` 1 so its time is its time to first token:
 
 1. server 1: conversation A (cold), then B (a new conversation: warm in memory); SIGTERM.
 2. server 2 on the same directory: C (a new conversation: warm from disk), then D (in memory).
-Each server first answers one short unrelated request (first-use costs are not measured).
-
 3. `--budget-conversations N`: server 3 with a small `--prompt-cache-gb`, N conversations whose
    instructions differ (each saves new entries); the directory's size after each one.
 4. `--save-cost`: the inter-token gaps of a streaming answer while another request's prefill
-   reaches its save points, with the prompt cache on and off (servers 4 and 5).
+   reaches its save points, with the prompt cache on and off, in turns (`--save-cost-rounds`).
+
+Each server first answers one short unrelated request (first-use costs are not measured).
 
 Time to first token is the server's own (submission to first sampled token, from /metrics);
 "new tokens" of C is what B evaluated (the same shape, warm in memory: the token-level common
