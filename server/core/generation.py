@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
+from contextlib import aclosing
 from dataclasses import dataclass, field
 
 from openai_harmony import HarmonyEncoding
@@ -24,6 +26,7 @@ from server.contracts.errors import (
 )
 from server.contracts.events import Finished, FinishReason, GenerationEvent, SegmentEnd
 from server.contracts.transcript import ResponseFormat, ToolChoice, Transcript
+from server.core.admission import Admission, Ticket
 from server.core.history import History
 from server.core.stop_strings import StopStrings
 from server.core.summaries import SummaryConfig, SummaryMerge, SummaryStyle, summary_transcript
@@ -82,6 +85,8 @@ class Generator:
         self.history = history or History(assistant_start_tokens(encoding))
         self.on_finished = on_finished  # e.g. metrics; called once per generation (summaries too)
         self.summaries = summaries or SummaryConfig()
+        load = engine.load
+        self.admission = Admission(load.slots, load.max_waiting)
         self._stop_tokens = frozenset(encoding.stop_tokens_for_assistant_actions())
         self._developer_start = encoding.encode("<|start|>developer", allowed_special="all")
         self._user_start = encoding.encode("<|start|>user<|message|>", allowed_special="all")
@@ -91,9 +96,22 @@ class Generator:
 
         Errors name logical request fields (RequestField); the adapter names them on the wire.
         """
-        load = self.engine.load
-        if load.running + load.waiting >= load.slots + load.max_waiting:
-            raise ServerBusy(load.waiting)
+        ticket = self.admission.try_acquire()
+        if ticket is None:
+            raise ServerBusy(self.admission.waiting)
+        try:
+            prepared = self._prepare(transcript, options, ticket)
+        except BaseException:
+            ticket.release()
+            raise
+        # A response that never starts streaming (its client left first) still gives its place
+        # back, when the Prepared is dropped; release() is idempotent.
+        weakref.finalize(prepared, ticket.release)
+        return prepared
+
+    def _prepare(
+        self, transcript: Transcript, options: GenerationOptions, ticket: Ticket
+    ) -> Prepared:
         names = ToolNames(transcript.tools)
         transcript = names.to_harmony(self.history.apply(transcript))
         prompt_tokens = render(self.encoding, transcript)
@@ -117,6 +135,7 @@ class Generator:
             options.stop,
             names,
             options.summary,
+            ticket,
             save_points=points,
         )
 
@@ -220,6 +239,7 @@ class Prepared:
     stop: tuple[str, ...] = ()
     names: ToolNames | None = None
     summary: SummaryStyle | None = None  # summarize each reasoning segment in this style
+    ticket: Ticket | None = None  # the request's place in admission; None for summaries
     record: bool = True  # remember the generated messages in the history
     save_points: tuple[int, ...] = ()  # prompt lengths the engine may save to disk
 
@@ -236,7 +256,7 @@ class Prepared:
             history = self.generator.history
             merge = SummaryMerge(self._events(), self._summary_events, history.record_summaries)
             events = merge.events()
-        return events
+        return events if self.ticket is None else _releasing(events, self.ticket)
 
     async def _summary_events(self, reasoning: str) -> AsyncIterator[GenerationEvent]:
         assert self.summary is not None
@@ -304,6 +324,18 @@ class Prepared:
         if self.generator.on_finished is not None:
             self.generator.on_finished(finished)
         return finished
+
+
+async def _releasing(
+    events: AsyncGenerator[GenerationEvent, None], ticket: Ticket
+) -> AsyncIterator[GenerationEvent]:
+    """The events; the request's admission place is given back when they end or are left."""
+    try:
+        async with aclosing(events) as inner:
+            async for event in inner:
+                yield event
+    finally:
+        ticket.release()
 
 
 def _decoded(

@@ -29,6 +29,8 @@ from server.engine.llama import LlamaEngine
 from server.ops.config import Settings
 from server.ops.runtime import Runtime
 
+pytestmark = pytest.mark.slow  # hundreds of generated requests
+
 N_POSITIVE, N_NEGATIVE = 100, 150
 SCRIPTS = (
     "<|channel|>final<|message|>ok<|return|>",

@@ -15,6 +15,8 @@ import pytest
 from server.bench.options import BenchOptions
 from server.bench.runner import run_bench
 
+pytestmark = pytest.mark.slow  # runs the benchmark's paths
+
 PROMPTS = (32, 64)
 GEN = 8
 REPS = 2

@@ -5,8 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.e2e import test_graceful_shutdown as shutdown
+
+pytestmark = pytest.mark.slow  # starts `gpt-oss-server serve` processes
 
 start_server = shutdown.start_server  # the fixture: `gpt-oss-server serve` on the tiny GGUF
 

@@ -11,9 +11,7 @@ import json
 import logging
 import os
 import re
-import shutil
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +28,10 @@ from server.ops.config import Settings
 from server.ops.runtime import Runtime
 from server.testing.forced import ForcedScript
 from tests.support.event_grammar import CheckedStream
+from tests.support.npm_clients import cache_root, npm_binary
 from tests.support.responses import StreamRecorder, check_sse, served
+
+pytestmark = pytest.mark.slow  # the real Codex CLI (installed from npm once per machine)
 
 CODEX_VERSION = "0.169.0"
 N_CTX = 16384  # Codex's first prompt alone is ≈7.3k tokens
@@ -43,44 +44,18 @@ def codex_dir() -> Path:
     override = os.environ.get("GPT_OSS_CODEX_DIR")
     if override:
         return Path(override)
-    return Path.home() / ".cache" / "gpt-oss-server" / f"codex-{CODEX_VERSION}"
+    return cache_root() / f"codex-{CODEX_VERSION}"
 
 
 @pytest.fixture(scope="module")
 def codex_binary() -> Path:
     """The Codex CLI from npm, installed once per machine into a cache directory."""
-    directory = codex_dir()
-    binary = directory / "node_modules" / ".bin" / "codex"
-    if not binary.exists():
-        _install_codex(directory)
+    binary = npm_binary("@openai/codex", CODEX_VERSION, "codex", codex_dir())
     version = subprocess.run(
         [str(binary), "--version"], capture_output=True, text=True, timeout=60, check=False
     )
     assert CODEX_VERSION in version.stdout, version.stdout + version.stderr
     return binary
-
-
-def _install_codex(directory: Path) -> None:
-    npm = shutil.which("npm")
-    if npm is None:
-        pytest.fail("npm is needed to install the Codex CLI for this test (Node.js 18+)")
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix="codex-install-", dir=directory.parent))
-    command = [npm, "install", "--prefix", str(staging), "--no-audit", "--no-fund"]
-    result = subprocess.run(
-        [*command, f"@openai/codex@{CODEX_VERSION}"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    if result.returncode != 0:
-        shutil.rmtree(staging, ignore_errors=True)
-        pytest.fail(f"npm could not install @openai/codex@{CODEX_VERSION}:\n{result.stderr}")
-    try:
-        staging.rename(directory)
-    except OSError:  # another run installed it meanwhile
-        shutil.rmtree(staging, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

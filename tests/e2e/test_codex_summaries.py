@@ -28,6 +28,8 @@ from tests.e2e import test_codex
 from tests.e2e.test_codex import MODEL, N_CTX, SANDBOX, Codex, CodexRun
 from tests.support.responses import StreamRecorder, served
 
+pytestmark = pytest.mark.slow  # the real Codex CLI
+
 codex_binary = test_codex.codex_binary  # the fixture: Codex installed once, version checked
 
 THOUGHT_CALL = "RAW-THOUGHT-ONE: I should run the command."

@@ -26,6 +26,8 @@ from server.ops.config import Settings
 from server.ops.healthcheck import healthy
 from tests.e2e.conftest import free_port
 
+pytestmark = pytest.mark.slow  # server processes and signals
+
 
 @dataclass
 class ServerProcess:

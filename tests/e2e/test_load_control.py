@@ -95,6 +95,8 @@ def test_full_queue_is_a_429_and_leaving_clients_free_their_sequence(
         )
     )
     assert metric(base, 'gpt_oss_requests_total{endpoint="/v1/chat/completions",status="429"}') >= 1
+    assert metric(base, "gpt_oss_requests_refused_total") >= 1
+    assert metric(base, "gpt_oss_queue_depth_max") == 1  # never deeper than --max-waiting
 
 
 def test_non_streaming_client_that_leaves_cancels_its_generation(

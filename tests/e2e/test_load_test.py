@@ -1,11 +1,16 @@
 """The load test (`python -m server.bench.load`) on the tiny synthetic GGUF, with small numbers:
-the server runs as a child process, and the report's invariants must all hold."""
+the server runs as a child process, and the report's invariants must all hold, the burst
+phase's included (12 simultaneous requests against 2 sequences + 1 waiting place)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from server.bench.load.runner import LoadTestOptions, run_load_test
+
+pytestmark = pytest.mark.slow  # a server process under load
 
 REQUESTS = 24
 
@@ -16,6 +21,7 @@ def test_load_test_invariants(tiny_gguf: Path, tmp_path: Path) -> None:
         requests=REQUESTS,
         concurrency=4,
         max_tokens=12,
+        burst=0,  # the burst phase has a test of its own, with a small bound
         out=tmp_path,
         n_ctx=4096,
         n_threads=2,
@@ -43,3 +49,29 @@ def test_load_test_invariants(tiny_gguf: Path, tmp_path: Path) -> None:
     }
     assert report["rss"]["before_bytes"] > 0
     assert (tmp_path / "load-test.json").is_file()
+
+
+def test_burst_accepts_exactly_the_bound(tiny_gguf: Path, tmp_path: Path) -> None:
+    """12 requests at once against 2 sequences + 1 waiting place: 3 accepted, 9 refused."""
+    options = LoadTestOptions(
+        model=tiny_gguf,
+        requests=0,  # only the warm-up, then the burst
+        out=tmp_path,
+        n_slots=2,
+        max_waiting=1,
+        burst=12,
+        n_ctx=8192,
+        n_threads=2,
+        rss_tolerance=0.25,
+        startup_timeout_s=120,
+    )
+    report, status = run_load_test(options)
+    failed = [name for name, ok in report["invariants"].items() if not ok]
+    burst = report["burst"]
+    assert not failed, (failed, burst)
+    assert status == 0
+    assert burst["accepted"] == 3, burst
+    assert burst["refused"] == burst["refused_with_retry_after"] == 9, burst
+    assert burst["queue_depth_max"] == 1, burst  # reached, never passed
+    assert burst["refused_counted_by_server"] == 9, burst
+    assert report["summary"]["status_5xx"] == 0

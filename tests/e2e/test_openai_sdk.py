@@ -17,6 +17,8 @@ from openai import OpenAI
 from server.testing.forced import ForcedScript
 from tests.e2e.conftest import free_port
 
+pytestmark = pytest.mark.slow  # starts `gpt-oss-server serve` processes
+
 
 @pytest.fixture
 def sdk(base_url: str) -> OpenAI:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from server.bench.procs import ServerProcess, serve_command
@@ -21,6 +22,8 @@ from server.engine.kv_files import SUFFIX
 from tests.e2e.conftest import free_port
 
 CAPTURE = Path(__file__).resolve().parents[1] / "data" / "codex" / "exec_round2.json"
+
+pytestmark = pytest.mark.slow  # starts and restarts `gpt-oss-server serve` processes
 
 
 def first_request(conversation: str) -> dict[str, Any]:

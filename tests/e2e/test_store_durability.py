@@ -16,8 +16,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.e2e import test_graceful_shutdown as shutdown
+
+pytestmark = pytest.mark.slow  # kills and restarts a server process
 
 start_server = shutdown.start_server  # the fixture: `gpt-oss-server serve` on the tiny GGUF
 

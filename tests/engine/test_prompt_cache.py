@@ -24,6 +24,8 @@ from server.engine.kv_files import MAGIC, SUFFIX
 from server.engine.llama import LlamaEngine
 from tests.engine.test_llama_engine import GREEDY
 
+pytestmark = pytest.mark.slow  # engines started and restarted per test
+
 
 def tokens(seed: int, n: int) -> list[int]:
     rng = random.Random(seed)

@@ -57,6 +57,8 @@ from tests.support.chat_grammar import check_chat_body, check_chat_stream
 from tests.support.event_grammar import check_stream
 from tests.support.sse import parse_sse
 
+pytestmark = pytest.mark.slow  # hypothesis runs thousands of token sequences
+
 RETURN, CALL = 200002, 200012
 STOP_TOKENS = (RETURN, CALL)
 LAST_ID = 201087  # the last id of o200k_harmony; 199998 and up are specials, most reserved

@@ -30,6 +30,11 @@ def parse(argv: Sequence[str] | None) -> LoadTestOptions:
     parser.add_argument("--n-threads", type=int, default=None)
     parser.add_argument("--rss-tolerance", type=float, default=0.05,
                         help="largest RSS growth over the run, as a fraction")  # fmt: skip
+    parser.add_argument("--burst", type=int, default=None,
+                        help="simultaneous requests of the burst phase (default: 3 x "
+                        "(n-slots + max-waiting); 0: no burst)")  # fmt: skip
+    parser.add_argument("--burst-max-tokens", type=int, default=4000,
+                        help="output limit of a burst request")  # fmt: skip
     args = parser.parse_args(argv)
     return LoadTestOptions(**vars(args))
 

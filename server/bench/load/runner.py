@@ -20,6 +20,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from server.bench.http_path import free_port
+from server.bench.load.burst import burst_invariants, burst_report, run_burst
 from server.bench.load.client import Outcome, send
 from server.bench.load.mix import PATHS, plan_requests, warmup_requests
 from server.bench.procs import ServerProcess, serve_command
@@ -49,6 +50,12 @@ class LoadTestOptions:
     n_threads: int | None = None
     rss_tolerance: float = 0.05
     startup_timeout_s: float = 900.0
+    burst: int | None = None  # simultaneous requests of the burst phase; None: 3 x the bound
+    burst_max_tokens: int = 4000  # long enough that no burst request ends during the burst
+
+    @property
+    def burst_size(self) -> int:
+        return 3 * (self.n_slots + self.max_waiting) if self.burst is None else self.burst
 
 
 def server_command(options: LoadTestOptions, port: int) -> list[str]:
@@ -226,11 +233,12 @@ def check(
         "engine_idle_after": admission["idle_after"],
         "rss_within_tolerance": rss["ratio"] <= 1 + options.rss_tolerance,
         "server_exit_clean": exit_status == 0,
+        **(burst_invariants(result["burst"], options.max_waiting) if result["burst"] else {}),
     }
 
 
 async def drive(options: LoadTestOptions, base: str, pid: int) -> dict[str, Any]:
-    limits = httpx.Limits(max_connections=options.concurrency + 4)
+    limits = httpx.Limits(max_connections=max(options.concurrency, options.burst_size) + 4)
     timeout = httpx.Timeout(REQUEST_TIMEOUT_S, connect=30.0)
     async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
         watch = GaugeWatch(client, base)
@@ -249,6 +257,9 @@ async def drive(options: LoadTestOptions, base: str, pid: int) -> dict[str, Any]
         poller.cancel()
         metrics = await watch.until_idle(IDLE_WAIT_S)
         rss_after = rss_bytes(pid)
+        burst = await _burst_phase(options, client, base, watch)
+        if burst is not None:
+            metrics = await watch.until_idle(IDLE_WAIT_S)
     idle = not metrics.get("gpt_oss_queue_depth") and not metrics.get("gpt_oss_active_sequences")
     queue_s = metrics.get('gpt_oss_engine_seconds_total{phase="queue"}', 0.0)
     generations = sum(v for k, v in metrics.items() if k.startswith("gpt_oss_generations_total"))
@@ -278,9 +289,31 @@ async def drive(options: LoadTestOptions, base: str, pid: int) -> dict[str, Any]
             "after_mib": round(rss_after / 2**20, 1),
             "ratio": round(rss_after / rss_before, 4),
         },
+        "burst": burst,
         "metrics": metrics,
-        "expected_total": len(warm_outcomes) + len(outcomes),
+        "expected_total": len(warm_outcomes) + len(outcomes) + (burst or {}).get("requests", 0),
     }
+
+
+async def _burst_phase(
+    options: LoadTestOptions, client: httpx.AsyncClient, base: str, watch: GaugeWatch
+) -> dict[str, Any] | None:
+    """Many requests at once against the bound (see burst.py); None when --burst 0."""
+    if options.burst_size <= 0:
+        return None
+    outcomes, metrics = await run_burst(
+        client, base, options.burst_size, options.burst_max_tokens, watch.scrape
+    )
+    report = burst_report(outcomes, metrics, options.n_slots, options.max_waiting)
+    log.info(
+        "burst of %d: %d accepted, %d refused (bound %d), deepest queue %d",
+        report["requests"],
+        report["accepted"],
+        report["refused"],
+        report["bound"],
+        report["queue_depth_max"],
+    )
+    return report
 
 
 def run_load_test(options: LoadTestOptions) -> tuple[dict[str, Any], int]:
