@@ -7,6 +7,7 @@ reports every finished generation, and gauges read the engine's load when scrape
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 
 from fastapi import APIRouter, Request, Response
 from prometheus_client import (
@@ -17,6 +18,8 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.contracts.events import Finished
@@ -90,6 +93,8 @@ class Metrics:
         slots = Gauge("gpt_oss_sequences", "Sequences in the context.", registry=r)
         running.set_function(lambda: engine.load.running)
         slots.set_function(lambda: engine.load.slots)
+        if engine.prompt_cache is not None:  # prompt cache on disk (issue 14)
+            r.register(PromptCacheCollector(engine))
         self.refused = Counter(
             "gpt_oss_requests_refused",
             "Requests refused with 429 because slots + max waiting were taken.",
@@ -134,6 +139,47 @@ class Metrics:
             self.prefill_rate.observe(timings.prefill_tokens_per_s)
         if timings.decode_tokens_per_s:
             self.decode_rate.observe(timings.decode_tokens_per_s)
+
+
+class PromptCacheCollector(Collector):
+    """The disk prompt cache's counters, read from the engine when scraped."""
+
+    _COUNTERS = (
+        ("hits", "Prompts that started from a prefix restored from disk."),
+        ("misses", "Prompts for which the disk held no longer prefix than the memory."),
+        ("read_bytes", "Bytes read from prompt cache files."),
+        ("written_bytes", "Bytes written to prompt cache files."),
+        ("saves", "Prompt cache files written."),
+        ("skipped_saves", "Saves dropped (writes falling behind, or a full disk)."),
+        ("corrupt", "Prompt cache files deleted because they failed their checks."),
+        ("evicted", "Prompt cache files deleted to stay within the budget."),
+        ("copy_seconds", "Engine-thread time spent copying states out of llama.cpp."),
+        ("load_seconds", "Engine-thread time spent restoring states read from disk."),
+    )
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._engine.prompt_cache
+        if stats is None:
+            return
+        values = {
+            "hits": stats.hits,
+            "misses": stats.misses,
+            "read_bytes": stats.bytes_read,
+            "written_bytes": stats.bytes_written,
+            "saves": stats.saves,
+            "skipped_saves": stats.skipped_saves,
+            "corrupt": stats.corrupt,
+            "evicted": stats.evicted,
+            "copy_seconds": stats.copy_seconds,
+            "load_seconds": stats.load_seconds,
+        }
+        for name, help_text in self._COUNTERS:
+            family = CounterMetricFamily(f"gpt_oss_prompt_cache_disk_{name}", help_text)
+            family.add_metric([], values[name])
+            yield family
 
 
 class RequestMetricsMiddleware:

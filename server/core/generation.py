@@ -37,6 +37,7 @@ from server.harmony.decoder import HarmonyDecoder
 from server.harmony.render import assistant_start_tokens, render
 from server.harmony.steering import HarmonySteering, SteeringPlan, plan_steering
 from server.harmony.tokens import CALL as CALL_TOKEN
+from server.harmony.tokens import END as END_TOKEN
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +89,8 @@ class Generator:
         load = engine.load
         self.admission = Admission(load.slots, load.max_waiting)
         self._stop_tokens = frozenset(encoding.stop_tokens_for_assistant_actions())
+        self._developer_start = encoding.encode("<|start|>developer", allowed_special="all")
+        self._user_start = encoding.encode("<|start|>user<|message|>", allowed_special="all")
 
     def prepare(self, transcript: Transcript, options: GenerationOptions) -> Prepared:
         """Render and validate; raises InvalidRequest / ContextLengthExceeded / ServerBusy.
@@ -124,14 +127,41 @@ class Generator:
             )
         params = self._sampling(options, room)
         steering = self._steering(transcript, names.to_harmony_choice(options.tool_choice), options)
+        points = self.save_points(prompt_tokens)
         return Prepared(
-            self, prompt_tokens, params, steering, options.stop, names, options.summary, ticket
+            self,
+            prompt_tokens,
+            params,
+            steering,
+            options.stop,
+            names,
+            options.summary,
+            ticket,
+            save_points=points,
         )
 
     def count_tokens(self, transcript: Transcript) -> int:
         """How many tokens the prompt of `transcript` has, rendered as `prepare` would."""
         names = ToolNames(transcript.tools)
         return len(render(self.encoding, names.to_harmony(self.history.apply(transcript))))
+
+    def save_points(self, prompt_tokens: list[int]) -> tuple[int, ...]:
+        """Prompt lengths worth keeping on disk once evaluated: the end of the system +
+        developer block (instructions and tools: shared by every conversation of a client) and
+        the start of the last user message's text (shared by a new conversation of the same
+        client in the same environment, and by an edited last message)."""
+        points = set()
+        ends = [i + 1 for i, token in enumerate(prompt_tokens) if token == END_TOKEN]
+        if ends:
+            head = ends[0]
+            after = prompt_tokens[head : head + len(self._developer_start)]
+            points.add(ends[1] if after == self._developer_start and len(ends) > 1 else head)
+        user = self._user_start
+        for i in range(len(prompt_tokens) - len(user), -1, -1):
+            if prompt_tokens[i : i + len(user)] == user:
+                points.add(i + len(user))
+                break
+        return tuple(sorted(points))
 
     def summary(self, reasoning: str, style: SummaryStyle) -> Prepared | None:
         """The summary generation of a chain of thought; None if its prompt cannot fit.
@@ -217,6 +247,7 @@ class Prepared:
     summary: SummaryStyle | None = None  # summarize each reasoning segment in this style
     ticket: Ticket | None = None  # the request's place in admission; None for summaries
     record: bool = True  # remember the generated messages in the history
+    save_points: tuple[int, ...] = ()  # prompt lengths the engine may save to disk
 
     def events(self) -> AsyncIterator[GenerationEvent]:
         """Decoder events while the engine samples (summary events merged in), then Finished.
@@ -246,7 +277,9 @@ class Prepared:
         decoder = HarmonyDecoder(self.generator.encoding)
         stops = StopStrings(self.stop)
         steering = self.steering.start()
-        stream = self.generator.engine.submit(self.prompt_tokens, self.params, steering)
+        stream = self.generator.engine.submit(
+            self.prompt_tokens, self.params, steering, self.save_points
+        )
         ended: list[SegmentEnd] = []
         consumed = False
         try:

@@ -69,6 +69,26 @@ class EngineConfig:
     use_mmap: bool = False
     flash_attn: str = "auto"  # auto | on | off
     swa_full: bool = True
+    # prompt cache on disk (see prompt_cache.py); None: off
+    prompt_cache_dir: str | None = None
+    prompt_cache_bytes: int = 8 * 1024**3  # LRU deletion beyond this
+    prompt_cache_min_tokens: int = 512  # shorter prefixes are not worth a file
+
+
+@dataclass
+class PromptCacheStats:
+    """Counters of the prompt cache on disk (other threads read them as snapshots)."""
+
+    hits: int = 0  # prompts that started from a disk entry
+    misses: int = 0  # prompts for which the disk held nothing longer than the memory did
+    bytes_read: int = 0
+    bytes_written: int = 0
+    saves: int = 0
+    skipped_saves: int = 0  # dropped: too many bytes waiting to be written, or the disk is full
+    corrupt: int = 0  # entries deleted because they failed their checks
+    evicted: int = 0  # entries deleted to stay within the budget
+    copy_seconds: float = 0.0  # engine-thread time spent copying states out of llama.cpp
+    load_seconds: float = 0.0  # engine-thread time spent restoring entries (read elsewhere)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,12 +140,21 @@ class Engine(Protocol):
     @property
     def load(self) -> EngineLoad: ...
 
+    @property
+    def prompt_cache(self) -> PromptCacheStats | None:
+        """The disk cache's counters; None when it is off."""
+        ...
+
     def submit(
         self,
         prompt_tokens: Sequence[int],
         params: SamplingParams,
         steering: Steering | None = None,
-    ) -> TokenStream: ...
+        save_points: Sequence[int] = (),
+    ) -> TokenStream:
+        """Generate from `prompt_tokens`; `save_points` are prompt lengths worth keeping on disk
+        (message boundaries) once evaluated."""
+        ...
 
     def validate_grammar(self, grammar: str) -> None:
         """Raise ValueError if llama.cpp cannot use this GBNF grammar."""

@@ -18,11 +18,13 @@ from server.engine.base import (
     EngineConfig,
     EngineLoad,
     ModelInfo,
+    PromptCacheStats,
     SamplingHook,
     SamplingParams,
 )
 from server.engine.channel import TokenChannel
 from server.engine.llama_context import LlamaContext
+from server.engine.prompt_cache import PromptCache
 from server.engine.scheduler import Job, Scheduler
 
 log = logging.getLogger(__name__)
@@ -39,6 +41,7 @@ class LlamaEngine:
         self._load_error: BaseException | None = None
         self._ctx: LlamaContext | None = None
         self._scheduler: Scheduler | None = None
+        self._cache: PromptCache | None = None
         self._thread = threading.Thread(target=self._run, name="llama-engine", daemon=True)
         self._thread.start()
         self._ready.wait()
@@ -61,14 +64,20 @@ class LlamaEngine:
             max_waiting=self._config.max_waiting,
         )
 
+    @property
+    def prompt_cache(self) -> PromptCacheStats | None:
+        return self._cache.stats if self._cache is not None else None
+
     def submit(
         self,
         prompt_tokens: Sequence[int],
         params: SamplingParams,
         steering: Steering | None = None,
+        save_points: Sequence[int] = (),
     ) -> TokenChannel:
         channel = TokenChannel(asyncio.get_running_loop())
-        self._jobs.put(Job(list(prompt_tokens), params, channel, steering))
+        points = tuple(sorted(set(save_points)))
+        self._jobs.put(Job(list(prompt_tokens), params, channel, steering, points))
         return channel
 
     def validate_grammar(self, grammar: str) -> None:
@@ -87,19 +96,31 @@ class LlamaEngine:
     def _run(self) -> None:
         try:
             self._ctx = LlamaContext(self._config)
+            self._cache = self._open_cache(self._ctx)
         except BaseException as exc:  # reported to the constructor's caller
             self._load_error = exc
             self._ready.set()
             return
         self._ready.set()
-        scheduler = Scheduler(self._ctx, self._hook, self._config.prefill_chunk)
+        scheduler = Scheduler(self._ctx, self._hook, self._config.prefill_chunk, self._cache)
         self._scheduler = scheduler
         try:
             while self._receive(scheduler):
                 scheduler.step()
         finally:
-            scheduler.shutdown()
+            scheduler.shutdown()  # saves every conversation to disk
+            if self._cache is not None:
+                self._cache.close()  # waits for the writes
             self._ctx.close()
+
+    def _open_cache(self, ctx: LlamaContext) -> PromptCache | None:
+        if self._config.prompt_cache_dir is None:
+            return None
+        try:
+            return PromptCache(ctx, self._config)
+        except OSError as exc:  # the server runs without it
+            log.warning("prompt cache off: %s", exc)
+            return None
 
     def _receive(self, scheduler: Scheduler) -> bool:
         """Move submitted jobs to the scheduler (waiting when idle); False to stop."""

@@ -159,6 +159,28 @@ class LlamaContext:
         lc.llama_memory_seq_rm(self._memory, target, -1, -1)
         lc.llama_memory_seq_cp(self._memory, source, target, 0, n_tokens)
 
+    def seq_state_size(self, seq_id: int) -> int:
+        """Bytes of a sequence's state (its KV cells, sliding-window layers included)."""
+        return int(lc.llama_state_seq_get_size(self._ctx, seq_id))
+
+    def seq_state(self, seq_id: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
+        """A copy of a sequence's state, as llama_state_seq_get_data writes it."""
+        size = self.seq_state_size(seq_id)
+        state = np.empty(size, dtype=np.uint8)  # not zeroed: llama.cpp writes every byte
+        pointer = state.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
+        written = int(lc.llama_state_seq_get_data(self._ctx, pointer, size, seq_id))
+        return state[:written]
+
+    def load_seq_state(self, seq_id: int, data: bytearray, offset: int) -> bool:
+        """Replace a sequence's cache with a state saved by seq_state (`data[offset:]`).
+
+        False when llama.cpp refuses it (no room, other layout); the sequence is then empty.
+        """
+        lc.llama_memory_seq_rm(self._memory, seq_id, -1, -1)
+        size = len(data) - offset
+        buffer = (ctypes.c_uint8 * size).from_buffer(data, offset)
+        return int(lc.llama_state_seq_set_data(self._ctx, buffer, size, seq_id)) > 0
+
     def decode(self, parts: Sequence[BatchPart]) -> list[int]:
         """Evaluate every part in one llama_decode; the batch index of each part's logits.
 

@@ -5,7 +5,10 @@ prompt of the oldest request still being prefilled (a small chunk while others g
 streams keep flowing). After the decode, each request whose logits came back picks its next
 token(s) with its own sampler and steering. Requests wait when every slot is busy; a prompt goes
 to the slot with the longest cached prefix (see slots.py); when the KV cache is full, the least
-recently used idle conversation is dropped.
+recently used idle conversation is dropped. With the prompt cache on disk (prompt_cache.py), a
+prompt's save points are saved as its prefill reaches them (chunks end there), an evicted
+conversation is saved before it is dropped, every conversation is saved at shutdown, and a new
+prompt starts from the longest saved prefix when the disk holds more of it than the memory.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -22,7 +26,8 @@ from server.engine.base import EngineResult, SamplingHook, SamplingParams, StopR
 from server.engine.channel import TokenChannel
 from server.engine.llama_context import BatchPart, DecodeError, LlamaContext
 from server.engine.picker import TokenPicker
-from server.engine.slots import Placement, Slot, eviction_order, place
+from server.engine.prompt_cache import Found, PromptCache
+from server.engine.slots import Placement, Slot, eviction_order, longest_prefix, place
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +48,9 @@ class Job:
     params: SamplingParams
     channel: TokenChannel
     steering: Steering | None = None
+    save_points: tuple[int, ...] = ()  # prompt lengths to save on disk once evaluated
+    looked_up: bool = False  # the disk was asked for a longer prefix
+    disk: Found | None = None  # what the disk had, read, until the job starts
     submitted: float = field(default_factory=time.perf_counter)
     phase: _Phase = _Phase.WAITING
     slot: Slot | None = None
@@ -84,21 +92,29 @@ class Job:
 class Scheduler:
     """Owns the slots and the running jobs; used by the engine thread only."""
 
-    def __init__(self, ctx: LlamaContext, hook: SamplingHook | None, prefill_chunk: int) -> None:
+    def __init__(
+        self,
+        ctx: LlamaContext,
+        hook: SamplingHook | None,
+        prefill_chunk: int,
+        cache: PromptCache | None = None,
+    ) -> None:
         self._ctx = ctx
+        self._cache = cache
         self._hook = hook
         self._prefill_chunk = max(1, prefill_chunk)
         self.slots = [Slot(seq_id) for seq_id in range(ctx.n_seq)]
         self._waiting: deque[Job] = deque()
         self._running: list[Job] = []
+        self._loading: list[tuple[Job, Future[Found | None]]] = []  # reading from disk
 
     @property
     def busy(self) -> bool:
-        return bool(self._waiting or self._running)
+        return bool(self._waiting or self._running or self._loading)
 
     @property
-    def waiting(self) -> int:
-        return len(self._waiting)  # read from other threads: a snapshot is all they need
+    def waiting(self) -> int:  # read from other threads: a snapshot is all they need
+        return len(self._waiting) + len(self._loading)
 
     @property
     def running(self) -> int:
@@ -108,15 +124,22 @@ class Scheduler:
         self._waiting.append(job)
 
     def shutdown(self) -> None:
-        for job in [*self._running, *self._waiting]:
+        for job in [*self._running, *self._waiting, *(job for job, _ in self._loading)]:
             self._finish(job, StopReason.ERROR, "the engine shut down")
+        self._loading.clear()
+        if self._cache is not None:
+            for slot in self.slots:
+                self._save(slot.seq_id, slot.tokens)
 
     def step(self) -> None:
         """Admit what fits, run one batch, let each request pick its next tokens."""
         self._retire()
+        self._collect_loads()
         self._admit()
         parts, owners = self._plan()
         if not parts:
+            if self._loading:  # nothing to run until a file is read
+                wait([future for _, future in self._loading], 0.05, FIRST_COMPLETED)
             return
         indices = self._decode(parts, owners)
         if indices is None:
@@ -131,6 +154,9 @@ class Scheduler:
     def _retire(self) -> None:
         for job in [j for j in self._waiting if j.channel.cancelled]:
             self._waiting.remove(job)
+            self._finish(job, StopReason.CANCELLED)
+        for job, future in [(j, f) for j, f in self._loading if j.channel.cancelled]:
+            self._loading.remove((job, future))
             self._finish(job, StopReason.CANCELLED)
         for job in list(self._running):
             assert job.slot is not None
@@ -147,6 +173,13 @@ class Scheduler:
                 error = f"prompt of {len(job.prompt_tokens)} tokens does not fit"
                 self._finish(job, StopReason.ERROR, error)
                 continue
+            if self._cache is not None and not job.looked_up:
+                job.looked_up = True
+                cached = longest_prefix(self.slots, job.prompt_tokens)
+                future = self._cache.lookup(job.prompt_tokens, cached)
+                if future is not None:  # read off the engine thread; admitted once read
+                    self._loading.append((self._waiting.popleft(), future))
+                    continue
             placement = place(self.slots, job.prompt_tokens)
             if placement is None:
                 return
@@ -171,6 +204,7 @@ class Scheduler:
                 ctx.share_prefix(placement.donor.seq_id, slot.seq_id, shared)
                 slot.tokens[:] = job.prompt_tokens[:shared]
                 keep = shared
+        keep = self._restore(job, slot, keep)
         job.phase = _Phase.RUNNING
         job.cached = job.next_prompt = keep
         job.started = time.perf_counter()
@@ -191,6 +225,8 @@ class Scheduler:
         if prefill is not None and prefill.slot is not None and budget > 0:
             cap = min(budget, self._prefill_chunk) if parts else budget
             start = prefill.next_prompt
+            if self._cache is not None:  # end the chunk at the next save point
+                cap = min([cap, *(p - start for p in prefill.save_points if p > start)])
             chunk = prefill.prompt_tokens[start : start + cap]
             last = start + len(chunk) == len(prefill.prompt_tokens)
             parts.append(BatchPart(prefill.slot.seq_id, chunk, start, last))
@@ -205,7 +241,7 @@ class Scheduler:
             except DecodeError as exc:
                 victims = eviction_order(self.slots) if exc.code == NO_ROOM else []
                 if victims:
-                    self._forget(victims[0])
+                    self._evict(victims[0])
                     continue
                 self._fail_batch(owners, exc)
                 return None
@@ -227,6 +263,8 @@ class Scheduler:
         if job.prefilling:
             job.next_prompt += len(part.tokens)
             job.evaluated += len(part.tokens)
+            if job.next_prompt in job.save_points:
+                self._save(job.slot.seq_id, job.slot.tokens)
             if not job.prefilling:
                 job.prefilled = time.perf_counter()
         else:
@@ -274,3 +312,44 @@ class Scheduler:
     def _forget(self, slot: Slot) -> None:
         self._ctx.truncate(slot.seq_id, 0)
         slot.tokens.clear()
+
+    def _evict(self, slot: Slot) -> None:
+        """Drop an idle conversation for room, saving it to disk first."""
+        self._save(slot.seq_id, slot.tokens)
+        self._forget(slot)
+
+    def _save(self, seq_id: int, tokens: list[int]) -> None:
+        if self._cache is None or not tokens:
+            return
+        try:
+            self._cache.save(seq_id, tokens)
+        except Exception:  # the disk cache never fails a generation
+            log.exception("prompt cache: could not save a sequence")
+
+    def _collect_loads(self) -> None:
+        """Jobs whose disk read ended go back to the head of the queue."""
+        for job, future in [(j, f) for j, f in self._loading if f.done()]:
+            self._loading.remove((job, future))
+            try:
+                job.disk = future.result()
+            except Exception:  # a failed read is a miss, never a failed request
+                log.exception("prompt cache: could not read an entry")
+            if job.disk is None and self._cache is not None:
+                self._cache.stats.misses += 1
+            self._waiting.appendleft(job)
+
+    def _restore(self, job: Job, slot: Slot, keep: int) -> int:
+        """Start from the prefix read from disk if it is longer than `keep`."""
+        found, job.disk = job.disk, None
+        if self._cache is None or found is None or found.n_tokens <= keep:
+            return keep
+        while not self._cache.load(slot.seq_id, found):  # the sequence is empty now
+            slot.tokens.clear()
+            victims = [v for v in eviction_order(self.slots) if v is not slot]
+            if not victims:
+                log.warning("prompt cache: no room to restore %d tokens", found.n_tokens)
+                self._cache.stats.misses += 1
+                return 0
+            self._evict(victims[0])
+        slot.tokens[:] = job.prompt_tokens[: found.n_tokens]
+        return found.n_tokens

@@ -64,6 +64,11 @@ def place(slots: Sequence[Slot], prompt: Sequence[int]) -> Placement | None:
     return Placement(slot, keep)
 
 
+def longest_prefix(slots: Sequence[Slot], prompt: Sequence[int]) -> int:
+    """The most tokens of `prompt` any slot holds (what the memory can give it)."""
+    return max((common_prefix_length(slot.tokens, prompt) for slot in slots), default=0)
+
+
 def eviction_order(slots: Sequence[Slot]) -> list[Slot]:
     """Idle slots holding a cache, least recently used first: what to drop for room."""
     return sorted((s for s in slots if not s.busy and s.tokens), key=lambda s: s.last_used)

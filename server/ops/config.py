@@ -25,6 +25,11 @@ def default_responses_store() -> Path:
     return Path(data_home) / "gpt-oss-server" / "responses.sqlite3"
 
 
+def default_prompt_cache_dir() -> Path:
+    cache_home = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache_home) / "gpt-oss-server" / "kv"
+
+
 class Settings(BaseSettings):
     """Everything the server can be told."""
 
@@ -191,6 +196,27 @@ class Settings(BaseSettings):
         gt=0,
         description="Seconds without output (e.g. a long prompt being evaluated) after which a "
         "/v1/messages stream sends a `ping` event.",
+    )
+    # --- prompt cache on disk ---
+    prompt_cache: bool = Field(
+        True,
+        description="Keep the KV state of evaluated prompt prefixes (instructions and tools, "
+        "conversations) on disk, so a new session or the first request after a restart skips "
+        "what was evaluated before. --no-prompt-cache turns it off.",
+    )
+    prompt_cache_dir: Path = Field(
+        default_factory=default_prompt_cache_dir,
+        description="Directory of the prompt cache; default: $XDG_CACHE_HOME/gpt-oss-server/kv "
+        "(~/.cache/gpt-oss-server/kv). Several servers may share it.",
+    )
+    prompt_cache_gb: float = Field(
+        8.0,
+        gt=0,
+        description="Disk budget of the prompt cache in GB (GiB); the least recently used "
+        "entries are deleted beyond it.",
+    )
+    prompt_cache_min_tokens: int = Field(
+        512, ge=1, description="Shortest prompt prefix saved to (and looked up on) disk."
     )
 
     @classmethod

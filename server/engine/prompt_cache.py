@@ -1,0 +1,138 @@
+"""Prompt cache on disk: save sequences' KV state to files and restore it into a sequence.
+
+Runs on the engine thread, beside the scheduler: `save()` copies a sequence's state out of
+llama.cpp (it must be copied there) and hands it to the writer thread of KVFiles (checksum,
+write, fsync, rename happen there); `lookup()` finds the longest saved prefix of a prompt and
+reads it on a reader thread, and `load()` restores it into a sequence. Entries are keyed by the
+model file's identity and every setting that changes the KV layout (see `identity()`), so
+entries made under other settings never load.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp
+
+from server.engine.base import EngineConfig, PromptCacheStats
+from server.engine.kv_files import Entry, KVFiles
+from server.engine.llama_context import LlamaContext
+
+log = logging.getLogger(__name__)
+
+HEADER_HASH_BYTES = 1 << 20  # the model file's first MiB: GGUF header and metadata
+KV_TYPE = "f16"  # the context's type_k / type_v (llama.cpp's default; not configurable here)
+MAX_PENDING_BYTES = 2 * 1024**3  # memory held by states waiting for the writer
+
+
+def identity(config: EngineConfig, n_ctx: int) -> str:
+    """What a saved state depends on: the model file and the KV layout settings."""
+    path = Path(config.model_path)
+    stat = path.stat()
+    with path.open("rb") as f:
+        header_hash = hashlib.blake2b(f.read(HEADER_HASH_BYTES), digest_size=16).hexdigest()
+    return json.dumps(
+        {
+            "model": {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "header": header_hash},
+            "llama_cpp": llama_cpp.__version__,
+            "n_ctx_seq": n_ctx,  # one unified cache: every sequence may use all of it
+            "kv_unified": True,
+            "swa_full": config.swa_full,
+            "type_k": KV_TYPE,
+            "type_v": KV_TYPE,
+            "flash_attn": config.flash_attn,
+            "n_gpu_layers": config.n_gpu_layers,
+            "cpu_tensors": list(config.cpu_tensor_patterns),
+        },
+        sort_keys=True,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    entry: Entry
+    data: bytearray
+    offset: int
+
+    @property
+    def n_tokens(self) -> int:
+        return self.entry.n_tokens
+
+
+class PromptCache:
+    """Saves and restores sequences of one LlamaContext; engine thread only (but `stats`)."""
+
+    def __init__(self, ctx: LlamaContext, config: EngineConfig) -> None:
+        assert config.prompt_cache_dir is not None
+        self._ctx = ctx
+        self.min_tokens = max(1, config.prompt_cache_min_tokens)
+        budget = config.prompt_cache_bytes
+        directory = Path(os.path.expanduser(config.prompt_cache_dir))
+        pending = min(budget, MAX_PENDING_BYTES)  # states copied, not written yet
+        self.files = KVFiles(directory, identity(config, ctx.n_ctx), budget, pending)
+        self._reader = ThreadPoolExecutor(1, thread_name_prefix="kv-reader")
+        log.info(
+            "prompt cache: %s (budget %.1f GiB, prefixes of %d+ tokens)",
+            directory,
+            budget / 1024**3,
+            self.min_tokens,
+        )
+
+    @property
+    def stats(self) -> PromptCacheStats:
+        return self.files.stats
+
+    def save(self, seq_id: int, tokens: Sequence[int]) -> bool:
+        """Save the state of a sequence holding exactly `tokens`; False when skipped."""
+        if len(tokens) < self.min_tokens or self.files.has(tokens):
+            return False
+        started = time.perf_counter()
+        if not self.files.wants(self._ctx.seq_state_size(seq_id)):
+            self.stats.skipped_saves += 1
+            return False
+        state = self._ctx.seq_state(seq_id)
+        self.stats.copy_seconds += time.perf_counter() - started
+        return self.files.submit(list(tokens), state)
+
+    def lookup(self, prompt: Sequence[int], cached: int) -> Future[Found | None] | None:
+        """Start reading the longest saved prefix of `prompt` longer than `cached` tokens.
+
+        The file is read and checked on the reader thread (running streams go on meanwhile);
+        None when the disk has no such prefix (a miss). Looked up only when at least
+        min_tokens would be evaluated otherwise; at least one prompt token is left to evaluate.
+        """
+        if len(prompt) - 1 - cached < self.min_tokens:
+            return None  # little to gain: not counted
+        candidates = self.files.longest(prompt, cached, len(prompt) - 1)
+        if not candidates:
+            self.stats.misses += 1
+            return None
+        return self._reader.submit(self._read_first, candidates, list(prompt))
+
+    def _read_first(self, candidates: list[Entry], prompt: list[int]) -> Found | None:
+        for entry in candidates:
+            read = self.files.read(entry, prompt)
+            if read is not None:
+                return Found(entry, *read)
+        return None
+
+    def load(self, seq_id: int, found: Found) -> bool:
+        """Restore `found` into a sequence (emptied first); False when llama.cpp refuses it."""
+        started = time.perf_counter()
+        ok = self._ctx.load_seq_state(seq_id, found.data, found.offset)
+        self.stats.load_seconds += time.perf_counter() - started
+        if ok:
+            self.stats.hits += 1
+        return ok
+
+    def close(self) -> None:
+        self._reader.shutdown(wait=True)
+        self.files.close()

@@ -1,0 +1,95 @@
+"""The prompt cache on disk across a real restart of `gpt-oss-server serve` (tiny GGUF).
+
+A Codex-shaped first request (the developer prompt, tools and environment of a real Codex 0.169
+request, ≈7k tokens) is served, the server gets SIGTERM and exits; a second server on the same
+cache directory serves a new conversation with the same start: its usage reports the shared
+prefix as cached, only the new user message is evaluated, and /metrics counts the disk hit.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from server.bench.procs import ServerProcess, serve_command
+from server.engine.kv_files import SUFFIX
+from tests.e2e.conftest import free_port
+
+CAPTURE = Path(__file__).resolve().parents[1] / "data" / "codex" / "exec_round2.json"
+
+pytestmark = pytest.mark.slow  # starts and restarts `gpt-oss-server serve` processes
+
+
+def first_request(conversation: str) -> dict[str, Any]:
+    """Codex's first request of a thread, with this conversation's own user message."""
+    body = json.loads(CAPTURE.read_text())
+    request: dict[str, Any] = copy.deepcopy(body)
+    request["input"] = [item for item in body["input"] if item.get("type") == "message"]
+    request["input"][-1]["content"] = [
+        {"type": "input_text", "text": f"{conversation}: read the ten log files and report."}
+    ]
+    request["reasoning"].pop("summary", None)
+    request.update(stream=False, store=False, max_output_tokens=4, prompt_cache_key="restart")
+    return request
+
+
+def server(model: Path, tmp_path: Path, kv: Path) -> ServerProcess:
+    port = free_port()
+    command = serve_command(
+        model,
+        port,
+        *("--n-ctx", "16384", "--n-threads", "2", "--cache-dir", str(tmp_path / "cache")),
+        *("--responses-store-path", str(tmp_path / "responses.sqlite3")),
+        *("--prompt-cache-dir", str(kv)),
+    )
+    health = f"http://127.0.0.1:{port}/health"
+    return ServerProcess(command, tmp_path / f"server-{port}.log", health, timeout_s=120)
+
+
+def usage(proc: ServerProcess, conversation: str) -> dict[str, Any]:
+    base = proc.health_url.removesuffix("/health")
+    response = httpx.post(f"{base}/v1/responses", json=first_request(conversation), timeout=600)
+    assert response.status_code == 200, response.text
+    result: dict[str, Any] = response.json()["usage"]
+    return result
+
+
+def disk_metrics(proc: ServerProcess) -> dict[str, float]:
+    text = httpx.get(proc.health_url.replace("/health", "/metrics"), timeout=10).text
+    return {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name.startswith("gpt_oss_prompt_cache_disk_")
+    }
+
+
+def test_a_new_conversation_after_a_restart_starts_from_disk(
+    tiny_gguf: Path, tmp_path: Path
+) -> None:
+    kv = tmp_path / "kv"
+    with server(tiny_gguf, tmp_path, kv) as first:
+        cold = usage(first, "A")
+        assert cold["input_tokens_details"]["cached_tokens"] == 0
+        before = disk_metrics(first)
+    assert before["gpt_oss_prompt_cache_disk_misses_total"] == 1
+    assert before["gpt_oss_prompt_cache_disk_written_bytes_total"] > 0
+    assert first.ended is not None
+    assert first.ended.returncode == 0  # SIGTERM: a graceful shutdown
+    assert len(list(kv.glob(f"*{SUFFIX}"))) >= 2  # save points, and the conversation itself
+
+    with server(tiny_gguf, tmp_path, kv) as second:
+        warm = usage(second, "B")
+        metrics = disk_metrics(second)
+    prompt, cached = warm["input_tokens"], warm["input_tokens_details"]["cached_tokens"]
+    assert prompt == cold["input_tokens"] > 6000
+    # everything up to the new user message's text came from disk; its ≈12 tokens are evaluated
+    assert 0 < prompt - cached <= 16
+    assert metrics["gpt_oss_prompt_cache_disk_hits_total"] == 1
+    assert metrics["gpt_oss_prompt_cache_disk_read_bytes_total"] > 0

@@ -1,0 +1,208 @@
+"""The prompt cache on disk, on the real tiny engine: save, restart, restore; faults; budget.
+
+Each test starts engines of its own on a temporary cache directory ("a restart" is closing one
+engine and starting another on the same directory). A state restored from disk must give the
+same greedy tokens as a cold evaluation of the same prompt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import random
+import shutil
+import subprocess
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from server.engine.base import EngineConfig, EngineResult
+from server.engine.kv_files import MAGIC, SUFFIX
+from server.engine.llama import LlamaEngine
+from tests.engine.test_llama_engine import GREEDY
+
+pytestmark = pytest.mark.slow  # engines started and restarted per test
+
+
+def tokens(seed: int, n: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(1000, 100000) for _ in range(n)]
+
+
+def config(tiny_gguf: Path, directory: Path | None, **changes: object) -> EngineConfig:
+    base = EngineConfig(
+        model_path=str(tiny_gguf),
+        n_ctx=2048,
+        n_threads=2,
+        prompt_cache_dir=None if directory is None else str(directory),
+        prompt_cache_min_tokens=64,
+    )
+    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+
+
+@contextmanager
+def running(cfg: EngineConfig) -> Iterator[LlamaEngine]:
+    engine = LlamaEngine(cfg)
+    try:
+        yield engine
+    finally:
+        engine.close()
+
+
+def run(
+    engine: LlamaEngine, prompt: Sequence[int], save_points: Sequence[int] = ()
+) -> tuple[list[int], EngineResult]:
+    async def collect() -> tuple[list[int], EngineResult]:
+        stream = engine.submit(prompt, GREEDY, None, save_points)
+        out = [t async for chunk in stream for t in chunk]
+        return out, stream.result
+
+    return asyncio.run(collect())
+
+
+def entries(directory: Path) -> list[Path]:
+    return sorted(directory.glob(f"*{SUFFIX}"))
+
+
+def entry(directory: Path, n_tokens: int) -> Path:
+    (found,) = directory.glob(f"*-{n_tokens:08d}-*{SUFFIX}")
+    return found
+
+
+def cold_output(tiny_gguf: Path, prompt: Sequence[int]) -> list[int]:
+    with running(config(tiny_gguf, None)) as engine:
+        return run(engine, prompt)[0]
+
+
+def test_a_save_point_survives_a_restart_and_restores_exactly(
+    tiny_gguf: Path, tmp_path: Path
+) -> None:
+    shared = tokens(1, 300)
+    with running(config(tiny_gguf, tmp_path)) as engine:
+        _, first = run(engine, shared + tokens(2, 100), save_points=[len(shared)])
+        assert first.usage.cached_tokens == 0
+    assert entry(tmp_path, len(shared)).read_bytes().startswith(MAGIC)
+    other = shared + tokens(3, 80)  # a new conversation with the same start
+    with running(config(tiny_gguf, tmp_path)) as engine:
+        out, result = run(engine, other)
+        stats = engine.prompt_cache
+    assert result.usage.cached_tokens == len(shared)
+    assert result.usage.evaluated_tokens == 80
+    assert stats is not None
+    assert stats.hits == 1
+    assert stats.bytes_read > 0
+    assert out == cold_output(tiny_gguf, other)
+
+
+def test_shutdown_saves_the_conversation(tiny_gguf: Path, tmp_path: Path) -> None:
+    prompt = tokens(4, 200)
+    with running(config(tiny_gguf, tmp_path)) as engine:
+        out, _ = run(engine, prompt)
+    held = prompt + out[:-1]  # the last sampled token was never evaluated
+    assert entry(tmp_path, len(held)).exists()
+    follow_up = held + out[-1:] + tokens(5, 20)
+    with running(config(tiny_gguf, tmp_path)) as engine:
+        _, result = run(engine, follow_up)
+    assert result.usage.cached_tokens == len(held)
+
+
+def test_corrupted_and_truncated_entries_are_misses_and_deleted(
+    tiny_gguf: Path, tmp_path: Path
+) -> None:
+    shared = tokens(6, 200)
+    with running(config(tiny_gguf, tmp_path)) as engine:
+        run(engine, shared + tokens(7, 10), save_points=[100, len(shared)])
+    longer, shorter = entry(tmp_path, len(shared)), entry(tmp_path, 100)
+    data = bytearray(longer.read_bytes())
+    data[-10] ^= 0xFF  # a flipped bit in the state
+    longer.write_bytes(bytes(data))
+    shorter.write_bytes(shorter.read_bytes()[:-100])  # a cut-off write
+    prompt = shared + tokens(8, 30)
+    with running(config(tiny_gguf, tmp_path)) as engine:
+        out, result = run(engine, prompt)
+        stats = engine.prompt_cache
+    assert result.error is None
+    assert result.usage.cached_tokens == 0
+    assert stats is not None
+    assert stats.corrupt == 2
+    assert stats.misses == 1
+    assert stats.hits == 0
+    assert not longer.exists()
+    assert not shorter.exists()
+    assert out == cold_output(tiny_gguf, prompt)
+
+
+def test_entries_of_other_settings_or_models_never_load(tiny_gguf: Path, tmp_path: Path) -> None:
+    shared = tokens(9, 200)
+    with running(config(tiny_gguf, tmp_path)) as engine:
+        run(engine, shared + tokens(10, 10), save_points=[len(shared)])
+    saved = entry(tmp_path, len(shared))
+    prompt = shared + tokens(11, 30)
+    for changes in ({"swa_full": False}, {"n_ctx": 1024}, {"flash_attn": "off"}):
+        with running(config(tiny_gguf, tmp_path, **changes)) as engine:
+            _, result = run(engine, prompt)
+        assert result.usage.cached_tokens == 0, changes
+    # a file of another identity under this identity's name: detected and deleted
+    foreign = tmp_path / "foreign"
+    with running(config(tiny_gguf, foreign, n_ctx=1024)) as engine:
+        run(engine, shared + tokens(12, 10), save_points=[len(shared)])
+    other = entry(foreign, len(shared))
+    assert other.read_bytes().startswith(MAGIC)
+    saved.write_bytes(other.read_bytes())
+    with running(config(tiny_gguf, tmp_path)) as engine:
+        _, result = run(engine, prompt)
+        stats = engine.prompt_cache
+    assert result.usage.cached_tokens == 0
+    assert stats is not None
+    assert stats.corrupt == 1
+    assert not saved.exists()
+
+
+def test_the_budget_deletes_the_least_recently_used(tiny_gguf: Path, tmp_path: Path) -> None:
+    with running(config(tiny_gguf, tmp_path)) as engine:
+        run(engine, tokens(13, 300), save_points=[299])
+    one = entry(tmp_path, 299)
+    budget = int(one.stat().st_size * 3.5)  # room for three entries of this size
+    cfg = config(tiny_gguf, tmp_path, prompt_cache_bytes=budget)
+    with running(cfg) as engine:
+        for seed in (14, 15, 16, 17):
+            run(engine, tokens(seed, 300), save_points=[299])
+        stats = engine.prompt_cache
+    assert sum(p.stat().st_size for p in entries(tmp_path)) <= budget
+    assert stats is not None
+    assert stats.evicted >= 2
+    assert not one.exists()  # the least recently used went first
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MiB tmpfs (needs the right to mount: root in CI's container; skipped elsewhere)."""
+    mount_point = tmp_path / "small"
+    mount_point.mkdir()
+    mount = ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)]
+    mounted = shutil.which("mount") and subprocess.run(mount, check=False, capture_output=True)
+    if not mounted or mounted.returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", str(mount_point)], check=False)
+
+
+def test_a_full_disk_stops_saving_with_one_warning(
+    tiny_gguf: Path, small_disk: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="server.engine.kv_files")
+    with running(config(tiny_gguf, small_disk)) as engine:
+        for seed in (18, 19, 20):
+            _, result = run(engine, tokens(seed, 1700), save_points=range(300, 1700, 300))
+            assert result.error is None
+        stats = engine.prompt_cache
+    full = [r for r in caplog.records if "disk is full" in r.getMessage()]
+    assert len(full) == 1
+    assert stats is not None
+    assert stats.skipped_saves >= 1  # every save after the warning
+    assert not list(small_disk.glob(".tmp-*"))  # the failed write left nothing behind
