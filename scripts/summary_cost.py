@@ -160,6 +160,7 @@ def server_command(args: argparse.Namespace, port: int) -> list[str]:
         args.model, port,
         "--n-ctx", str(args.n_ctx),
         "--summary-max-tokens", str(args.summary_max_tokens),
+        "--no-prompt-cache",  # the same request with and without summaries: no disk hits
         "--log-level", "info",  # the log has each request's summary decode and wait times
     )  # fmt: skip
 

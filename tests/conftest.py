@@ -25,6 +25,20 @@ from server.testing.synthetic_gguf import cached_gguf
 TEST_N_CTX = 4096
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _own_prompt_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Servers the tests start keep their prompt cache in a directory of this run, never in the
+    machine's (~/.cache/gpt-oss-server/kv), so no run sees another's entries."""
+    name = "GPT_OSS_PROMPT_CACHE_DIR"
+    before = os.environ.get(name)
+    os.environ[name] = str(tmp_path_factory.mktemp("kv"))
+    yield
+    if before is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = before
+
+
 @pytest.fixture(scope="session")
 def vocab_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("vocab")

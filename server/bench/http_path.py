@@ -55,6 +55,7 @@ def server_command(plan: Plan, port: int) -> list[str]:
         "--n-gpu-layers", str(plan.n_gpu_layers),
         "--flash-attn", plan.flash_attn,
         "--use-mmap" if plan.use_mmap else "--no-use-mmap",
+        "--no-prompt-cache",  # llama-server keeps no disk cache: compare like with like
         "--log-level", "warning",
     )  # fmt: skip
 

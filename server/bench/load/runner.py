@@ -65,6 +65,7 @@ def server_command(options: LoadTestOptions, port: int) -> list[str]:
         "--n-slots", str(options.n_slots),
         "--max-waiting", str(options.max_waiting),
         "--responses-store-path", str(options.out / "responses.sqlite"),
+        "--prompt-cache-dir", str(options.out / "kv"),  # nothing of the machine's own cache
         "--log-level", "warning",
     )  # fmt: skip
     if options.n_threads is not None:
