@@ -119,10 +119,13 @@ def expression(node: Node, escaped: bool) -> str:
         return _chars(node, escaped)
     if isinstance(node, Ref):
         return node.name
+    return _composite(node, escaped)
+
+
+def _composite(node: Seq | Alt | Repeat, escaped: bool) -> str:
     if isinstance(node, Seq):
-        if not node.items:
-            return '""'
-        return "(" + " ".join(expression(item, escaped) for item in node.items) + ")"
+        inner = " ".join(expression(item, escaped) for item in node.items)
+        return f"({inner})" if node.items else '""'
     if isinstance(node, Alt):
         return "(" + " | ".join(expression(option, escaped) for option in node.options) + ")"
     inner = expression(node.item, escaped)

@@ -117,6 +117,11 @@ class _Builder:
         if "$ref" in schema:
             return self._ref(schema["$ref"], path)
         keys = set(schema) - _ANNOTATIONS
+        if keys & {"enum", "const", "anyOf", "oneOf"}:
+            return self._choice(schema, keys, path)
+        return self._by_type(schema, keys, path)
+
+    def _choice(self, schema: dict[str, Any], keys: set[str], path: str) -> str:
         if "enum" in keys or "const" in keys:
             values = schema["enum"] if "enum" in keys else [schema["const"]]
             if not isinstance(values, list) or not values or len(keys - {"type"}) > 1:
@@ -128,6 +133,9 @@ class _Builder:
                     return self.degrade(path, f"{key} with other keywords")
                 options = [self.visit(s, f"{path}/{key}/{i}") for i, s in enumerate(schema[key])]
                 return "( " + " | ".join(options) + " )"
+        return self.degrade(path, "unreachable")
+
+    def _by_type(self, schema: dict[str, Any], keys: set[str], path: str) -> str:
         types = schema.get("type", _implied_type(keys))
         if types is None:
             return self.degrade(path, f"keywords {sorted(keys)}") if keys else "value"
@@ -157,8 +165,8 @@ class _Builder:
             return self.degrade(path, "a $ref that is not local")
         if ref not in self.refs:
             target: Any = self.document
-            for part in [p for p in ref[1:].split("/") if p]:
-                part = part.replace("~1", "/").replace("~0", "~")
+            for raw in [p for p in ref[1:].split("/") if p]:
+                part = raw.replace("~1", "/").replace("~0", "~")
                 if not isinstance(target, dict) or part not in target:
                     return self.degrade(path, f"unresolved $ref {ref}")
                 target = target[part]
@@ -172,6 +180,7 @@ class _Builder:
         extra = schema.get("additionalProperties", True)
         if not isinstance(properties, dict) or not isinstance(required, list):
             return self.degrade(path, "malformed properties")
+        self.primitive("ws")
         if not properties and not required:
             if isinstance(extra, dict) and extra:
                 value = self.visit(extra, f"{path}/additionalProperties")
@@ -182,11 +191,11 @@ class _Builder:
                 return self.add("empty", '"{" ws "}"')
             return self.primitive("object")
         names = list(properties) + [n for n in required if n not in properties]
-        self.primitive("ws")
         members = []
         for name in names:
             value = self.visit(properties.get(name, True), f"{path}/properties/{name}")
-            members.append((f'{gbnf.literal(_compact(name))} ws ":" ws {value} ws', name in required))
+            key = gbnf.literal(_compact(name))
+            members.append((f'{key} ws ":" ws {value} ws', name in required))
         return self.add("object", f'"{{" ws {self._members(members)} "}}"')
 
     def _members(self, members: list[tuple[str, bool]]) -> str:
@@ -241,7 +250,7 @@ class _Builder:
         except GrammarError as exc:
             return self.degrade(path, f"pattern: {exc}")
         anything = gbnf.Repeat(gbnf.Chars((), negated=True), 0, None)
-        items = [anything] if not pattern.startswith("^") else []
+        items: list[gbnf.Node] = [anything] if not pattern.startswith("^") else []
         items.append(node)
         if not pattern.endswith("$"):
             items.append(anything)
@@ -314,7 +323,8 @@ def _digit_patterns(low: int, high: int) -> list[str]:
         start = max(low, 10 ** (digits - 1) if digits > 1 else 0)
         end = min(high, 10**digits - 1)
         if start <= end:
-            patterns += [" ".join(_digit(a, b) for a, b in seq) for seq in _same(str(start), str(end))]
+            sequences = _same(str(start), str(end))
+            patterns += [" ".join(_digit(a, b) for a, b in seq) for seq in sequences]
     return patterns
 
 

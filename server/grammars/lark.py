@@ -210,7 +210,7 @@ class _Expansions:
 
     def expr(self) -> Node:
         node = self.atom()
-        kind, value = self.peek()
+        value = self.peek()[1]
         if value in ("?", "*", "+"):
             self.pos += 1
             low, high = {"?": (0, 1), "*": (0, None), "+": (1, None)}[value]

@@ -37,7 +37,7 @@ def call_grammar(spec: ToolSpec, strict_default: bool = True) -> str | None:
 
 
 def _canonical(schema: object) -> str:
-    return json.dumps(schema, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return json.dumps(schema, separators=(",", ":"), ensure_ascii=False)  # keeps declared order
 
 
 @functools.lru_cache(maxsize=512)

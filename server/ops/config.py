@@ -186,6 +186,12 @@ class Settings(BaseSettings):
         "/v1/responses stream sends a response.in_progress event; Codex resets its idle timer "
         "only on real events.",
     )
+    strict_tools: bool = Field(
+        True,
+        description="Sample the arguments of function tools that do not set `strict` under "
+        "their JSON schema when it can be enforced exactly (--no-strict-tools: any JSON "
+        "object). Tools with `strict: true` always follow their schema.",
+    )
 
     @classmethod
     def settings_customise_sources(
