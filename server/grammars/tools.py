@@ -1,9 +1,10 @@
 """The grammar a tool call's message content is sampled under (None: sampled freely).
 
-A function tool's arguments are one JSON object: valid against `parameters` when the tool is
-strict (its `strict` flag, else the server's default for schemas the converter fully
-supports), any object otherwise. A custom tool's input is written as `{"input":"..."}` (see
-the Responses adapter), so its Lark or regex language is wrapped in that JSON string, escaped.
+A function tool's arguments are one JSON object: valid against `parameters` when the tool says
+`strict: true`, or when the server's default (--strict-tools, on) applies and the converter
+supports the schema fully; any object otherwise. A custom tool's input is written as
+`{"input":"..."}` (see the Responses adapter), so its Lark or regex language is wrapped in that
+JSON string, escaped.
 Conversions are cached per distinct definition, and each problem is logged once per tool.
 """
 
@@ -42,19 +43,24 @@ def _canonical(schema: object) -> str:
 
 @functools.lru_cache(maxsize=512)
 def function_grammar(name: str, schema_json: str, strict: bool | None, default: bool) -> str:
-    """Cached per (tool name, canonical schema, strictness)."""
+    """Cached per (tool name, schema as sent, strictness, server default).
+
+    The schema is enforced when the tool is strict, or when the server's default is on and the
+    schema can be enforced exactly: a tool marked `strict: false` (Codex marks all of its
+    tools so) still gets arguments its client can deserialize.
+    """
     schema = json.loads(schema_json)
-    if strict is False or (strict is None and not default):
-        return json_schema.any_object()
     if not isinstance(schema, dict) or schema.get("type", "object") != "object":
         log.warning("tool %s: its parameters are not an object schema; any object is allowed",
                     name)  # fmt: skip
+        return json_schema.any_object()
+    if strict is not True and not default:
         return json_schema.any_object()
     converted = json_schema.convert(schema)
     if converted.exact:
         return converted.gbnf
     unsupported = "; ".join(converted.unsupported)
-    if strict is None:
+    if strict is not True:
         log.info("tool %s: arguments are any JSON object (schema not fully enforceable: %s)",
                  name, unsupported)  # fmt: skip
         return json_schema.any_object()

@@ -188,9 +188,10 @@ class Settings(BaseSettings):
     )
     strict_tools: bool = Field(
         True,
-        description="Sample the arguments of function tools that do not set `strict` under "
-        "their JSON schema when it can be enforced exactly (--no-strict-tools: any JSON "
-        "object). Tools with `strict: true` always follow their schema.",
+        description="Sample the arguments of every function tool under its JSON schema when "
+        "the schema can be enforced exactly, even for tools marked `strict: false` (Codex marks "
+        "all of its tools so); --no-strict-tools: any JSON object. Tools with `strict: true` "
+        "always follow their schema.",
     )
 
     @classmethod

@@ -60,7 +60,11 @@ STRICT_SCHEMA: dict[str, Any] = {
     "required": ["city", "unit", "days", "where"],
     "additionalProperties": False,
 }
-LOOSE_SCHEMA: dict[str, Any] = {"type": "object", "properties": {"q": {"type": "string"}}}
+LOOSE_SCHEMA: dict[str, Any] = {  # minProperties is not enforced: any JSON object is sampled
+    "type": "object",
+    "properties": {"q": {"type": "string"}},
+    "minProperties": 1,
+}
 REGEX = r'(get|put) [a-z0-9_/]{1,16}( "[^"\\\n]{0,8}")?( \\[nt])?\n?'
 CODEX_REQUEST = Path(__file__).parents[1] / "data" / "codex" / "apply_patch_round2.json"
 
@@ -151,7 +155,7 @@ def sample_calls(
 
 
 def _function(name: str, schema: dict[str, Any], strict: bool | None) -> dict[str, Any]:
-    function = {"name": name, "description": "A tool.", "parameters": schema}
+    function: dict[str, Any] = {"name": name, "description": "A tool.", "parameters": schema}
     if strict is not None:
         function["strict"] = strict
     return {"type": "function", "function": function}
@@ -207,8 +211,10 @@ def lark_parser(definition: str) -> lark.Lark:
 
 _SUFFIXES = ("", "*** End Patch\n", "+x\n*** End Patch\n", "*** Delete File: x\n*** End Patch\n")
 _PARTIAL = re.compile(r"[+\- ].*|@@( .*)?|\*\*\* (Add File|Delete File|Update File|Move to): .*")
-_HEADS = ("*** Begin Patch", "*** End Patch", "*** End of File", "*** Add File: ")
-_HEADS += ("*** Delete File: ", "*** Update File: ", "*** Move to: ", "@@ ")
+_HEADS = (
+    *("*** Begin Patch", "*** End Patch", "*** End of File", "*** Add File: "),
+    *("*** Delete File: ", "*** Update File: ", "*** Move to: ", "@@ "),
+)
 
 
 def viable_patch_prefix(parser: lark.Lark, text: str) -> bool:

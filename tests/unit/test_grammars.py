@@ -193,3 +193,13 @@ def test_lark_features() -> None:
     assert set(rules) == {"l-start", "l-greeting", "l-INT", "l-WS-INLINE", "l-NAME"}
     with pytest.raises(GrammarError):
         parse_regex("a(?<=b)")
+
+
+def test_server_default_enforces_schemas_of_tools_marked_not_strict() -> None:
+    schema = {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}
+    exact = json_schema.convert(schema).gbnf
+    assert call_grammar(ToolSpec("view_image", parameters=schema, strict=False)) == exact
+    assert call_grammar(ToolSpec("view_image", parameters=schema), strict_default=False) == (
+        json_schema.any_object()
+    )
+    assert call_grammar(ToolSpec("view_image", parameters=schema, strict=True), False) == exact
