@@ -51,6 +51,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
             history,
             app.state.metrics.observe,
             summaries=SummaryConfig(max_tokens=settings.summary_max_tokens),
+            strict_tools=settings.strict_tools,
         )
         app.state.metrics.watch(app.state.generator.admission)
         app.state.responses = ResponsesState.from_settings(settings)

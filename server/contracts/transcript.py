@@ -19,6 +19,14 @@ JSON_CONTENT_TYPE = "<|constrain|>json"
 
 
 @dataclass(frozen=True, slots=True)
+class ToolGrammar:
+    """A custom tool's input language: `format: {type: grammar, syntax, definition}`."""
+
+    syntax: Literal["lark", "regex"]
+    definition: str
+
+
+@dataclass(frozen=True, slots=True)
 class ToolSpec:
     """A tool offered to the model, rendered in the developer message's `# Tools` section.
 
@@ -32,6 +40,8 @@ class ToolSpec:
     namespace: str = FUNCTIONS_NAMESPACE
     namespace_description: str = ""
     kind: ToolKind = "function"
+    strict: bool | None = None  # arguments must follow `parameters`; None: the server decides
+    grammar: ToolGrammar | None = None  # a custom tool's input language; None: free text
 
     @property
     def recipient(self) -> str:

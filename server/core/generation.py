@@ -33,6 +33,7 @@ from server.core.summaries import SummaryConfig, SummaryMerge, SummaryStyle, sum
 from server.core.tool_names import ToolNames
 from server.engine.base import Engine, EngineResult, SamplingParams, StopReason
 from server.engine.grammar import json_grammar
+from server.grammars.tools import call_grammar
 from server.harmony.decoder import HarmonyDecoder
 from server.harmony.render import assistant_start_tokens, render
 from server.harmony.steering import HarmonySteering, SteeringPlan, plan_steering
@@ -79,6 +80,7 @@ class Generator:
         on_finished: Callable[[Finished], None] | None = None,
         *,
         summaries: SummaryConfig | None = None,
+        strict_tools: bool = True,
     ) -> None:
         self.engine = engine
         self.encoding = encoding
@@ -91,6 +93,8 @@ class Generator:
         self._stop_tokens = frozenset(encoding.stop_tokens_for_assistant_actions())
         self._developer_start = encoding.encode("<|start|>developer", allowed_special="all")
         self._user_start = encoding.encode("<|start|>user<|message|>", allowed_special="all")
+        self.strict_tools = strict_tools  # enforce schemas of tools that do not say `strict`
+        self._checked_grammars: dict[str, bool] = {}  # grammar -> llama.cpp accepts it
 
     def prepare(self, transcript: Transcript, options: GenerationOptions) -> Prepared:
         """Render and validate; raises InvalidRequest / ContextLengthExceeded / ServerBusy.
@@ -217,7 +221,31 @@ class Generator:
             choice,
             final_grammar=self._final_grammar(transcript.response_format),
             reasoning_budget=options.reasoning_budget,
+            call_grammars=self._call_grammars(transcript),
         )
+
+    def _call_grammars(self, transcript: Transcript) -> dict[str, str]:
+        """The grammar each tool's call content is sampled under (tools without one: free)."""
+        grammars = {}
+        for spec in transcript.tools:
+            grammar = call_grammar(spec, self.strict_tools)
+            if grammar is not None and self._usable(grammar, spec.recipient):
+                grammars[spec.recipient] = grammar
+        return grammars
+
+    def _usable(self, grammar: str, recipient: str) -> bool:
+        usable = self._checked_grammars.get(grammar)
+        if usable is None:
+            try:
+                self.engine.validate_grammar(grammar)
+                usable = True
+            except ValueError:
+                log.warning("llama.cpp rejected tool %s's grammar; its calls are free", recipient)
+                usable = False
+            if len(self._checked_grammars) > 1024:
+                self._checked_grammars.clear()
+            self._checked_grammars[grammar] = usable
+        return usable
 
     def _final_grammar(self, response_format: ResponseFormat | None) -> str | None:
         if response_format is None:

@@ -123,6 +123,11 @@ class LlamaContext:
             size_bytes=int(lc.llama_model_size(self._model)),
         )
 
+    @property
+    def vocab(self) -> Any:
+        """The llama_vocab pointer (for samplers built outside this module)."""
+        return self._vocab
+
     def token_text(self, token_id: int) -> str:
         if not 0 <= token_id < self.info.n_vocab:
             raise ValueError(f"token id {token_id} is outside the vocabulary")
@@ -267,6 +272,10 @@ class Sampler:
     def sample(self, index: int) -> int:
         """Sample (and accept) a token from the logits of batch position `index`."""
         return int(lc.llama_sampler_sample(self._chain, self._ctx, index))
+
+    def apply(self, candidates: Any) -> None:
+        """Run the chain on a llama_token_data_array pointer (sets its `selected`)."""
+        lc.llama_sampler_apply(self._chain, candidates)
 
     def free(self) -> None:
         lc.llama_sampler_free(self._chain)

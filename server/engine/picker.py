@@ -12,6 +12,7 @@ import numpy as np
 
 from server.contracts.directives import Allow, Constrain, Force, Steering
 from server.engine.base import SamplingParams, TokenChooser
+from server.engine.grammar_sampler import GrammarSampler, new_sampler
 from server.engine.llama_context import LlamaContext, Sampler
 
 
@@ -30,7 +31,7 @@ class TokenPicker:
         self._steering = steering
         self._chooser = chooser
         self._base = ctx.new_sampler(params)
-        self._constrained: dict[Constrain, Sampler] = {}
+        self._constrained: dict[Constrain, Sampler | GrammarSampler] = {}
         self._rng = np.random.default_rng(params.seed)
 
     def next_tokens(self, index: int) -> tuple[int, ...]:
@@ -57,9 +58,9 @@ class TokenPicker:
         for sampler in self._constrained.values():
             sampler.free()
 
-    def _sampler_for(self, constraint: Constrain) -> Sampler:
+    def _sampler_for(self, constraint: Constrain) -> Sampler | GrammarSampler:
         sampler = self._constrained.get(constraint)
         if sampler is None:
-            sampler = self._ctx.new_sampler(self._params, constraint)
+            sampler = new_sampler(self._ctx, self._params, constraint)
             self._constrained[constraint] = sampler
         return sampler

@@ -11,7 +11,7 @@ reasoning budget ends the analysis by forcing the next header. A token from outs
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -28,22 +28,26 @@ TERMINATOR = {
     SegmentKind.TOOL_CALL: CALL,
     SegmentKind.FINAL: RETURN,
 }
+CALL_BANNED = SPECIALS - {CALL}
+_Header = tuple[list[int], SegmentKind, "Constrain | None"]
 
 
 @dataclass
 class _Node:
     children: dict[int, _Node] = field(default_factory=dict)
     kind: SegmentKind | None = None  # set on the node reached by <|message|>
+    content: Constrain | None = None  # this header's own content constraint (a tool's grammar)
     allowed: tuple[int, ...] = ()
 
 
-def _build_trie(headers: Sequence[tuple[list[int], SegmentKind]]) -> _Node:
+def _build_trie(headers: Sequence[_Header]) -> _Node:
     root = _Node()
-    for tokens, kind in headers:
+    for tokens, kind, content in headers:
         node = root
         for token in tokens:
             node = node.children.setdefault(token, _Node())
         node.kind = kind
+        node.content = content
     _freeze(root)
     return root
 
@@ -73,16 +77,28 @@ def plan_steering(
     encoding: HarmonyEncoding,
     recipients: Sequence[str],
     tool_choice: ToolChoice,
+    *,
     final_grammar: str | None = None,
     reasoning_budget: int | None = None,
+    call_grammars: Mapping[str, str] | None = None,
 ) -> SteeringPlan:
     """The plan for a request offering `recipients` (e.g. "functions.get_weather").
 
+    `call_grammars` maps a recipient to the GBNF grammar its call's content follows; such a
+    call's header is written with `<|constrain|>json`, and the grammar ends before `<|call|>`.
     Plans are immutable (each request walks them with its own HarmonySteering), so requests of
-    the same shape (same tools, tool_choice, grammar, budget) share one: building it encodes
+    the same shape (same tools, tool_choice, grammars, budget) share one: building it encodes
     every header and costs about as much as rendering the prompt.
     """
-    return _plan(encoding, tuple(recipients), tool_choice, final_grammar, reasoning_budget)
+    grammars = tuple(sorted((call_grammars or {}).items()))
+    return _plan(
+        encoding,
+        tuple(recipients),
+        tool_choice,
+        final_grammar=final_grammar,
+        reasoning_budget=reasoning_budget,
+        call_grammars=grammars,
+    )
 
 
 @functools.lru_cache(maxsize=256)
@@ -90,13 +106,15 @@ def _plan(
     encoding: HarmonyEncoding,
     recipients: tuple[str, ...],
     tool_choice: ToolChoice,
+    *,
     final_grammar: str | None,
     reasoning_budget: int | None,
+    call_grammars: tuple[tuple[str, str], ...],
 ) -> SteeringPlan:
     offered = _callable(recipients, tool_choice)
     kinds = _allowed_kinds(bool(recipients), tool_choice)
-    headers = _headers(encoding, kinds, offered)
-    after_budget = [(tokens, kind) for tokens, kind in headers if kind is not SegmentKind.REASONING]
+    headers = _headers(encoding, kinds, offered, dict(call_grammars))
+    after_budget = [h for h in headers if h[1] is not SegmentKind.REASONING]
     start_assistant = encoding.encode("<|start|>assistant", allowed_special="all")
     force = [END, *start_assistant]
     if SegmentKind.FINAL in kinds:
@@ -131,28 +149,38 @@ def _allowed_kinds(has_tools: bool, choice: ToolChoice) -> set[SegmentKind]:
 
 
 def _headers(
-    encoding: HarmonyEncoding, kinds: set[SegmentKind], recipients: Sequence[str]
-) -> list[tuple[list[int], SegmentKind]]:
-    texts: list[tuple[str, SegmentKind]] = []
+    encoding: HarmonyEncoding,
+    kinds: set[SegmentKind],
+    recipients: Sequence[str],
+    call_grammars: Mapping[str, str],
+) -> list[_Header]:
+    texts: list[tuple[str, SegmentKind, Constrain | None]] = []
     if SegmentKind.REASONING in kinds:
-        texts.append(("<|channel|>analysis<|message|>", SegmentKind.REASONING))
+        texts.append(("<|channel|>analysis<|message|>", SegmentKind.REASONING, None))
     if SegmentKind.FINAL in kinds:
-        texts.append(("<|channel|>final<|message|>", SegmentKind.FINAL))
+        texts.append(("<|channel|>final<|message|>", SegmentKind.FINAL, None))
     if SegmentKind.PREAMBLE in kinds:
-        texts.append(("<|channel|>commentary<|message|>", SegmentKind.PREAMBLE))
+        texts.append(("<|channel|>commentary<|message|>", SegmentKind.PREAMBLE, None))
     if SegmentKind.TOOL_CALL in kinds:
         for recipient in recipients:
-            for text in _call_headers(recipient):
-                texts.append((text, SegmentKind.TOOL_CALL))
-    return [(encoding.encode(text, allowed_special="all"), kind) for text, kind in texts]
+            grammar = call_grammars.get(recipient)
+            content = None if grammar is None else Constrain(CALL_BANNED, grammar)
+            for text in _call_headers(recipient, json_only=grammar is not None):
+                texts.append((text, SegmentKind.TOOL_CALL, content))
+    return [(encoding.encode(text, allowed_special="all"), kind, c) for text, kind, c in texts]
 
 
-def _call_headers(recipient: str) -> list[str]:
+def _call_headers(recipient: str, json_only: bool = False) -> list[str]:
     """The ways gpt-oss writes a call header: recipient after the channel or in the role."""
-    return [
+    json_forms = [
         f"<|channel|>commentary to={recipient} <|constrain|>json<|message|>",
-        f"<|channel|>commentary to={recipient}<|message|>",
         f" to={recipient}<|channel|>commentary <|constrain|>json<|message|>",
+    ]
+    if json_only:
+        return json_forms
+    return [
+        *json_forms,
+        f"<|channel|>commentary to={recipient}<|message|>",
         f" to={recipient}<|channel|>commentary<|message|>",
     ]
 
@@ -173,6 +201,7 @@ class HarmonySteering:
         self._phase = _Phase.HEADER
         self._node = plan.header_trie
         self._kind = SegmentKind.FINAL
+        self._content: Constrain | None = None
         self._reasoning_tokens = 0
         self._budget_spent = False
         self.left_grammar = False
@@ -183,7 +212,7 @@ class HarmonySteering:
             if self._kind is SegmentKind.REASONING and self._over_budget():
                 self._budget_spent = True
                 return Force(self._plan.budget_force)
-            return self._plan.content[self._kind]
+            return self._content or self._plan.content[self._kind]
         if phase is _Phase.HEADER:
             return Allow(self._node.allowed) if self._node.allowed else None
         if phase is _Phase.AFTER_END:
@@ -218,6 +247,7 @@ class HarmonySteering:
         self._node = child
         if child.kind is not None:
             self._kind = child.kind
+            self._content = child.content
             self._phase = _Phase.CONTENT
 
     def _expect(self, ok: bool, phase: _Phase) -> None:

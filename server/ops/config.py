@@ -218,6 +218,13 @@ class Settings(BaseSettings):
     prompt_cache_min_tokens: int = Field(
         512, ge=1, description="Shortest prompt prefix saved to (and looked up on) disk."
     )
+    strict_tools: bool = Field(
+        True,
+        description="Sample the arguments of every function tool under its JSON schema when "
+        "the schema can be enforced exactly, even for tools marked `strict: false` (Codex marks "
+        "all of its tools so); --no-strict-tools: any JSON object. Tools with `strict: true` "
+        "always follow their schema.",
+    )
 
     @classmethod
     def settings_customise_sources(

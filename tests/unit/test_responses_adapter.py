@@ -166,7 +166,7 @@ def test_tools_function_custom_namespace_and_hosted() -> None:
         ]
     )
     assert specs == (
-        ToolSpec("f", "F.", {"type": "object"}),
+        ToolSpec("f", "F.", {"type": "object"}, strict=False),
         ToolSpec("apply_patch", "Patch.", None, kind="custom"),
         ToolSpec(
             "close_agent", "", None, namespace="multi_agent_v1", namespace_description="Agents."

@@ -129,6 +129,7 @@ def _tool_spec(tool: ToolIn, index: int) -> ToolSpec:
         name=function.name,
         description=function.description or "",
         parameters=function.parameters,
+        strict=function.strict,
     )
 
 

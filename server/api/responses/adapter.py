@@ -53,6 +53,7 @@ from server.contracts.transcript import (
     Reasoning,
     ReasoningEffort,
     ToolCall,
+    ToolGrammar,
     ToolResult,
     ToolSpec,
     Transcript,
@@ -196,6 +197,7 @@ def _tool_spec(
             parameters=function.parameters,
             namespace=namespace,
             namespace_description=group,
+            strict=function.strict,
         )
     if kind == "custom":
         custom = _parse(CustomToolIn, tool, param)
@@ -205,9 +207,24 @@ def _tool_spec(
             namespace=namespace,
             namespace_description=group,
             kind="custom",
+            grammar=_tool_grammar(custom.format, param),
         )
     log.info("tool %s of type %r is not offered to the model (hosted or unknown)", param, kind)
     return None
+
+
+def _tool_grammar(fmt: dict[str, Any] | None, param: str) -> ToolGrammar | None:
+    """A custom tool's `format`: a Lark or regex grammar, or None for free text."""
+    if not fmt or fmt.get("type", "text") == "text":
+        return None
+    syntax, definition = fmt.get("syntax"), fmt.get("definition")
+    if fmt.get("type") != "grammar" or syntax not in ("lark", "regex") or not definition:
+        log.warning("%s.format %r is not a lark or regex grammar; the input is free text", param,
+                    fmt.get("type"))  # fmt: skip
+        return None
+    if not isinstance(definition, str):
+        raise InvalidRequest("the grammar's definition must be a string", param=f"{param}.format")
+    return ToolGrammar(syntax=syntax, definition=definition)
 
 
 def custom_input(arguments: str) -> str:

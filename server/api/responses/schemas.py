@@ -81,6 +81,7 @@ class FunctionToolIn(_Lenient):
     name: str = Field(min_length=1)
     description: str | None = None
     parameters: dict[str, Any] | None = None
+    strict: bool | None = None
 
 
 class CustomToolIn(_Lenient):
