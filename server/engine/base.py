@@ -69,6 +69,7 @@ class EngineConfig:
     use_mmap: bool = False
     flash_attn: str = "auto"  # auto | on | off
     swa_full: bool = True
+    sampler: str = "numpy"  # numpy (engine/sampler.py) | llama (llama.cpp's chain, to compare)
 
 
 @dataclass(frozen=True, slots=True)
