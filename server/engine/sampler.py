@@ -33,7 +33,7 @@ Indices = np.ndarray[Any, np.dtype[np.intp]]
 
 BLOCK = 1024  # vocabulary entries per block of the two-level draw
 MAX_RUNS = 64  # banned sets with more contiguous runs than this are applied by fancy indexing
-NUCLEUS_START = 256  # candidates first selected for top-p; grown 8x until they hold the mass
+NUCLEUS_GAPS = (2.0, 4.0, 8.0, 16.0, 32.0)  # top-p candidates: logits within this of the top
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
@@ -162,9 +162,8 @@ class LogitSampler:
         if top is None:
             token = np.array([int(np.argmax(values))], dtype=np.intp)
             return token, np.zeros(1)
-        n = len(values)
         if self._top_k:
-            kept = np.argpartition(values, n - self._top_k)[n - self._top_k :]
+            kept = self._top_k_of(values)
             if self._top_p < 1.0:
                 weights = np.exp(values[kept].astype(np.float64) - top)
                 kept = _nucleus(kept, weights, self._top_p * float(weights.sum()))
@@ -179,20 +178,37 @@ class LogitSampler:
         finite = kept_logits > -math.inf  # top-k may reach banned tokens
         return kept[finite], kept_logits[finite]
 
+    def _top_k_of(self, values: Floats) -> Indices:
+        """The indices of the k largest values, by partial selection among a few candidates.
+
+        The k-th largest of k blocks' maxima is at most the k-th largest value: every value at
+        or above it is a candidate (at least k of them, usually few more).
+        """
+        k, block = self._top_k, self._ws.block
+        n_full = len(values) // block
+        if n_full >= k:
+            maxima = values[: n_full * block].reshape(n_full, block).max(axis=1)
+            threshold = np.partition(maxima, n_full - k)[n_full - k]
+            candidates = np.flatnonzero(values >= threshold)
+        else:
+            candidates = np.arange(len(values))
+        m = len(candidates)
+        return candidates[np.argpartition(values[candidates], m - k)[m - k :]]
+
     def _nucleus_of_all(self, values: Floats, top: float) -> Indices:
-        """Top-p over the whole vocabulary: a partial selection grown until it holds p."""
+        """Top-p over the whole vocabulary: candidates within a growing gap of the top logit
+        until they hold p of the mass; only those are sorted."""
         weights = self._ws.weights
         np.subtract(values, top, out=weights)
         np.exp(weights, out=weights)  # the probabilities at temperature 1, times their sum
-        total = float(np.sum(weights, dtype=np.float64))
-        n = len(weights)
-        k = min(NUCLEUS_START, n)
-        while True:
-            kept = np.argpartition(weights, n - k)[n - k :]
-            kept_weights = weights[kept].astype(np.float64)
-            if k == n or float(kept_weights.sum()) >= self._top_p * total:
-                return _nucleus(kept, kept_weights, self._top_p * total)
-            k = min(n, k * 8)
+        mass = self._top_p * float(np.sum(weights, dtype=np.float64))
+        for gap in NUCLEUS_GAPS:
+            kept = np.flatnonzero(weights >= math.exp(-gap))
+            kept_weights = weights[kept]
+            if float(np.sum(kept_weights, dtype=np.float64)) >= mass:
+                return _nucleus(kept, kept_weights, mass)
+        kept = np.flatnonzero(weights > 0.0)
+        return _nucleus(kept, weights[kept], mass)
 
     def _draw_among(self, kept: Indices, kept_logits: Doubles) -> int:
         """Temperature and the random draw over a few candidates."""
@@ -217,13 +233,13 @@ def _finite_max(values: Floats) -> float | None:
     return top if math.isfinite(top) else None
 
 
-def _nucleus(kept: Indices, weights: Doubles, mass: float) -> Indices:
+def _nucleus(kept: Indices, weights: Floats | Doubles, mass: float) -> Indices:
     """The most probable of `kept` whose `weights` (probabilities, any scale) add up to `mass`.
 
     As llama.cpp's top-p: sorted by probability, cut after the first token at which the running
     sum reaches the mass (p times the total), so at least one token is kept.
     """
-    order = np.argsort(-weights, kind="stable")
-    cumsum = np.cumsum(weights[order])
+    order = np.argsort(weights)[::-1]  # ties in any order, as llama.cpp's partial sort
+    cumsum = np.cumsum(weights[order], dtype=np.float64)
     cut = int(cumsum.searchsorted(mass, side="left")) + 1
     return kept[order[: min(cut, len(order))]]
