@@ -19,11 +19,14 @@ import sys
 import time
 from typing import Any
 
+import numpy as np
+
 from server.contracts.directives import Constrain
 from server.contracts.transcript import ToolSpec
 from server.engine.base import EngineConfig, SamplingParams
-from server.engine.grammar_sampler import GrammarSampler, new_sampler
+from server.engine.grammar_sampler import GrammarSampler
 from server.engine.llama_context import BatchPart, LlamaContext
+from server.engine.sampler import Banned, LogitSampler
 from server.grammars.tools import call_grammar
 from server.harmony.tokens import CALL, SPECIALS
 from server.testing.synthetic_gguf import cached_gguf
@@ -42,12 +45,32 @@ SCHEMA: dict[str, Any] = {
 PROMPT = [200006, 17360, 200008, 12194, 200007, 200006, 173781]  # any few tokens will do
 
 
+class _Unconstrained:
+    """What the server samples content with when there is no grammar: the numpy sampler with
+    the structural specials banned (engine/picker.py)."""
+
+    def __init__(self, ctx: LlamaContext, params: SamplingParams, constraint: Constrain) -> None:
+        self._ctx = ctx
+        self._sampler = LogitSampler(ctx.workspace, params, np.random.default_rng(params.seed))
+        self._banned = Banned.of(constraint.banned, ctx.info.n_vocab) if constraint.banned else None
+
+    def sample(self, index: int) -> int:
+        return self._sampler.sample(self._ctx.logits(index), self._banned)
+
+    def free(self) -> None:
+        pass
+
+
 def _generate(ctx: LlamaContext, constraint: Constrain, tokens: int, seed: int) -> dict[str, Any]:
     params = SamplingParams(max_tokens=tokens, temperature=1.0, seed=seed)
     produced = masked = calls = 0
     started = time.perf_counter()
     while produced < tokens:
-        sampler = new_sampler(ctx, params, constraint)
+        sampler: GrammarSampler | _Unconstrained = (
+            GrammarSampler(ctx, params, constraint)
+            if constraint.grammar is not None
+            else _Unconstrained(ctx, params, constraint)
+        )
         ctx.truncate(0, 0)
         index = ctx.decode([BatchPart(0, PROMPT, 0, True)])[0]
         position = len(PROMPT)

@@ -117,15 +117,24 @@ class ChatTrace:
         }
 
 
-def chat(client: httpx.Client, url: str, text: str, max_tokens: int, seed: int) -> ChatTrace:
+def chat(
+    client: httpx.Client,
+    url: str,
+    text: str,
+    max_tokens: int,
+    seed: int,
+    *,
+    sampling: tuple[float, float] = (1.0, 1.0),
+) -> ChatTrace:
+    """One streaming request; `sampling`: (temperature, top_p)."""
     body = {
         "model": "bench",
         "messages": [{"role": "user", "content": text}],
         "stream": True,
         "stream_options": {"include_usage": True},
         "max_tokens": max_tokens,
-        "temperature": 1.0,
-        "top_p": 1.0,
+        "temperature": sampling[0],
+        "top_p": sampling[1],
         "seed": seed,
     }
     trace = ChatTrace(sent=time.perf_counter())
@@ -167,7 +176,8 @@ def run_steps(client: httpx.Client, url: str, plan: Plan, run: PathRun, pid: int
             raise BenchError(f"a prompt of {step.n_prompt} tokens is too short for a chat")
         text = prompts.text(plan.seed, step.index, step.n_prompt - tail)
         load = OtherLoad((pid,))
-        trace = chat(client, url, text, step.n_gen, plan.seed + step.index)
+        sampling = (plan.temperature, plan.top_p)
+        trace = chat(client, url, text, step.n_gen, plan.seed + step.index, sampling=sampling)
         trace.other_cpus = load.cores()
         record(run, step, trace)
 

@@ -47,7 +47,12 @@ def build_engine(plan: Plan) -> LlamaEngine:
 async def measure(engine: LlamaEngine, plan: Plan, step: Step) -> tuple[Measurement, Measurement]:
     """One request: (prefill measurement, decode measurement)."""
     prompt = random_tokens(plan.seed, step.index, step.n_prompt)
-    params = SamplingParams(max_tokens=step.n_gen, temperature=1.0, seed=plan.seed + step.index)
+    params = SamplingParams(
+        max_tokens=step.n_gen,
+        temperature=plan.temperature,
+        top_p=plan.top_p,
+        seed=plan.seed + step.index,
+    )
     load = OtherLoad()
     sent = time.perf_counter()
     first = last = 0.0

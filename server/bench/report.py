@@ -83,6 +83,28 @@ def ratios(paths: Mapping[str, Any], tests: str = "tests") -> dict[str, dict[str
     return out
 
 
+def server_cost(paths: Mapping[str, Any], tests: str = "tests") -> dict[str, dict[str, float]]:
+    """Per path and decode test: ms per token above llama-bench's (1000/tps - 1000/tps_bench).
+
+    llama-bench decodes without sampling or serving: the difference is what a path adds per
+    token (sampling, scheduling, streaming), from the median tokens/s of each.
+    """
+    out: dict[str, dict[str, float]] = {}
+    reference = paths.get("llama-bench", {}).get(tests, {})
+    for path in paths:
+        if path == "llama-bench":
+            continue
+        per_test = {}
+        for label in reference:
+            mine = median_of(paths, path, label, "tokens_per_s", tests)
+            ref = median_of(paths, "llama-bench", label, "tokens_per_s", tests)
+            if label.startswith("tg") and mine and ref:
+                per_test[label] = round(1000 / mine - 1000 / ref, 3)
+        if per_test:
+            out[path] = per_test
+    return out
+
+
 def targets(paths: Mapping[str, Any], decode_label: str) -> dict[str, Any]:
     """Issue 6's targets against llama-bench (else llama-server).
 
@@ -142,18 +164,28 @@ def markdown_table(report: Mapping[str, Any], tests: str = "tests") -> str:
     for path in paths.values():
         labels += [label for label in path.get(tests, {}) if label not in labels]
     labels.sort(key=lambda label: (label[:2] != "pp", int(label[2:])))
-    head = ["path", *(f"{label} tok/s" for label in labels), "TTFT ms", "peak RSS GiB"]
+    decode = [label for label in labels if label.startswith("tg")]
+    cost = server_cost(paths, tests)
+    head = ["path", *(f"{label} tok/s" for label in labels)]
+    head += [f"{label} ms/token over llama-bench" for label in decode]
+    head += ["TTFT ms", "peak RSS GiB"]
     head.append("CPUs busy with other work")
     rows = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     first_pp = next((label for label in labels if label.startswith("pp")), "")
     for name, path in paths.items():
         cells = [name]
         cells += [_cell(paths, name, label, "tokens_per_s", tests) for label in labels]
+        cells += [_cost_cell(cost, name, label) for label in decode]
         cells.append(_cell(paths, name, first_pp, "ttft_ms", tests))
         cells.append(str(path.get("peak_rss_gib") or "-"))
         cells.append(", ".join(f"{x:.2f}" for x in path.get("other_processes_cpus", [])) or "-")
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
+
+
+def _cost_cell(cost: Mapping[str, Mapping[str, float]], path: str, label: str) -> str:
+    value = cost.get(path, {}).get(label)
+    return "-" if value is None else f"{value:+.3f}"
 
 
 def _cell(paths: Mapping[str, Any], path: str, label: str, metric: str, tests: str) -> str:

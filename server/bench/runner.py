@@ -22,7 +22,14 @@ from server.bench.llama_server import run_llama_server
 from server.bench.machine import OtherLoad, machine_info, wait_for_memory
 from server.bench.options import BenchOptions, PathName
 from server.bench.plan import CTX_MARGIN, BenchError, PathRun, Plan, default_threads, tg_label
-from server.bench.report import QUIET_CPUS, markdown_table, path_report, ratios, targets
+from server.bench.report import (
+    QUIET_CPUS,
+    markdown_table,
+    path_report,
+    ratios,
+    server_cost,
+    targets,
+)
 from server.contracts.errors import StartupError
 from server.ops.model_source import resolve_model
 
@@ -59,6 +66,8 @@ def make_plan(options: BenchOptions) -> Plan:
         seed=options.seed,
         startup_timeout_s=options.startup_timeout_s,
         memory_wait_s=options.memory_wait_s,
+        temperature=options.temperature,
+        top_p=options.top_p,
     )
 
 
@@ -95,11 +104,12 @@ def build_report(plan: Plan, runs: list[PathRun], machine: dict[str, Any]) -> di
     return {
         "model": {"path": str(plan.model_path), "size_bytes": plan.model_path.stat().st_size},
         "machine": machine,
-        "settings": plan.to_json() | {"tg_depth": plan.tg_depth},
+        "settings": plan.to_json() | {"tg_depth": plan.tg_depth, "sampling": plan.sampling},
         "versions": versions(),
         "paths": paths,
         "ratios": ratios(paths),
         "ratios_quiet": ratios(paths, "tests_quiet"),
+        "ms_per_token_over_llama_bench": server_cost(paths),
         "quiet_cpus": QUIET_CPUS,
         "targets": targets(paths, tg_label(plan.gen_tokens)),
     }
@@ -129,6 +139,7 @@ def run_bench(options: BenchOptions) -> int:
     out.write_text(json.dumps(report, indent=2) + "\n")
     if options.chart and draw_chart(report, out.with_suffix(".png")):
         log.info("chart: %s", out.with_suffix(".png"))
+    log.info("sampling: %s", plan.sampling)
     log.info("medians (min–max):\n%s", markdown_table(report))
     log.info("quiet measurements only:\n%s", markdown_table(report, "tests_quiet"))
     print(json.dumps(report, indent=2))

@@ -69,6 +69,7 @@ class EngineConfig:
     use_mmap: bool = False
     flash_attn: str = "auto"  # auto | on | off
     swa_full: bool = True
+    sampler: str = "numpy"  # numpy (engine/sampler.py) | llama (llama.cpp's chain, to compare)
     # prompt cache on disk (see prompt_cache.py); None: off
     prompt_cache_dir: str | None = None
     prompt_cache_bytes: int = 8 * 1024**3  # LRU deletion beyond this

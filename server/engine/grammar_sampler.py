@@ -24,7 +24,7 @@ import numpy as np
 
 from server.contracts.directives import Constrain
 from server.engine.base import SamplingParams
-from server.engine.llama_context import LlamaContext, Sampler
+from server.engine.llama_context import LlamaContext
 
 _TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
 DRAWS = 256  # tokens drawn and checked before the whole vocabulary is masked
@@ -160,12 +160,3 @@ class GrammarSampler:
         lc.llama_sampler_free(self._grammar)
         self._free.free()
         self._resample.free()
-
-
-def new_sampler(
-    ctx: LlamaContext, params: SamplingParams, constraint: Constrain
-) -> Sampler | GrammarSampler:
-    """A GrammarSampler when the constraint has a grammar, else llama.cpp's plain chain."""
-    if constraint.grammar is None:
-        return ctx.new_sampler(params, constraint)
-    return GrammarSampler(ctx, params, constraint)

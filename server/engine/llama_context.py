@@ -1,8 +1,8 @@
 """LlamaContext: a loaded gpt-oss model and its llama.cpp context, driven through the C API.
 
 Owned by exactly one thread (the engine's worker). Knows how to evaluate tokens at positions of
-sequence 0, trim the KV cache back to a prefix, and build sampler chains. Logits never leave
-llama.cpp: samplers read them in place.
+sequence 0, trim the KV cache back to a prefix, and build sampler chains (for grammars). Logits
+never leave llama.cpp: numpy views (engine/sampler.py) and sampler chains read them in place.
 """
 
 from __future__ import annotations
@@ -11,9 +11,7 @@ import ctypes
 import logging
 import math
 import os
-from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import llama_cpp.llama_cpp as lc
@@ -22,6 +20,10 @@ import numpy as np
 from server.contracts.directives import Constrain
 from server.engine import offload
 from server.engine.base import EngineConfig, ModelInfo, SamplingParams
+from server.engine.batch import Batch, BatchPart
+from server.engine.sampler import Workspace
+
+__all__ = ["BatchPart", "DecodeError", "LlamaContext", "Sampler", "default_threads"]
 
 log = logging.getLogger(__name__)
 llama_log = logging.getLogger("llama_cpp")
@@ -56,16 +58,6 @@ def default_threads() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-@dataclass(frozen=True, slots=True)
-class BatchPart:
-    """Tokens of one sequence at consecutive positions, evaluated within a batch."""
-
-    seq_id: int
-    tokens: Sequence[int]
-    start_pos: int
-    logits: bool  # keep the logits of the last token (to sample from)
-
-
 class LlamaContext:
     """One model, one context with `n_seq` sequences sharing a unified KV cache."""
 
@@ -80,8 +72,11 @@ class LlamaContext:
         self.n_batch = int(lc.llama_n_batch(self._ctx))
         self.n_seq = int(lc.llama_n_seq_max(self._ctx))
         self.n_swa = int(lc.llama_model_n_swa(self._model))
-        self._batch = lc.llama_batch_init(self.n_batch, 0, 1)
+        self._batch = Batch(self.n_batch)
         self.info = self._model_info(config.model_path)
+        self.workspace = Workspace(self.info.n_vocab)  # the sampling buffers of this thread
+        self.llama_sampling = config.sampler == "llama"
+        self._logit_views: dict[int, np.ndarray[Any, np.dtype[np.float32]]] = {}
 
     @staticmethod
     def _load_model(config: EngineConfig) -> Any:
@@ -135,7 +130,6 @@ class LlamaContext:
         return text.decode("utf-8", errors="replace") if text else ""
 
     def close(self) -> None:
-        lc.llama_batch_free(self._batch)
         lc.llama_free(self._ctx)
         lc.llama_model_free(self._model)
 
@@ -191,31 +185,8 @@ class LlamaContext:
 
         Raises DecodeError (code 1: the KV cache has no room for the batch).
         """
-        batch = self._batch
-        n = 0
-        indices = []
-        for part in parts:
-            count = len(part.tokens)
-            offset = ctypes.sizeof(ctypes.c_int32) * n
-            ctypes.memmove(
-                ctypes.addressof(batch.token.contents) + offset,
-                array("i", part.tokens).tobytes(),
-                4 * count,
-            )
-            positions = array("i", range(part.start_pos, part.start_pos + count))
-            ctypes.memmove(
-                ctypes.addressof(batch.pos.contents) + offset, positions.tobytes(), 4 * count
-            )
-            for i in range(n, n + count):
-                batch.n_seq_id[i] = 1
-                batch.seq_id[i][0] = part.seq_id
-                batch.logits[i] = 0
-            n += count
-            if part.logits:
-                batch.logits[n - 1] = 1
-            indices.append(n - 1 if part.logits else -1)
-        batch.n_tokens = n
-        code = lc.llama_decode(self._ctx, batch)
+        indices = self._batch.fill(parts)
+        code = lc.llama_decode(self._ctx, self._batch.struct)
         if code != 0:
             raise DecodeError(int(code))
         return indices
@@ -224,9 +195,19 @@ class LlamaContext:
         return Sampler(self._ctx, self._vocab, params, constraint)
 
     def logits(self, index: int) -> np.ndarray[Any, np.dtype[np.float32]]:
-        """The logits of batch position `index`, as a view (no copy)."""
+        """The logits of batch position `index`, as a view (no copy).
+
+        Views are kept by address: llama.cpp's output buffer moves only when it grows.
+        """
         pointer = lc.llama_get_logits_ith(self._ctx, index)
-        return np.ctypeslib.as_array(pointer, (self.info.n_vocab,))
+        address = ctypes.addressof(pointer.contents)
+        view = self._logit_views.get(address)
+        if view is None:
+            if len(self._logit_views) >= 4 * self.n_seq:
+                self._logit_views.clear()
+            view = np.ctypeslib.as_array(pointer, (self.info.n_vocab,))
+            self._logit_views[address] = view
+        return view
 
     def validate_grammar(self, grammar: str) -> None:
         sampler = lc.llama_sampler_init_grammar(self._vocab, grammar.encode(), b"root")

@@ -1,9 +1,12 @@
 """TokenPicker: decides each next token of one generation, following its Steering.
 
 Forced tokens are emitted as they are; an allowed set is sampled from the logits in Python (only
-ever a handful of header tokens); everything else goes through llama.cpp sampler chains, one per
-distinct constraint, created on first use and kept for the generation (a grammar keeps its
-state across the tokens sampled under it). A test hook may replace sampled tokens.
+ever a handful of header tokens); a constraint with a grammar goes through a GrammarSampler
+(engine/grammar_sampler.py), one per distinct constraint, created on first use and kept for the
+generation (a grammar keeps its state across the tokens sampled under it); everything else,
+banned tokens included, is drawn by the numpy sampler (engine/sampler.py) straight from the
+logits buffer (or by llama.cpp's chain with EngineConfig.sampler "llama", for comparisons). A
+test hook may replace sampled tokens.
 """
 
 from __future__ import annotations
@@ -12,8 +15,9 @@ import numpy as np
 
 from server.contracts.directives import Allow, Constrain, Force, Steering
 from server.engine.base import SamplingParams, TokenChooser
-from server.engine.grammar_sampler import GrammarSampler, new_sampler
+from server.engine.grammar_sampler import GrammarSampler
 from server.engine.llama_context import LlamaContext, Sampler
+from server.engine.sampler import Banned, LogitSampler
 
 
 class TokenPicker:
@@ -30,9 +34,11 @@ class TokenPicker:
         self._params = params
         self._steering = steering
         self._chooser = chooser
-        self._base = ctx.new_sampler(params)
-        self._constrained: dict[Constrain, Sampler | GrammarSampler] = {}
+        self._grammars: dict[Constrain, GrammarSampler] = {}
         self._rng = np.random.default_rng(params.seed)
+        self._sampler = LogitSampler(ctx.workspace, params, self._rng)
+        self._banned: dict[Constrain, Banned] = {}
+        self._chains: dict[Constrain | None, Sampler] = {}
 
     def next_tokens(self, index: int) -> tuple[int, ...]:
         """The forced tokens, or one token picked from the logits at batch position `index`."""
@@ -41,10 +47,13 @@ class TokenPicker:
             return directive.tokens
         if isinstance(directive, Allow):
             token = self._ctx.sample_among(index, directive.tokens, self._params, self._rng)
-        elif isinstance(directive, Constrain):
-            token = self._sampler_for(directive).sample(index)
+        elif isinstance(directive, Constrain) and directive.grammar is not None:
+            token = self._grammar_for(directive).sample(index)
+        elif self._ctx.llama_sampling:
+            token = self._chain_for(directive).sample(index)
         else:
-            token = self._base.sample(index)
+            banned = self._banned_for(directive) if directive is not None else None
+            token = self._sampler.sample(self._ctx.logits(index), banned)
         if self._chooser is not None:
             token = self._chooser(token)
         return (token,)
@@ -54,13 +63,30 @@ class TokenPicker:
             self._steering.accept(token)
 
     def free(self) -> None:
-        self._base.free()
-        for sampler in self._constrained.values():
-            sampler.free()
+        for chain in self._chains.values():
+            chain.free()
+        for grammar in self._grammars.values():
+            grammar.free()
 
-    def _sampler_for(self, constraint: Constrain) -> Sampler | GrammarSampler:
-        sampler = self._constrained.get(constraint)
+    def _banned_for(self, constraint: Constrain) -> Banned | None:
+        if not constraint.banned:
+            return None
+        banned = self._banned.get(constraint)
+        if banned is None:
+            banned = Banned.of(constraint.banned, self._ctx.info.n_vocab)
+            self._banned[constraint] = banned
+        return banned
+
+    def _chain_for(self, constraint: Constrain | None) -> Sampler:
+        chain = self._chains.get(constraint)
+        if chain is None:
+            chain = self._ctx.new_sampler(self._params, constraint)
+            self._chains[constraint] = chain
+        return chain
+
+    def _grammar_for(self, constraint: Constrain) -> GrammarSampler:
+        sampler = self._grammars.get(constraint)
         if sampler is None:
-            sampler = new_sampler(self._ctx, self._params, constraint)
-            self._constrained[constraint] = sampler
+            sampler = GrammarSampler(self._ctx, self._params, constraint)
+            self._grammars[constraint] = sampler
         return sampler

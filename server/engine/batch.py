@@ -1,0 +1,71 @@
+"""Batch: a llama_batch whose arrays are numpy buffers allocated once and reused every step.
+
+llama_batch_init allocates one array per token for the sequence ids, which must then be written
+one ctypes item at a time; here every field is a slice assignment into numpy arrays that the
+llama_batch struct points at (each token belongs to exactly one sequence).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import llama_cpp.llama_cpp as lc
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class BatchPart:
+    """Tokens of one sequence at consecutive positions, evaluated within a batch."""
+
+    seq_id: int
+    tokens: Sequence[int]
+    start_pos: int
+    logits: bool  # keep the logits of the last token (to sample from)
+
+
+class Batch:
+    """Up to `capacity` tokens for one llama_decode; owns its memory (nothing to free)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._tokens = np.zeros(capacity, dtype=np.int32)
+        self._pos = np.zeros(capacity, dtype=np.int32)
+        self._n_seq_id = np.ones(capacity, dtype=np.int32)
+        self._seq_id = np.zeros(capacity, dtype=np.int32)
+        self._logits = np.zeros(capacity, dtype=np.int8)
+        self._steps = np.arange(capacity, dtype=np.int32)
+        int_p = ctypes.POINTER(ctypes.c_int32)
+        base = self._seq_id.ctypes.data
+        self._seq_ptrs = (int_p * capacity)(
+            *(ctypes.cast(base + 4 * i, int_p) for i in range(capacity))
+        )
+        self.struct = lc.llama_batch(
+            n_tokens=0,
+            token=self._tokens.ctypes.data_as(int_p),
+            embd=ctypes.POINTER(ctypes.c_float)(),  # NULL: tokens, not embeddings
+            pos=self._pos.ctypes.data_as(int_p),
+            n_seq_id=self._n_seq_id.ctypes.data_as(int_p),
+            seq_id=ctypes.cast(self._seq_ptrs, ctypes.POINTER(int_p)),
+            logits=self._logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8)),
+        )
+
+    def fill(self, parts: Sequence[BatchPart]) -> list[int]:
+        """Write the parts in order; the batch index of each part's logits (-1: none kept)."""
+        n = 0
+        indices = []
+        for part in parts:
+            end = n + len(part.tokens)
+            if end > self.capacity:
+                raise ValueError(f"a batch holds at most {self.capacity} tokens")
+            self._tokens[n:end] = part.tokens
+            np.add(self._steps[: end - n], part.start_pos, out=self._pos[n:end])
+            self._seq_id[n:end] = part.seq_id
+            self._logits[n:end] = 0
+            if part.logits:
+                self._logits[end - 1] = 1
+            indices.append(end - 1 if part.logits else -1)
+            n = end
+        self.struct.n_tokens = n
+        return indices

@@ -1,0 +1,245 @@
+"""LogitSampler: exact token sampling in numpy, straight from llama.cpp's logits buffer.
+
+llama.cpp's sampler chain (temperature, then the random draw) builds and normalises a candidate
+array of the whole vocabulary (201,088 entries for gpt-oss) on every token. This draws from the
+same distribution with a few vectorised passes over preallocated buffers and no sort:
+the logits are scaled into a work buffer, banned tokens set to -inf, the maximum subtracted and
+the exponential taken in place; one uniform draw then picks a block of the vocabulary by its
+block sums, and the token inside that block by a cumulative sum of that block only.
+
+The other stages of llama.cpp's chain keep their order and meaning (top-k, then top-p and min-p
+on the probabilities at temperature 1, then temperature): top-k and top-p select candidates by
+partial selection (`np.argpartition`), never a full sort, and the draw among the few candidates
+left is the same cumulative-sum search. Greedy decoding (temperature 0) is an argmax.
+
+A sampler belongs to one generation (its parameters and seeded generator: the same seed gives
+the same tokens); the `Workspace` buffers are shared by every generation of the engine thread.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from server.engine.base import SamplingParams
+
+Floats = np.ndarray[Any, np.dtype[np.float32]]
+Doubles = np.ndarray[Any, np.dtype[np.float64]]
+Indices = np.ndarray[Any, np.dtype[np.intp]]
+
+BLOCK = 1024  # vocabulary entries per block of the two-level draw
+MAX_RUNS = 64  # banned sets with more contiguous runs than this are applied by fancy indexing
+NUCLEUS_GAPS = (2.0, 4.0, 8.0, 16.0, 32.0)  # top-p candidates: logits within this of the top
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+@dataclass(frozen=True, slots=True)
+class Banned:
+    """Token ids never to sample, kept as contiguous runs (the harmony specials are one or two).
+
+    `apply` writes a value at those positions of a vocabulary-sized array.
+    """
+
+    tokens: frozenset[int]
+    runs: tuple[tuple[int, int], ...]  # [start, stop) ranges; empty when `indices` is used
+    indices: Indices | None
+
+    @classmethod
+    def of(cls, tokens: Iterable[int], n_vocab: int) -> Banned:
+        inside = frozenset(t for t in tokens if 0 <= t < n_vocab)
+        ids = np.fromiter(sorted(inside), dtype=np.intp, count=len(inside))
+        if not len(ids):
+            return cls(inside, (), None)
+        breaks = np.flatnonzero(np.diff(ids) != 1) + 1
+        starts = ids[np.concatenate(([0], breaks))]
+        stops = ids[np.concatenate((breaks - 1, [len(ids) - 1]))] + 1
+        if len(starts) > MAX_RUNS:
+            return cls(inside, (), ids)
+        runs = tuple((int(a), int(b)) for a, b in zip(starts, stops, strict=True))
+        return cls(inside, runs, None)
+
+    def apply(self, values: Floats, value: float) -> None:
+        if self.indices is not None:
+            values[self.indices] = value
+            return
+        for start, stop in self.runs:
+            values[start:stop] = value
+
+
+class Workspace:
+    """Preallocated buffers for sampling over a vocabulary; used by one thread at a time."""
+
+    def __init__(self, n_vocab: int, block: int = BLOCK) -> None:
+        self.n_vocab = n_vocab
+        self.block = block
+        n_blocks = -(-n_vocab // block)
+        self._work = np.zeros(n_blocks * block, dtype=np.float32)  # the padding stays 0
+        self.values: Floats = self._work[:n_vocab]
+        self.blocks: Floats = self._work.reshape(n_blocks, block)
+        self.weights: Floats = np.zeros(n_vocab, dtype=np.float32)
+        self.block_sums: Floats = np.zeros(n_blocks, dtype=np.float32)
+        self.block_cumsum: Doubles = np.zeros(n_blocks, dtype=np.float64)
+        self.inner_cumsum: Doubles = np.zeros(block, dtype=np.float64)
+
+
+class LogitSampler:
+    """One generation's sampling from logits: params and a seeded generator, buffers borrowed."""
+
+    def __init__(
+        self, workspace: Workspace, params: SamplingParams, rng: np.random.Generator
+    ) -> None:
+        self._ws = workspace
+        self._rng = rng
+        self._temperature = params.temperature
+        self._greedy = params.temperature <= 0.0
+        self._scale = np.float32(1.0 / params.temperature) if not self._greedy else np.float32(1)
+        self._top_k = params.top_k if 0 < params.top_k < workspace.n_vocab else 0
+        self._top_p = params.top_p
+        self._min_p = params.min_p
+        self._full = self._top_k == 0 and self._top_p >= 1.0 and self._min_p <= 0.0
+
+    def sample(self, logits: Floats, banned: Banned | None = None) -> int:
+        """A token drawn from `logits`; never a banned one while any other has a finite logit."""
+        if self._greedy:
+            return self._argmax(logits, banned)
+        if self._full:
+            return self._draw_full(logits, banned)
+        kept, kept_logits = self._candidates(logits, banned)
+        return self._draw_among(kept, kept_logits)
+
+    def _argmax(self, logits: Floats, banned: Banned | None) -> int:
+        """Greedy: the first largest logit (as llama.cpp's greedy sampler), banned ones aside."""
+        token = int(np.argmax(logits))
+        if banned is None or token not in banned.tokens:
+            return token
+        return int(np.argmax(self._masked(logits, banned, None)))
+
+    def _draw_full(self, logits: Floats, banned: Banned | None) -> int:
+        """Temperature and the random draw over the whole vocabulary: the common case."""
+        ws = self._ws
+        values = self._masked(logits, banned, self._scale)
+        top = _finite_max(values)
+        if top is None:
+            return int(np.argmax(values))
+        np.subtract(values, top, out=values)
+        np.exp(values, out=values)
+        np.add.reduce(ws.blocks, axis=1, out=ws.block_sums)
+        np.cumsum(ws.block_sums, dtype=np.float64, out=ws.block_cumsum)
+        target = self._rng.random() * float(ws.block_cumsum[-1])
+        # the first block whose running sum passes the draw (it has mass: a block without any
+        # leaves the running sum unchanged, so an earlier block would pass first)
+        b = int(ws.block_cumsum.searchsorted(target, side="right"))
+        if b == len(ws.block_sums):  # the draw rounded up to the total
+            b = int(np.flatnonzero(ws.block_sums)[-1])
+            target = float(ws.block_cumsum[b])
+        row = ws.blocks[b]
+        np.cumsum(row, dtype=np.float64, out=ws.inner_cumsum)
+        below = float(ws.block_cumsum[b - 1]) if b else 0.0
+        j = int(ws.inner_cumsum.searchsorted(target - below, side="right"))
+        if j == ws.block:  # the block's float32 sum was a little above its exact running sum
+            j = int(np.flatnonzero(row)[-1])
+        return b * ws.block + j
+
+    def _masked(self, logits: Floats, banned: Banned | None, scale: np.float32 | None) -> Floats:
+        """The logits (times `scale`) in the work buffer, banned tokens at -inf."""
+        values = self._ws.values
+        if scale is None or scale == 1.0:
+            np.copyto(values, logits)
+        else:
+            np.multiply(logits, scale, out=values)
+        if banned is not None:
+            banned.apply(values, -math.inf)
+        return values
+
+    def _candidates(self, logits: Floats, banned: Banned | None) -> tuple[Indices, Doubles]:
+        """What top-k, then top-p, then min-p keep (llama.cpp's order), with their logits."""
+        values = self._masked(logits, banned, None)
+        top = _finite_max(values)
+        if top is None:
+            token = np.array([int(np.argmax(values))], dtype=np.intp)
+            return token, np.zeros(1)
+        if self._top_k:
+            kept = self._top_k_of(values)
+            if self._top_p < 1.0:
+                weights = np.exp(values[kept].astype(np.float64) - top)
+                kept = _nucleus(kept, weights, self._top_p * float(weights.sum()))
+        elif self._top_p < 1.0:
+            kept = self._nucleus_of_all(values, top)
+        else:
+            kept = np.flatnonzero(values >= top + math.log(self._min_p))
+        kept_logits = values[kept].astype(np.float64)
+        if self._min_p > 0.0:  # p >= min_p * p_max, on the logits at temperature 1
+            keep = kept_logits >= top + math.log(self._min_p)
+            kept, kept_logits = kept[keep], kept_logits[keep]
+        finite = kept_logits > -math.inf  # top-k may reach banned tokens
+        return kept[finite], kept_logits[finite]
+
+    def _top_k_of(self, values: Floats) -> Indices:
+        """The indices of the k largest values, by partial selection among a few candidates.
+
+        The k-th largest of k blocks' maxima is at most the k-th largest value: every value at
+        or above it is a candidate (at least k of them, usually few more).
+        """
+        k, block = self._top_k, self._ws.block
+        n_full = len(values) // block
+        if n_full >= k:
+            maxima = values[: n_full * block].reshape(n_full, block).max(axis=1)
+            threshold = np.partition(maxima, n_full - k)[n_full - k]
+            candidates = np.flatnonzero(values >= threshold)
+        else:
+            candidates = np.arange(len(values))
+        m = len(candidates)
+        return candidates[np.argpartition(values[candidates], m - k)[m - k :]]
+
+    def _nucleus_of_all(self, values: Floats, top: float) -> Indices:
+        """Top-p over the whole vocabulary: candidates within a growing gap of the top logit
+        until they hold p of the mass; only those are sorted."""
+        weights = self._ws.weights
+        np.subtract(values, top, out=weights)
+        np.exp(weights, out=weights)  # the probabilities at temperature 1, times their sum
+        mass = self._top_p * float(np.sum(weights, dtype=np.float64))
+        for gap in NUCLEUS_GAPS:
+            kept = np.flatnonzero(weights >= math.exp(-gap))
+            kept_weights = weights[kept]
+            if float(np.sum(kept_weights, dtype=np.float64)) >= mass:
+                return _nucleus(kept, kept_weights, mass)
+        kept = np.flatnonzero(weights > 0.0)
+        return _nucleus(kept, weights[kept], mass)
+
+    def _draw_among(self, kept: Indices, kept_logits: Doubles) -> int:
+        """Temperature and the random draw over a few candidates."""
+        if len(kept) == 1:
+            return int(kept[0])
+        scaled = kept_logits / self._temperature
+        cumsum = np.cumsum(np.exp(scaled - scaled.max()))
+        i = int(cumsum.searchsorted(self._rng.random() * cumsum[-1], side="right"))
+        return int(kept[min(i, len(kept) - 1)])
+
+
+def _finite_max(values: Floats) -> float | None:
+    """The largest value, after repairing NaN (to -inf) and +inf (to float32's max) in place.
+
+    None when no value is finite (every token banned): the caller then takes the argmax.
+    """
+    top = float(values.max())
+    if math.isfinite(top):
+        return top
+    np.nan_to_num(values, copy=False, nan=-np.inf, posinf=_FLOAT32_MAX, neginf=-np.inf)
+    top = float(values.max())
+    return top if math.isfinite(top) else None
+
+
+def _nucleus(kept: Indices, weights: Floats | Doubles, mass: float) -> Indices:
+    """The most probable of `kept` whose `weights` (probabilities, any scale) add up to `mass`.
+
+    As llama.cpp's top-p: sorted by probability, cut after the first token at which the running
+    sum reaches the mass (p times the total), so at least one token is kept.
+    """
+    order = np.argsort(weights)[::-1]  # ties in any order, as llama.cpp's partial sort
+    cumsum = np.cumsum(weights[order], dtype=np.float64)
+    cut = int(cumsum.searchsorted(mass, side="left")) + 1
+    return kept[order[: min(cut, len(order))]]
