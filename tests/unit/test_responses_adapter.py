@@ -288,3 +288,14 @@ def test_output_items_carry_prompt_ready_tokens() -> None:
         AssistantMessage("A", tokens=(200006, 173781, 5, 200007)),
         AssistantMessage("cut", channel="commentary"),
     ]
+
+
+def test_a_custom_call_cut_short_is_unwrapped_as_far_as_it_was_written() -> None:
+    assert custom_input('{"input":"*** Begin Patch\\n*** Add File: a') == (
+        "*** Begin Patch\n*** Add File: a"
+    )
+    assert custom_input('{"input":"tab\\t and a cut escape \\u00') == "tab\t and a cut escape "
+    assert custom_input('{"input":"ends on a backslash \\') == "ends on a backslash "
+    assert custom_input('{"input":"') == ""
+    assert custom_input("not json at all") == "not json at all"
+    assert custom_input('{"input":"done"}') == "done"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -228,13 +229,36 @@ def _tool_grammar(fmt: dict[str, Any] | None, param: str) -> ToolGrammar | None:
 
 
 def custom_input(arguments: str) -> str:
-    """The raw input of a custom tool call: `{"input": "..."}` unwrapped, other text as is."""
+    """The raw input of a custom tool call: `{"input": "..."}` unwrapped, other text as is.
+
+    A call cut short (by the output limit) is unwrapped as far as it was written, so the
+    client sees the start of the input, not the JSON around it.
+    """
     try:
         value = json.loads(arguments)
     except ValueError:
-        return arguments
+        return _written_input(arguments)
     if isinstance(value, dict) and isinstance(value.get("input"), str):
         return str(value["input"])
+    return arguments
+
+
+_INPUT_START = re.compile(r'\s*\{\s*"input"\s*:\s*"')
+_LONGEST_ESCAPE = 6  # \uXXXX
+
+
+def _written_input(arguments: str) -> str:
+    """The input string of `{"input":"...` cut anywhere (an escape cut in half is dropped)."""
+    start = _INPUT_START.match(arguments)
+    if start is None:
+        return arguments
+    body = arguments[start.end() :]
+    for end in range(len(body), max(len(body) - _LONGEST_ESCAPE, 0) - 1, -1):
+        try:
+            value = json.loads(f'"{body[:end]}"')
+        except ValueError:
+            continue
+        return str(value)
     return arguments
 
 
