@@ -13,6 +13,7 @@ before the fallback and (1 - Z)^K p(t) / Z through it (Z the valid mass), p(t) /
 
 from __future__ import annotations
 
+import codecs
 import ctypes
 import dataclasses
 import functools
@@ -83,6 +84,45 @@ class _Candidates:
         return ctypes.byref(self.array)
 
 
+class _Utf8:
+    """The constrained text's bytes so far must stay valid UTF-8 across token boundaries.
+
+    llama.cpp's grammar reads a byte after an unfinished character as its continuation without
+    checking it, so without this a string could hold broken characters (each decoded as U+FFFD,
+    which also breaks a `maxLength`).
+    """
+
+    def __init__(self, ctx: LlamaContext) -> None:
+        self._ctx = ctx
+        self._decoder = codecs.getincrementaldecoder("utf-8")("strict")
+        self._pieces: dict[int, bytes] = {}
+
+    def fits(self, token: int) -> bool:
+        state = self._decoder.getstate()
+        try:
+            self._decoder.decode(self._piece(token))
+        except UnicodeDecodeError:
+            return False
+        finally:
+            self._decoder.setstate(state)
+        return True
+
+    def accept(self, token: int) -> None:
+        try:
+            self._decoder.decode(self._piece(token))
+        except UnicodeDecodeError:  # only a forced token can get here: start afresh
+            self._decoder.reset()
+
+    def _piece(self, token: int) -> bytes:
+        piece = self._pieces.get(token)
+        if piece is None:
+            buffer = ctypes.create_string_buffer(256)
+            size = lc.llama_token_to_piece(self._ctx.vocab, token, buffer, len(buffer), 0, False)
+            piece = buffer.raw[: max(size, 0)]
+            self._pieces[token] = piece
+        return piece
+
+
 class GrammarSampler:
     """The sampler of one grammar-constrained stretch of a generation (engine thread only)."""
 
@@ -105,6 +145,7 @@ class GrammarSampler:
         self._checks = _Candidates(DRAWS)
         self._all = _Candidates(ctx.info.n_vocab)
         self._index = first_bytes(ctx)
+        self._text = _Utf8(ctx)
         self.masked = 0  # tokens that needed the whole vocabulary masked
 
     def sample(self, index: int) -> int:
@@ -114,6 +155,7 @@ class GrammarSampler:
             self.masked += 1
             token = self._sample_masked(index)
         lc.llama_sampler_accept(self._grammar, token)
+        self._text.accept(token)
         return token
 
     def _draw(self, index: int) -> int | None:
@@ -124,14 +166,17 @@ class GrammarSampler:
         unique, first = np.unique(np.minimum(draws, len(cdf) - 1), return_index=True)
         lc.llama_sampler_apply(self._grammar, self._checks.load(unique, 0.0))
         valid = np.isfinite(self._checks.data["logit"][: len(unique)])
-        if not valid.any():
-            return None
-        return int(unique[valid][np.argmin(first[valid])])
+        for position in np.argsort(first[valid], kind="stable"):  # in the order drawn
+            token = int(unique[valid][position])
+            if self._text.fits(token):
+                return token
+        return None
 
     def _draw_with_chain(self, index: int) -> int | None:
         token = self._free.sample(index)
         lc.llama_sampler_apply(self._grammar, self._checks.load(np.array([token]), 0.0))
-        return token if self._checks.data["logit"][0] != -math.inf else None
+        accepted = self._checks.data["logit"][0] != -math.inf
+        return token if accepted and self._text.fits(token) else None
 
     def _viable(self) -> np.ndarray:
         """The tokens whose first byte the grammar accepts (a superset of the valid ones)."""
@@ -148,13 +193,17 @@ class GrammarSampler:
         ids = self._viable()
         logits = self._ctx.logits(index)[ids]
         logits[np.isin(ids, self._banned)] = -np.inf
-        pointer = self._all.load(ids, logits)
-        lc.llama_sampler_apply(self._grammar, pointer)
-        self._resample.apply(pointer)
-        chosen = self._all.data[self._all.array.selected]
-        if not np.isfinite(chosen["logit"]):
-            raise RuntimeError("the grammar allows no token here")
-        return int(chosen["id"])
+        lc.llama_sampler_apply(self._grammar, self._all.load(ids, logits))
+        allowed = self._all.data["logit"][: len(ids)].copy()
+        while True:  # a token that would break the text's UTF-8 is masked too, and drawn again
+            self._resample.apply(self._all.load(ids, allowed))
+            chosen = self._all.data[self._all.array.selected]
+            if not np.isfinite(chosen["logit"]):
+                raise RuntimeError("the grammar allows no token here")
+            token = int(chosen["id"])
+            if self._text.fits(token):
+                return token
+            allowed[ids == token] = -np.inf
 
     def free(self) -> None:
         lc.llama_sampler_free(self._grammar)
