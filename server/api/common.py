@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ValidationError
 
 from server.contracts.errors import InvalidRequest
 from server.contracts.events import SummaryReport, Timings, Usage
@@ -64,6 +66,21 @@ def effort_for_budget(max_tokens: int) -> ReasoningEffort:
     if max_tokens < 2048:
         return "low"
     return "medium" if max_tokens < 8192 else "high"
+
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+
+def parse_as(model: type[ModelT], raw: dict[str, Any], param: str) -> ModelT:
+    """A part of a request (an input item, a tool, a block) as `model`, or a 400 naming where
+    in the request the first problem is (`param` is the part's own location)."""
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(part) for part in error["loc"])
+        location = f"{param}.{where}" if where else param
+        raise InvalidRequest(f"{location}: {error['msg']}", param=location) from exc
 
 
 def new_id(prefix: str) -> str:

@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
-from server.api.common import clamp_effort, effort_for_budget, to_response_format
+from server.api.common import clamp_effort, effort_for_budget, parse_as, to_response_format
 from server.api.messages.schemas import (
     BlockIn,
     CountTokensRequest,
@@ -200,7 +200,7 @@ def to_tools(tools: list[dict[str, Any]]) -> tuple[ToolSpec, ...]:
                 "tools.%d of type %r is not offered to the model (no input_schema)", index, kind
             )
             continue
-        parsed: ToolIn = _parse(ToolIn, tool, f"tools.{index}")
+        parsed: ToolIn = parse_as(ToolIn, tool, f"tools.{index}")
         specs.append(
             ToolSpec(
                 name=parsed.name,
@@ -229,7 +229,7 @@ def _system(system: str | list[dict[str, Any]] | None) -> str:
                 f"system.{index}: system blocks must be text blocks, not {block.get('type')!r}",
                 param=f"system.{index}.type",
             )
-        texts.append(_parse(TextBlockIn, block, f"system.{index}").text)
+        texts.append(parse_as(TextBlockIn, block, f"system.{index}").text)
     return "\n\n".join(texts)
 
 
@@ -267,8 +267,7 @@ def _block(
     if model is None or kind not in _ROLE_BLOCKS[role]:
         where = "unknown content block type" if model is None else f"{role} messages cannot hold"
         raise InvalidRequest(f"{param}: {where} {kind!r}", param=f"{param}.type")
-    parsed: BlockIn = _parse(model, raw, param)
-    return parsed
+    return cast(BlockIn, parse_as(model, raw, param))  # one of _BLOCK_MODELS
 
 
 def _user_items(blocks: list[tuple[str, BlockIn]], calls: dict[str, ToolCall]) -> list[Item]:
@@ -340,13 +339,3 @@ def _result_text(content: str | list[dict[str, Any]] | None) -> str:
             log.info("a tool_result part of type %r was left out: gpt-oss reads text", kind)
             texts.append(f"[{kind} omitted]")
     return "\n".join(texts)
-
-
-def _parse(model: type[Any], raw: dict[str, Any], param: str) -> Any:
-    try:
-        return model.model_validate(raw)
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        where = ".".join(str(part) for part in error["loc"])
-        location = f"{param}.{where}" if where else param
-        raise InvalidRequest(f"{location}: {error['msg']}", param=location) from exc

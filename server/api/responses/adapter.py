@@ -18,13 +18,14 @@ import json
 import logging
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from server.api.common import (
     clamp_effort,
     effort_for_budget,
+    parse_as,
     text_of_parts,
     to_response_format,
     to_summary_style,
@@ -173,7 +174,7 @@ def to_tools(tools: Sequence[dict[str, Any]]) -> tuple[ToolSpec, ...]:
     for index, tool in enumerate(tools):
         kind = tool.get("type")
         if kind == "namespace":
-            group = _parse(NamespaceToolIn, tool, f"tools[{index}]")
+            group = parse_as(NamespaceToolIn, tool, f"tools[{index}]")
             for inner_index, inner in enumerate(group.tools):
                 param = f"tools[{index}].tools[{inner_index}]"
                 spec = _tool_spec(inner, param, group.name, group.description or "")
@@ -191,7 +192,7 @@ def _tool_spec(
 ) -> ToolSpec | None:
     kind = tool.get("type")
     if kind == "function":
-        function = _parse(FunctionToolIn, tool, param)
+        function = parse_as(FunctionToolIn, tool, param)
         return ToolSpec(
             name=function.name,
             description=function.description or "",
@@ -201,7 +202,7 @@ def _tool_spec(
             strict=function.strict,
         )
     if kind == "custom":
-        custom = _parse(CustomToolIn, tool, param)
+        custom = parse_as(CustomToolIn, tool, param)
         return ToolSpec(
             name=custom.name,
             description=custom.description or "",
@@ -321,7 +322,8 @@ def _parsed_items(raw_items: list[dict[str, Any]]) -> list[tuple[int, InputItem]
             _check_known(kind, index)
             log.info("skipping input[%d]: items of type %r are not supported", index, kind)
             continue
-        parsed.append((index, _parse(model, raw, f"input[{index}]")))
+        item = cast(InputItem, parse_as(model, raw, f"input[{index}]"))  # one of _ITEM_MODELS
+        parsed.append((index, item))
     return parsed
 
 
@@ -393,13 +395,3 @@ def _output_text(output: str | list[ContentPartIn]) -> str:
             log.info("a tool output part of type %r was left out: gpt-oss reads text", part.type)
             texts.append(f"[{part.type} omitted]")
     return "\n".join(texts)
-
-
-def _parse(model: type[Any], raw: dict[str, Any], param: str) -> Any:
-    try:
-        return model.model_validate(raw)
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        where = ".".join(str(part) for part in error["loc"])
-        location = f"{param}.{where}" if where else param
-        raise InvalidRequest(f"{location}: {error['msg']}", param=location) from exc
