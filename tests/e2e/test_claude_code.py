@@ -35,7 +35,7 @@ from tests.support.anthropic import (
     ExchangeRecorder,
     check_messages_sse,
 )
-from tests.support.npm_cli import cache_dir, installed
+from tests.support.npm_cli import cache_dir, pinned
 from tests.support.responses import served
 
 pytestmark = pytest.mark.slow  # the real Claude Code CLI (installed from npm once per machine)
@@ -63,17 +63,8 @@ BASH_ANSWER = (
 @pytest.fixture(scope="module")
 def claude_binary() -> Path:
     """Claude Code from npm, installed once per machine into a cache directory."""
-    binary = installed(
-        "@anthropic-ai/claude-code",
-        CLAUDE_VERSION,
-        "claude",
-        cache_dir(f"claude-code-{CLAUDE_VERSION}"),
-    )
-    version = subprocess.run(
-        [str(binary), "--version"], capture_output=True, text=True, timeout=60, check=False
-    )
-    assert CLAUDE_VERSION in version.stdout, version.stdout + version.stderr
-    return binary
+    directory = cache_dir(f"claude-code-{CLAUDE_VERSION}")
+    return pinned("@anthropic-ai/claude-code", CLAUDE_VERSION, "claude", directory)
 
 
 @pytest.fixture(scope="module")

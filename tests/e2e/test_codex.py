@@ -28,7 +28,7 @@ from server.ops.config import Settings
 from server.ops.runtime import Runtime
 from server.testing.forced import ForcedScript
 from tests.support.event_grammar import CheckedStream
-from tests.support.npm_cli import cache_dir, installed
+from tests.support.npm_cli import cache_dir, pinned
 from tests.support.responses import StreamRecorder, check_sse, served
 
 pytestmark = pytest.mark.slow  # the real Codex CLI (installed from npm once per machine)
@@ -50,12 +50,7 @@ def codex_dir() -> Path:
 @pytest.fixture(scope="module")
 def codex_binary() -> Path:
     """The Codex CLI from npm, installed once per machine into a cache directory."""
-    binary = installed("@openai/codex", CODEX_VERSION, "codex", codex_dir())
-    version = subprocess.run(
-        [str(binary), "--version"], capture_output=True, text=True, timeout=60, check=False
-    )
-    assert CODEX_VERSION in version.stdout, version.stdout + version.stderr
-    return binary
+    return pinned("@openai/codex", CODEX_VERSION, "codex", codex_dir())
 
 
 @pytest.fixture(scope="module")

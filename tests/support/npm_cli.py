@@ -56,3 +56,13 @@ def installed(package: str, version: str, binary: str, directory: Path) -> Path:
     except OSError:  # another run installed it meanwhile
         shutil.rmtree(staging, ignore_errors=True)
     return path
+
+
+def pinned(package: str, version: str, binary: str, directory: Path) -> Path:
+    """The client, installed if absent (see `installed`), and checked to be that version."""
+    path = installed(package, version, binary, directory)
+    answer = subprocess.run(
+        [str(path), "--version"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert version in answer.stdout, answer.stdout + answer.stderr
+    return path
