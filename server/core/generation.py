@@ -118,8 +118,7 @@ class Generator:
         self, transcript: Transcript, options: GenerationOptions, ticket: Ticket
     ) -> Prepared:
         names = ToolNames(transcript.tools)
-        transcript = names.to_harmony(self.history.apply(transcript))
-        prompt_tokens = render(self.encoding, transcript)
+        transcript, prompt_tokens = self._render(transcript, names)
         n_ctx = self.engine.info.n_ctx
         room = n_ctx - len(prompt_tokens)
         if room <= 0:
@@ -146,8 +145,13 @@ class Generator:
 
     def count_tokens(self, transcript: Transcript) -> int:
         """How many tokens the prompt of `transcript` has, rendered as `prepare` would."""
-        names = ToolNames(transcript.tools)
-        return len(render(self.encoding, names.to_harmony(self.history.apply(transcript))))
+        return len(self._render(transcript, ToolNames(transcript.tools))[1])
+
+    def _render(self, transcript: Transcript, names: ToolNames) -> tuple[Transcript, list[int]]:
+        """The transcript as the model sees it (exact tokens replayed, tools renamed), and its
+        prompt."""
+        seen = names.to_harmony(self.history.apply(transcript))
+        return seen, render(self.encoding, seen)
 
     def save_points(self, prompt_tokens: list[int]) -> tuple[int, ...]:
         """Prompt lengths worth keeping on disk once evaluated: the end of the system +
