@@ -1,4 +1,4 @@
-"""The `gpt-oss-server` command: serve, download, codex-config, bench, synth."""
+"""The `gpt-oss-server` command: serve, download, codex-config, bench, synth, rpc-worker."""
 
 from __future__ import annotations
 
@@ -21,8 +21,9 @@ from server.app import create_app
 from server.bench.options import BenchOptions
 from server.contracts.errors import StartupError
 from server.ops import codex_config
-from server.ops.config import Settings
+from server.ops.config import Settings, default_cache_dir
 from server.ops.model_source import resolve_model
+from server.ops.rpc_worker import WorkerOptions, run_worker
 from server.ops.runtime import Runtime, load_runtime
 from server.ops.serving import banner, serve
 
@@ -137,6 +138,45 @@ class Synth(BaseModel):
         log.info("wrote %s (%d bytes)", path, path.stat().st_size)
 
 
+class RpcWorker(BaseModel):
+    """Serve this machine's devices (CPU, GPUs) to a gpt-oss-server elsewhere (its --rpc)."""
+
+    host: str = Field("127.0.0.1", description="Address to listen on.")
+    port: int = Field(50052, ge=1, le=65535, description="Port to listen on.")
+    threads: int | None = Field(
+        None, ge=1, description="CPU threads for the CPU device; default: every CPU."
+    )
+    cache: bool = Field(
+        False,
+        description="Keep received tensors in a cache on disk, so a restarted server sends "
+        "the weights only once.",
+    )
+    trust_network: bool = Field(
+        False,
+        description="Allow a --host other than loopback. rpc-server has no authentication: "
+        "only on a network you trust.",
+    )
+    binary: Path | None = Field(
+        None, description="Run this llama.cpp rpc-server executable instead of the built-in one."
+    )
+
+    def cli_cmd(self) -> None:
+        configure_logging("info")
+        options = WorkerOptions(
+            host=self.host,
+            port=self.port,
+            threads=self.threads or len(os.sched_getaffinity(0)),
+            cache_dir=default_cache_dir() / "rpc" if self.cache else None,
+            trust_network=self.trust_network,
+            binary=self.binary,
+        )
+        try:
+            run_worker(options)
+        except StartupError as exc:
+            log.error("%s", exc)
+            sys.exit(1)
+
+
 class Command(BaseSettings):
     """gpt-oss-server: run OpenAI's gpt-oss models locally behind an OpenAI-compatible API."""
 
@@ -149,6 +189,7 @@ class Command(BaseSettings):
     codex_config: CliSubCommand[CodexConfig] = Field(description=CodexConfig.__doc__)
     bench: CliSubCommand[BenchOptions] = Field(description=BenchOptions.__doc__)
     synth: CliSubCommand[Synth] = Field(description=Synth.__doc__)
+    rpc_worker: CliSubCommand[RpcWorker] = Field(description=RpcWorker.__doc__)
 
     def cli_cmd(self) -> None:
         CliApp.run_subcommand(self)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
 
 from server import __version__
 from server.ops.config import Settings
@@ -14,9 +15,14 @@ router = APIRouter()
 health_router = APIRouter()
 
 
-@health_router.get("/health")
-async def health(request: Request) -> dict[str, Any]:
+@health_router.get("/health", response_model=None)
+async def health(request: Request) -> dict[str, Any] | JSONResponse:
+    """200 while the engine can generate; 503 with the reason once it cannot (an RPC host left)."""
     runtime: Runtime = request.app.state.runtime
+    failure = runtime.engine.failure
+    if failure is not None:
+        body = {"status": "error", "model": runtime.model_name, "error": failure}
+        return JSONResponse(body, status_code=503)
     return {"status": "ok", "model": runtime.model_name}
 
 

@@ -82,6 +82,14 @@ class ServerBusy(ServerError):
         self.headers = {"Retry-After": str(retry_after_s)}
 
 
+class EngineUnavailable(ServerError):
+    """The engine cannot generate any more (an RPC host dropped): HTTP 503 until a restart."""
+
+    status_code = 503
+    error_type = "server_error"
+    code = "engine_unavailable"
+
+
 class NotFound(ServerError):
     status_code = 404
     error_type = "not_found_error"

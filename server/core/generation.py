@@ -20,6 +20,7 @@ from openai_harmony import HarmonyEncoding
 
 from server.contracts.errors import (
     ContextLengthExceeded,
+    EngineUnavailable,
     InvalidRequest,
     RequestField,
     ServerBusy,
@@ -101,6 +102,9 @@ class Generator:
 
         Errors name logical request fields (RequestField); the adapter names them on the wire.
         """
+        failure = self.engine.failure
+        if failure is not None:
+            raise EngineUnavailable(f"The server cannot generate: {failure}")
         ticket = self.admission.try_acquire()
         if ticket is None:
             raise ServerBusy(self.admission.waiting)

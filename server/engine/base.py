@@ -66,6 +66,8 @@ class EngineConfig:
     n_threads_batch: int | None = None
     n_gpu_layers: int = 0  # the last N layers (the output counting as one) on the GPU; -1: all
     cpu_tensor_patterns: tuple[str, ...] = ()  # tensor-name regexes kept on the CPU (MoE experts)
+    tensor_split: tuple[float, ...] = ()  # share of the offloaded layers per device (several)
+    rpc_servers: tuple[str, ...] = ()  # HOST:PORT of RPC hosts, connected (server.engine.rpc)
     use_mmap: bool = False
     flash_attn: str = "auto"  # auto | on | off
     swa_full: bool = True
@@ -144,6 +146,11 @@ class Engine(Protocol):
     @property
     def prompt_cache(self) -> PromptCacheStats | None:
         """The disk cache's counters; None when it is off."""
+        ...
+
+    @property
+    def failure(self) -> str | None:
+        """Why the engine can no longer generate (an RPC host dropped); None while it can."""
         ...
 
     def submit(

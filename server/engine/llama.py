@@ -14,6 +14,8 @@ import threading
 from collections.abc import Sequence
 
 from server.contracts.directives import Steering
+from server.contracts.errors import EngineUnavailable
+from server.engine import rpc, rpc_hosts
 from server.engine.base import (
     EngineConfig,
     EngineLoad,
@@ -21,6 +23,7 @@ from server.engine.base import (
     PromptCacheStats,
     SamplingHook,
     SamplingParams,
+    StopReason,
 )
 from server.engine.channel import TokenChannel
 from server.engine.llama_context import LlamaContext
@@ -42,6 +45,10 @@ class LlamaEngine:
         self._ctx: LlamaContext | None = None
         self._scheduler: Scheduler | None = None
         self._cache: PromptCache | None = None
+        self._failure: str | None = None
+        self._watch = rpc.AbortWatch(self._fail) if config.rpc_servers else None
+        if self._watch is not None:
+            self._watch.install()
         self._thread = threading.Thread(target=self._run, name="llama-engine", daemon=True)
         self._thread.start()
         self._ready.wait()
@@ -68,6 +75,10 @@ class LlamaEngine:
     def prompt_cache(self) -> PromptCacheStats | None:
         return self._cache.stats if self._cache is not None else None
 
+    @property
+    def failure(self) -> str | None:
+        return self._failure
+
     def submit(
         self,
         prompt_tokens: Sequence[int],
@@ -75,6 +86,8 @@ class LlamaEngine:
         steering: Steering | None = None,
         save_points: Sequence[int] = (),
     ) -> TokenChannel:
+        if self._failure is not None:
+            raise EngineUnavailable(f"The server cannot generate: {self._failure}")
         channel = TokenChannel(asyncio.get_running_loop())
         points = tuple(sorted(set(save_points)))
         self._jobs.put(Job(list(prompt_tokens), params, channel, steering, points))
@@ -89,6 +102,8 @@ class LlamaEngine:
         return self._ctx.token_text(token_id)  # the vocabulary is read-only once loaded
 
     def close(self) -> None:
+        if self._failure is not None:  # the engine thread waits for a host that is gone
+            return
         if self._thread.is_alive():
             self._jobs.put(None)
             self._thread.join()
@@ -112,6 +127,36 @@ class LlamaEngine:
             if self._cache is not None:
                 self._cache.close()  # waits for the writes
             self._ctx.close()
+
+    def _fail(self, message: str) -> None:
+        """An RPC host dropped (ggml's abort, on its RPC thread): end every request, report it.
+
+        The engine thread stays blocked in the decode that needed the host; nothing else runs
+        on it again, so its jobs are ended from here.
+        """
+        down = rpc_hosts.unreachable(self._config.rpc_servers, attempts=5)
+        hosts = "RPC host " + ", ".join(down) if down else "an RPC host"
+        self._failure = (
+            f"{hosts} stopped answering while the model was running ({rpc.abort_reason(message)}); "
+            "restart the server once every RPC host is back"
+        )
+        log.error("%s", self._failure)
+        if not self._ready.is_set():  # it dropped while the model was loading
+            self._load_error = rpc_hosts.RpcError(self._failure)
+            self._ready.set()
+        while True:
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                self._refuse(job)
+        if self._scheduler is not None:
+            self._scheduler.fail_all(self._failure)
+
+    def _refuse(self, job: Job) -> None:
+        assert self._failure is not None
+        job.channel.close(job.result(StopReason.ERROR, self._failure))
 
     def _open_cache(self, ctx: LlamaContext) -> PromptCache | None:
         if self._config.prompt_cache_dir is None:

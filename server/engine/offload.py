@@ -73,26 +73,36 @@ def plan(config: EngineConfig, options: PlacementOptions) -> Placement:
 
 
 def gpu_devices() -> list[GpuMemory]:
-    """The GPUs llama.cpp can offload to, with their free memory now; [] on a CPU-only build."""
+    """The GPUs llama.cpp can offload to, with their free memory now; [] on a CPU-only build.
+
+    Devices of RPC hosts (server.engine.rpc) count as GPUs and come first, as in llama.cpp's
+    own device order (fewer transfers over the network).
+    """
+    return [memory for _, memory in _offload_devices()]
+
+
+def _offload_devices() -> list[tuple[int, GpuMemory]]:
     if not lc.llama_supports_gpu_offload():
         return []
     ggml = _ggml()
-    gpus = []
+    found = []
     for i in range(ggml.ggml_backend_dev_count()):
         device = ggml.ggml_backend_dev_get(i)
         if ggml.ggml_backend_dev_type(device) not in _GPU_TYPES:
             continue
         free, total = ctypes.c_size_t(), ctypes.c_size_t()
         ggml.ggml_backend_dev_memory(device, ctypes.byref(free), ctypes.byref(total))
-        gpus.append(
-            GpuMemory(
-                name=_text(ggml.ggml_backend_dev_name(device)),
-                description=_text(ggml.ggml_backend_dev_description(device)),
-                free=int(free.value),
-                total=int(total.value),
-            )
+        description = _text(ggml.ggml_backend_dev_description(device))
+        remote = _text(ggml.ggml_backend_reg_name(ggml.ggml_backend_dev_backend_reg(device)))
+        memory = GpuMemory(
+            name=_text(ggml.ggml_backend_dev_name(device)),
+            description="RPC host" if remote == "RPC" else description,
+            free=int(free.value),
+            total=int(total.value),
+            host=description if remote == "RPC" else "",
         )
-    return gpus
+        found.append((int(device), memory))
+    return sorted(found, key=lambda found: not found[1].host)
 
 
 def model_footprint(path: Path, context: ContextShape) -> ModelFootprint:
@@ -116,6 +126,12 @@ def model_params(config: EngineConfig) -> Iterator[Any]:
     overrides = _cpu_overrides(config.cpu_tensor_patterns)
     if overrides is not None:
         params.tensor_buft_overrides = ctypes.addressof(overrides)
+    devices = _device_list() if config.rpc_servers else None
+    if devices is not None:  # RPC hosts first, then the local GPUs: the order planned with
+        params.devices = ctypes.addressof(devices)
+    split = _tensor_split(config.tensor_split)
+    if split is not None:
+        params.tensor_split = split
     name = Path(config.model_path).name
     with tqdm(total=100, desc=f"loading {name}", unit="%", disable=None) as bar:
         params.progress_callback = progress_callback(bar)
@@ -134,6 +150,21 @@ def progress_callback(bar: std_tqdm[Any]) -> Any:
         return True
 
     return report
+
+
+def _device_list() -> ctypes.Array[ctypes.c_void_p]:
+    """A NULL-terminated ggml_backend_dev_t array of the devices gpu_devices() lists."""
+    handles = [handle for handle, _ in _offload_devices()]
+    return (ctypes.c_void_p * (len(handles) + 1))(*handles, None)
+
+
+def _tensor_split(weights: tuple[float, ...]) -> ctypes.Array[ctypes.c_float] | None:
+    if len(weights) < 2:
+        return None
+    n_max = int(lc.llama_max_devices())
+    if len(weights) > n_max:
+        raise RuntimeError(f"{len(weights)} devices, but this llama.cpp build takes {n_max}")
+    return (ctypes.c_float * n_max)(*weights)
 
 
 def _cpu_overrides(patterns: tuple[str, ...]) -> ctypes.Array[_BufferTypeOverride] | None:
@@ -162,6 +193,8 @@ def _ggml() -> Any:
             None,
         ),
         "ggml_backend_cpu_buffer_type": ([], ctypes.c_void_p),
+        "ggml_backend_dev_backend_reg": ([ctypes.c_void_p], ctypes.c_void_p),
+        "ggml_backend_reg_name": ([ctypes.c_void_p], ctypes.c_char_p),
     }
     for name, (argtypes, restype) in signatures.items():
         function = getattr(lib, name)

@@ -24,6 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
+
 # llama.cpp's LLM_FFN_EXPS_REGEX (common/common.h): the expert tensors of a MoE block.
 EXPERTS_REGEX = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
 DEFAULT_MARGIN_BYTES = 1024**3  # llama.cpp's --fit default: 1 GiB left free per device
@@ -69,6 +71,7 @@ class GpuMemory:
     description: str
     free: int
     total: int
+    host: str = ""  # "" for this machine; HOST:PORT for a device of an RPC host
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +96,7 @@ class Placement:
     budget: int | None  # device memory available after the margin; None without a GPU
     summary: str  # one line for the banner
     lines: tuple[str, ...]  # the plan, for the start-up log
+    tensor_split: tuple[float, ...] = ()  # llama.cpp's split between several devices
 
     @property
     def fits(self) -> bool:
@@ -231,6 +235,10 @@ def _describe(layout: _Layout, gpus: Sequence[GpuMemory], budget: int, margin: i
         f"free): {_parts(layout.gpu_parts())}",
         f"  system memory ≈{_gib(on_cpu)}: {_parts(layout.cpu_parts())}",
     ]
+    split = split_weights(gpus, margin) if len(gpus) > 1 else ()
+    per_device = _per_device(layout, gpus, split or (1.0,))
+    if len(gpus) > 1 or any(gpu.host for gpu in gpus):
+        lines.extend(f"  {line}" for line in per_device)
     if on_gpu > budget:
         lines.append(
             f"  warning: this is {_gib(on_gpu - budget)} more than the GPU has free; loading "
@@ -246,9 +254,69 @@ def _describe(layout: _Layout, gpus: Sequence[GpuMemory], budget: int, margin: i
         gpu_bytes=on_gpu,
         cpu_bytes=on_cpu,
         budget=budget,
-        summary=f"{where}; ≈{_gib(on_gpu)} GPU, ≈{_gib(on_cpu)} system memory",
+        summary=f"{where}; ≈{_gib(on_gpu)} GPU, ≈{_gib(on_cpu)} system memory"
+        + (f" ({'; '.join(per_device)})" if any(gpu.host for gpu in gpus) else ""),
         lines=tuple(lines),
+        tensor_split=split,
     )
+
+
+def split_weights(gpus: Sequence[GpuMemory], margin: int) -> tuple[float, ...]:
+    """llama.cpp's tensor_split for `gpus`: proportional to the memory usable on each."""
+    usable = [max(0, gpu.free - margin) for gpu in gpus]
+    if not any(usable):
+        usable = [gpu.free for gpu in gpus]
+    return tuple(float(size) for size in usable) if any(usable) else ()
+
+
+def device_layers(n_layer: int, k: int, weights: Sequence[float]) -> list[list[int]]:
+    """Which of the offloaded layers each device holds (index n_layer: the output layer).
+
+    As llama.cpp's load_tensors splits them (in float32): offloaded layer il goes to the first
+    device whose cumulative normalised weight exceeds (il - first) / k.
+    """
+    held: list[list[int]] = [[] for _ in weights]
+    k = min(k, n_layer + 1)
+    if k <= 0 or not weights:
+        return held
+    cumulative = np.cumsum(np.asarray(weights, dtype=np.float32), dtype=np.float32)
+    points = cumulative / cumulative[-1]
+    first = n_layer + 1 - k
+    for il in range(first, n_layer + 1):
+        position = np.float32(il - first) / np.float32(k)
+        held[min(int(np.searchsorted(points, position, side="right")), len(held) - 1)].append(il)
+    return held
+
+
+def _per_device(layout: _Layout, gpus: Sequence[GpuMemory], split: Sequence[float]) -> list[str]:
+    """One line per device: its host, the layers it holds and their size; then this host's."""
+    model, n_layer = layout.model, len(layout.model.layers)
+    lines = []
+    for gpu, layers in zip(gpus, device_layers(n_layer, layout.k, split), strict=True):
+        size = sum(
+            model.output
+            if il == n_layer
+            else model.layers[il].dense
+            + model.layers[il].kv
+            + (model.layers[il].experts if il >= layout.n_cpu_moe else 0)
+            for il in layers
+        )
+        where = gpu.host or "this host"
+        lines.append(f"{gpu.name} on {where}: {_layer_span(layers, n_layer)} ≈{_gib(size)}")
+    cpu = list(range(layout.first))
+    lines.append(f"CPU on this host: {_layer_span(cpu, n_layer)}, token embeddings")
+    return lines
+
+
+def _layer_span(layers: Sequence[int], n_layer: int) -> str:
+    blocks = [il for il in layers if il < n_layer]
+    parts = []
+    if blocks:
+        one = len(blocks) == 1
+        parts.append(f"layer {blocks[0]}" if one else f"layers {blocks[0]}-{blocks[-1]}")
+    if n_layer in layers:
+        parts.append("the output")
+    return " and ".join(parts) or "no layers"
 
 
 def _where(layout: _Layout) -> str:

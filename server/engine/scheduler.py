@@ -131,6 +131,11 @@ class Scheduler:
             for slot in self.slots:
                 self._save(slot.seq_id, slot.tokens)
 
+    def fail_all(self, error: str) -> None:
+        """End every job with `error` (called off the engine thread once it is stuck for good)."""
+        for job in [*self._running, *self._waiting, *(job for job, _ in self._loading)]:
+            self._finish(job, StopReason.ERROR, error)
+
     def step(self) -> None:
         """Admit what fits, run one batch, let each request pick its next tokens."""
         self._retire()

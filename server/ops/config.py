@@ -10,10 +10,29 @@ import os
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic import BeforeValidator, Field, SecretStr, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 
+from server.engine.rpc_hosts import is_loopback, split_endpoint
 from server.ops.config_file import ConfigFileSource
+
+
+def _endpoint_list(value: object) -> object:
+    """--rpc "h1:p1,h2:p2" (flag, variable) or a TOML list: a tuple of checked HOST:PORT."""
+    if value is None:
+        return ()
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list | tuple):
+        return value  # pydantic reports the type error
+    endpoints = tuple(str(item).strip() for item in items if str(item).strip())
+    for endpoint in endpoints:
+        split_endpoint(endpoint)  # ValueError: not HOST:PORT
+    return endpoints
 
 
 def default_cache_dir() -> Path:
@@ -123,6 +142,21 @@ class Settings(BaseSettings):
     gpu_margin_mb: int = Field(
         1024, ge=0, description="GPU memory (MiB) that --n-gpu-layers auto leaves free per GPU."
     )
+    rpc: Annotated[tuple[str, ...], NoDecode, BeforeValidator(_endpoint_list)] = Field(
+        (),
+        description="Offload layers to llama.cpp rpc-server hosts too: HOST:PORT[,HOST:PORT...] "
+        "(their devices count as GPUs for --n-gpu-layers). Needs llama-cpp-python built with "
+        "RPC; rpc-server is unauthenticated, so hosts other than this one need "
+        "--rpc-trust-network.",
+    )
+    rpc_trust_network: bool = Field(
+        False,
+        description="Allow --rpc hosts that are not this machine (loopback). Only on a network "
+        "you trust: rpc-server has no authentication or encryption.",
+    )
+    rpc_timeout_s: float = Field(
+        5.0, gt=0, description="Seconds to wait for each --rpc host to answer at start-up."
+    )
     use_mmap: bool = Field(
         False,
         description="Memory-map the model file. Off by default: on CPU llama.cpp repacks the "
@@ -225,6 +259,17 @@ class Settings(BaseSettings):
         "all of its tools so); --no-strict-tools: any JSON object. Tools with `strict: true` "
         "always follow their schema.",
     )
+
+    @model_validator(mode="after")
+    def _rpc_hosts_allowed(self) -> Settings:
+        for endpoint in self.rpc:
+            host, _ = split_endpoint(endpoint)
+            if not self.rpc_trust_network and not is_loopback(host):
+                raise ValueError(
+                    f"--rpc {endpoint}: {host} is not this machine, and rpc-server has no "
+                    "authentication; add --rpc-trust-network if that network is trusted"
+                )
+        return self
 
     @classmethod
     def settings_customise_sources(

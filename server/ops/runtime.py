@@ -9,11 +9,12 @@ from pathlib import Path
 from openai_harmony import HarmonyEncoding
 
 from server.contracts.errors import PlacementError, StartupError
-from server.engine import offload
+from server.engine import offload, rpc
 from server.engine.base import Engine, EngineConfig, SamplingHook
 from server.engine.gguf_meta import GGUFFormatError, vocabulary_bytes
 from server.engine.llama import LlamaEngine
 from server.engine.placement import Placement, PlacementOptions
+from server.engine.rpc_hosts import RpcError
 from server.harmony import tokens
 from server.harmony.encoding import load_encoding
 from server.ops.config import Settings
@@ -52,7 +53,20 @@ def engine_config(settings: Settings, model_path: Path) -> EngineConfig:
         prompt_cache_dir=str(settings.prompt_cache_dir) if settings.prompt_cache else None,
         prompt_cache_bytes=int(settings.prompt_cache_gb * 1024**3),
         prompt_cache_min_tokens=settings.prompt_cache_min_tokens,
+        rpc_servers=settings.rpc,
     )
+
+
+def connect_rpc_hosts(settings: Settings) -> None:
+    """Check the --rpc hosts and register their devices, where llama.cpp and placement see them."""
+    if not settings.rpc:
+        return
+    try:
+        devices = rpc.connect(settings.rpc, settings.rpc_timeout_s)
+    except RpcError as exc:
+        raise StartupError(str(exc)) from exc
+    for device in devices:
+        log.info("RPC host %s: device %s", device.endpoint, device.name)
 
 
 def load_runtime(settings: Settings, sampling_hook: SamplingHook | None = None) -> Runtime:
@@ -60,9 +74,13 @@ def load_runtime(settings: Settings, sampling_hook: SamplingHook | None = None) 
     model = resolve_model(settings.model, settings.download_dir)
     encoding = load_encoding(settings.cache_dir / "vocab", lambda: vocabulary_bytes(model.path))
     config = engine_config(settings, model.path)
+    connect_rpc_hosts(settings)
     placement = place_model(config, settings)
     config = replace(
-        config, n_gpu_layers=placement.n_gpu_layers, cpu_tensor_patterns=placement.cpu_patterns
+        config,
+        n_gpu_layers=placement.n_gpu_layers,
+        cpu_tensor_patterns=placement.cpu_patterns,
+        tensor_split=placement.tensor_split,
     )
     log.info("loading %s", model.path)
     try:

@@ -1,0 +1,208 @@
+"""llama.cpp's RPC backend: other hosts' devices (CPU, CUDA, Metal) used as if they were local.
+
+An `rpc-server` (llama.cpp's, or `gpt-oss-server rpc-worker`) exposes a host's ggml backend over
+TCP. ggml's RPC client aborts the whole process when a host cannot be reached, refuses the
+handshake (a protocol version mismatch) or drops while a graph is computed. So:
+
+- `connect()` checks every endpoint before llama.cpp touches it: a TCP connect with a bounded
+  timeout here, then ggml's own handshake in a child process (`python -m server.engine.rpc_probe`)
+  that may abort without taking the server down; only then are the endpoints' devices registered
+  in ggml's backend registry (`ggml_backend_rpc_add_server`, `ggml_backend_register`), where
+  llama.cpp and the placement see them as GPUs.
+- `AbortWatch` turns ggml's abort on a dropped host into a reported failure: ggml calls the hook
+  on the RPC client's own thread before `abort()`; the hook tells the engine and then parks that
+  thread for good, so `abort()` is never reached. The decode waiting on it never returns; the
+  engine ends the requests in flight and reports itself failed (see server.engine.llama).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import re
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import llama_cpp.llama_cpp as lc
+
+from server.engine.rpc_hosts import RpcError, reachable
+
+log = logging.getLogger(__name__)
+
+REINSTALL = (
+    'CMAKE_ARGS="-DGGML_RPC=on" pip install --force-reinstall --no-cache-dir llama-cpp-python'
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteDevice:
+    """One device of an RPC host, registered in ggml's backend registry."""
+
+    endpoint: str  # host:port
+    name: str  # ggml's device name (RPC0, RPC1, ...)
+    handle: int  # ggml_backend_dev_t
+
+
+def supports_rpc() -> bool:
+    return bool(lc.llama_supports_rpc())
+
+
+def require_rpc() -> None:
+    """Raise RpcError with the reinstall command when this build has no RPC backend."""
+    if not supports_rpc():
+        raise RpcError(
+            "this llama-cpp-python build has no RPC backend (llama_supports_rpc() is false); "
+            f"reinstall it with RPC: {REINSTALL}"
+        )
+
+
+def connect(endpoints: Sequence[str], timeout_s: float) -> list[RemoteDevice]:
+    """Check each endpoint, then register its devices; RpcError names the first bad one."""
+    require_rpc()
+    for endpoint in endpoints:
+        reachable(endpoint, timeout_s)
+        handshake(endpoint, timeout_s)
+    return [device for endpoint in endpoints for device in register(endpoint)]
+
+
+def handshake(endpoint: str, timeout_s: float) -> list[dict[str, Any]]:
+    """ggml's own handshake with `endpoint`, in a child process; its devices' memory."""
+    command = [sys.executable, "-m", "server.engine.rpc_probe", endpoint]
+    try:
+        # the child loads llama.cpp first: allow for that beyond the host's own timeout
+        done = subprocess.run(
+            command, check=False, capture_output=True, text=True, timeout=timeout_s + 20
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise RpcError(f"RPC host {endpoint} accepted the connection but never answered") from exc
+    if done.returncode != 0:
+        raise RpcError(f"RPC host {endpoint} refused the handshake: {_reason(done.stderr)}")
+    try:
+        devices: list[dict[str, Any]] = json.loads(done.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError) as exc:
+        raise RpcError(f"RPC host {endpoint}: unreadable probe output {done.stdout!r}") from exc
+    if not devices:
+        raise RpcError(f"RPC host {endpoint} offers no device")
+    return devices
+
+
+_SOURCE = re.compile(r"^\S+\.(?:c|cpp|h):\d+: ")  # ggml's "file.cpp:547: " prefix
+
+
+def abort_reason(message: str) -> str:
+    """ggml's abort message without its source-file prefix."""
+    return _SOURCE.sub("", message.strip())
+
+
+def _reason(stderr: str) -> str:
+    """The lines of ggml's stderr that say what went wrong."""
+    lines = [abort_reason(line) for line in stderr.splitlines() if line.strip()]
+    useful = [line for line in lines if "RPC" in line or "rror" in line or "ailed" in line]
+    return "; ".join((useful or lines)[-3:]) or "no message"
+
+
+def register(endpoint: str) -> list[RemoteDevice]:
+    ggml = ggml_rpc_functions()
+    reg = ggml.ggml_backend_reg_by_name(b"RPC")
+    if not reg:
+        raise RpcError("ggml has no RPC backend registered")
+    address = ggml.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_rpc_add_server")
+    add_server = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)(address)
+    server = add_server(endpoint.encode())
+    if not server:
+        raise RpcError(f"RPC host {endpoint} offers no device")
+    ggml.ggml_backend_register(server)
+    devices = []
+    for i in range(ggml.ggml_backend_reg_dev_count(server)):
+        handle = ggml.ggml_backend_reg_dev_get(server, i)
+        name = ggml.ggml_backend_dev_name(handle).decode()
+        devices.append(RemoteDevice(endpoint=endpoint, name=name, handle=int(handle)))
+    return devices
+
+
+def ggml_rpc_functions() -> Any:
+    """The ggml registry functions this module calls, reached through libllama."""
+    lib = lc._lib
+    signatures: dict[str, tuple[list[Any], Any]] = {
+        "ggml_backend_reg_by_name": ([ctypes.c_char_p], ctypes.c_void_p),
+        "ggml_backend_reg_get_proc_address": ([ctypes.c_void_p, ctypes.c_char_p], ctypes.c_void_p),
+        "ggml_backend_register": ([ctypes.c_void_p], None),
+        "ggml_backend_reg_dev_count": ([ctypes.c_void_p], ctypes.c_size_t),
+        "ggml_backend_reg_dev_get": ([ctypes.c_void_p, ctypes.c_size_t], ctypes.c_void_p),
+        "ggml_backend_dev_name": ([ctypes.c_void_p], ctypes.c_char_p),
+        "ggml_set_abort_callback": ([ctypes.c_void_p], ctypes.c_void_p),
+        "ggml_backend_dev_count": ([], ctypes.c_size_t),
+        "ggml_backend_dev_get": ([ctypes.c_size_t], ctypes.c_void_p),
+        "ggml_backend_dev_type": ([ctypes.c_void_p], ctypes.c_int),
+        "ggml_backend_dev_by_type": ([ctypes.c_int], ctypes.c_void_p),
+        "ggml_backend_dev_memory": (
+            [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)],
+            None,
+        ),
+    }
+    for name, (argtypes, restype) in signatures.items():
+        function = getattr(lib, name)
+        function.argtypes = argtypes
+        function.restype = restype
+    return lib
+
+
+def serve(host: str, port: int, n_threads: int, cache_dir: str | None) -> None:
+    """Run ggml's RPC server on this host's devices (never returns).
+
+    Like llama.cpp's rpc-server: every accelerator of this build, else the CPU.
+    """
+    ggml = ggml_rpc_functions()
+    local = [ggml.ggml_backend_dev_get(i) for i in range(ggml.ggml_backend_dev_count())]
+    devices = [d for d in local if ggml.ggml_backend_dev_type(d) not in _HOST_TYPES]
+    devices = devices or [ggml.ggml_backend_dev_by_type(_CPU)]
+    reg = ggml.ggml_backend_reg_by_name(b"RPC")
+    address = ggml.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_rpc_start_server")
+    start = ctypes.CFUNCTYPE(
+        None,
+        ctypes.c_char_p,
+        ctypes.c_char_p,
+        ctypes.c_size_t,
+        ctypes.c_size_t,
+        ctypes.POINTER(ctypes.c_void_p),
+    )(address)
+    array = (ctypes.c_void_p * len(devices))(*devices)
+    endpoint = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    cache = cache_dir.encode() if cache_dir else None
+    start(endpoint.encode(), cache, n_threads, len(devices), array)
+
+
+_CPU, _ACCEL = 0, 3  # enum ggml_backend_dev_type
+_HOST_TYPES = (_CPU, _ACCEL)
+ABORT_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
+
+
+class AbortWatch:
+    """While installed, a ggml abort about RPC reports `on_failure(message)` instead of exiting.
+
+    Any other abort (a bug) is logged and goes on to `abort()` as before.
+    """
+
+    def __init__(self, on_failure: Callable[[str], None]) -> None:
+        self._on_failure = on_failure
+        self._callback = ABORT_CALLBACK(self._abort)  # referenced as long as ggml may call it
+        self._parked = threading.Event()  # never set: a failed RPC thread waits here for good
+
+    def install(self) -> None:
+        ggml_rpc_functions().ggml_set_abort_callback(ctypes.cast(self._callback, ctypes.c_void_p))
+
+    def _abort(self, message: bytes | None) -> None:
+        text = (message or b"").decode("utf-8", errors="replace")
+        if "RPC" not in text:
+            log.critical("llama.cpp aborted: %s", text)
+            return
+        try:
+            self._on_failure(text)
+        except Exception:  # the report must not let the process abort
+            log.exception("reporting the RPC failure failed")
+        self._parked.wait()

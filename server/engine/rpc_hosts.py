@@ -1,0 +1,69 @@
+"""RPC hosts as addresses: parsing HOST:PORT, the loopback rule, a bounded TCP reachability check.
+
+Pure socket code (no llama.cpp), so the settings can validate `--rpc` and the engine can name a
+host that stopped answering.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import time
+from collections.abc import Sequence
+
+
+class RpcError(Exception):
+    """An RPC endpoint cannot be used; the message names it and says why."""
+
+
+def split_endpoint(endpoint: str) -> tuple[str, int]:
+    """("host", port) of "host:port" or "[v6]:port"; ValueError when it is neither."""
+    host, sep, port = endpoint.strip().rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{endpoint!r} is not HOST:PORT")
+    return host, int(port)
+
+
+def is_loopback(host: str) -> bool:
+    """True when every address `host` resolves to is a loopback address (127/8, ::1)."""
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except OSError:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(info[4][0]).is_loopback for info in infos)
+
+
+def reachable(endpoint: str, timeout_s: float) -> None:
+    """A TCP connection to `endpoint` within `timeout_s`, closed at once; RpcError if none."""
+    host, port = split_endpoint(endpoint)
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            pass
+    except ConnectionRefusedError as exc:
+        message = f"RPC host {endpoint} refused the connection (is its rpc-server running?)"
+        raise RpcError(message) from exc
+    except TimeoutError as exc:
+        raise RpcError(f"RPC host {endpoint} did not answer within {timeout_s:g} s") from exc
+    except OSError as exc:
+        raise RpcError(f"RPC host {endpoint} cannot be reached: {exc.strerror or exc}") from exc
+
+
+def unreachable(endpoints: Sequence[str], timeout_s: float = 2.0, attempts: int = 1) -> list[str]:
+    """The endpoints that no longer accept a TCP connection.
+
+    With several attempts, asks again (0.3 s apart) while every endpoint still answers: a host
+    whose process is ending may accept a connection for a moment after its peers saw it drop.
+    """
+    down: list[str] = []
+    for attempt in range(attempts):
+        if attempt:
+            time.sleep(0.3)
+        for endpoint in endpoints:
+            try:
+                reachable(endpoint, timeout_s)
+            except RpcError:
+                down.append(endpoint)
+        if down:
+            break
+    return down

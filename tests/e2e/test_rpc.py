@@ -1,0 +1,277 @@
+"""Several machines on one: the tiny model split between this CPU and llama.cpp RPC hosts.
+
+Two `gpt-oss-server rpc-worker` processes listen on 127.0.0.1 (ggml's RPC server from the same
+llama-cpp-python build); the model's layers go to the local CPU and to both workers, and greedy
+output must be the local-only output token for token: in the engine, and through chat and
+responses, streaming and not. A worker killed mid-stream ends the stream with an error naming
+it, turns /health to 503 and refuses new requests with 503, while the server keeps answering.
+Start-up refuses a host nothing listens on and a host that speaks another protocol version.
+
+The build must have RPC (`python scripts/install_llama_cpp.py`); without it the tests skip,
+unless GPT_OSS_REQUIRE_RPC=1 (CI) makes that a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import llama_cpp.llama_cpp as lc
+import pytest
+
+from server.bench.procs import ServerProcess, serve_command
+from server.engine.rpc_hosts import RpcError, reachable
+from tests.e2e.conftest import free_port
+
+pytestmark = pytest.mark.slow  # worker and server processes
+
+SPLIT = ("--n-gpu-layers", "2", "--n-threads", "1")  # layer 0 here, layer 1 and output remote
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _rpc_build() -> None:
+    if lc.llama_supports_rpc():
+        return
+    reason = "this llama-cpp-python build has no RPC backend: python scripts/install_llama_cpp.py"
+    if os.environ.get("GPT_OSS_REQUIRE_RPC") == "1":
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
+class Worker:
+    """A `gpt-oss-server rpc-worker` child on 127.0.0.1."""
+
+    def __init__(self, log_path: Path) -> None:
+        self.port = free_port()
+        self.endpoint = f"127.0.0.1:{self.port}"
+        self.log_path = log_path
+        command = [sys.executable, "-m", "server", "rpc-worker", "--port", str(self.port)]
+        with log_path.open("wb") as log:
+            self.process = subprocess.Popen(
+                [*command, "--threads", "1"], stdout=log, stderr=subprocess.STDOUT
+            )
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                reachable(self.endpoint, 1.0)
+                return
+            except RpcError as exc:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    message = f"rpc-worker did not start:\n{log_path.read_text()}"
+                    raise RuntimeError(message) from exc
+                time.sleep(0.1)
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+@pytest.fixture
+def workers(tmp_path: Path) -> Iterator[list[Worker]]:
+    started = [Worker(tmp_path / f"worker-{i}.log") for i in range(2)]
+    yield started
+    for worker in started:
+        worker.kill()
+
+
+def rpc_flag(workers: list[Worker]) -> tuple[str, str]:
+    return "--rpc", ",".join(worker.endpoint for worker in workers)
+
+
+def server(model: Path, tmp_path: Path, *options: str) -> ServerProcess:
+    port = free_port()
+    command = serve_command(
+        model,
+        port,
+        *("--n-ctx", "4096", "--no-prompt-cache", "--cache-dir", str(tmp_path / "cache")),
+        *("--responses-store-path", str(tmp_path / f"responses-{port}.sqlite3"), *options),
+    )
+    health = f"http://127.0.0.1:{port}/health"
+    return ServerProcess(command, tmp_path / f"server-{port}.log", health, timeout_s=120)
+
+
+def greedy_tokens(model: Path, *args: str) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.support.rpc_tokens", str(model), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return report
+
+
+def test_greedy_tokens_with_layers_on_rpc_hosts_equal_local(
+    tiny_gguf: Path, workers: list[Worker]
+) -> None:
+    local = greedy_tokens(tiny_gguf, "0")
+    split = greedy_tokens(tiny_gguf, "2", ",".join(worker.endpoint for worker in workers))
+    assert split["layers"] == {"0": "CPU", "1": "RPC0", "2": "RPC1"}  # llama.cpp's own log
+    plan = "\n".join(split["placement"])  # what the start-up log promised
+    assert f"RPC0 on {workers[0].endpoint}: layer 1" in plan
+    assert f"RPC1 on {workers[1].endpoint}: the output" in plan
+    assert "CPU on this host: layer 0" in plan
+    assert len(local["tokens"]) == 48
+    assert split["tokens"] == local["tokens"]
+
+
+CHAT = {
+    "model": "gpt-oss-tiny",
+    "messages": [{"role": "user", "content": "Tell me about the sea."}],
+    "max_tokens": 40,
+    "temperature": 0,
+}
+RESPONSES = {
+    "model": "gpt-oss-tiny",
+    "input": "Tell me about the sea.",
+    "max_output_tokens": 40,
+    "temperature": 0,
+    "store": False,
+}
+
+
+def chat_text(base: str, stream: bool) -> str:
+    url = f"{base}/v1/chat/completions"
+    if not stream:
+        message = httpx.post(url, json=CHAT, timeout=120).json()["choices"][0]["message"]
+        return f"{message.get('reasoning')}|{message.get('content')}"
+    reasoning, content = [], []
+    for data in sse_data(url, {**CHAT, "stream": True}):
+        if data == "[DONE]":
+            break
+        delta = json.loads(data)["choices"][0]["delta"]
+        reasoning.append(delta.get("reasoning") or "")
+        content.append(delta.get("content") or "")
+    return f"{''.join(reasoning) or None}|{''.join(content) or None}"
+
+
+def responses_output(base: str, stream: bool) -> list[Any]:
+    url = f"{base}/v1/responses"
+    if not stream:
+        return list(httpx.post(url, json=RESPONSES, timeout=120).json()["output"])
+    for data in sse_data(url, {**RESPONSES, "stream": True}):
+        event = json.loads(data)
+        if event["type"] in ("response.completed", "response.incomplete"):
+            return list(event["response"]["output"])
+    raise AssertionError("the stream has no terminal response event")
+
+
+def sse_data(url: str, body: dict[str, Any]) -> Iterator[str]:
+    with httpx.stream("POST", url, json=body, timeout=120) as response:
+        assert response.status_code == 200, response.read()
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                yield line.removeprefix("data: ")
+
+
+def without_ids(output: list[Any]) -> list[Any]:
+    return [{k: v for k, v in item.items() if k != "id"} for item in output]
+
+
+def test_chat_and_responses_through_rpc_hosts_equal_local(
+    tiny_gguf: Path, workers: list[Worker], tmp_path: Path
+) -> None:
+    results: list[dict[str, Any]] = []
+    for options in ((), (*SPLIT, *rpc_flag(workers))):
+        with server(tiny_gguf, tmp_path, "--n-threads", "1", *options) as proc:
+            base = proc.health_url.removesuffix("/health")
+            results.append(
+                {
+                    "chat": [chat_text(base, stream) for stream in (False, True)],
+                    "responses": [
+                        without_ids(responses_output(base, stream)) for stream in (False, True)
+                    ],
+                    "log": proc.log_path.read_text(),
+                }
+            )
+    local, split = results
+    assert local["chat"][0] == local["chat"][1] != "None|None"
+    assert split["chat"] == local["chat"]
+    assert local["responses"][0] == local["responses"][1]
+    assert split["responses"] == local["responses"]
+    assert f"RPC0 on {workers[0].endpoint}: layer 1" in split["log"]  # the banner, per host
+
+
+def test_a_host_that_drops_mid_stream_ends_the_request_and_health(
+    tiny_gguf: Path, workers: list[Worker], tmp_path: Path
+) -> None:
+    with server(tiny_gguf, tmp_path, *SPLIT, *rpc_flag(workers)) as proc:
+        base = proc.health_url.removesuffix("/health")
+        body = {**CHAT, "max_tokens": 3000, "temperature": 1, "stream": True}
+        payloads = []
+        for data in sse_data(f"{base}/v1/chat/completions", body):
+            payloads.append(data)
+            if len(payloads) == 5:
+                threading.Thread(target=workers[1].kill).start()
+        last = json.loads(payloads[-1])
+        assert f"RPC host {workers[1].endpoint} stopped answering" in last["error"]["message"]
+        health = httpx.get(proc.health_url, timeout=10)
+        assert health.status_code == 503
+        assert workers[1].endpoint in health.json()["error"]
+        refused = httpx.post(f"{base}/v1/chat/completions", json=CHAT, timeout=30)
+        assert refused.status_code == 503
+        assert refused.json()["error"]["code"] == "engine_unavailable"
+        assert httpx.get(f"{base}/v1/models", timeout=10).status_code == 200
+        assert workers[1].endpoint in proc.log_path.read_text()
+        proc.stop()
+        assert proc.ended is not None
+        assert proc.ended.returncode == 0
+
+
+def run_serve(model: Path, tmp_path: Path, *options: str) -> subprocess.CompletedProcess[str]:
+    command = serve_command(model, free_port(), "--cache-dir", str(tmp_path / "c"), *options)
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_start_up_names_a_host_nothing_listens_on(tiny_gguf: Path, tmp_path: Path) -> None:
+    endpoint = f"127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    done = run_serve(tiny_gguf, tmp_path, "--rpc", endpoint)
+    assert done.returncode == 1
+    assert f"RPC host {endpoint} refused the connection" in done.stderr
+    assert time.monotonic() - started < 60
+
+
+def test_start_up_names_a_host_of_another_protocol_version(tiny_gguf: Path, tmp_path: Path) -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        endpoint = f"127.0.0.1:{listener.getsockname()[1]}"
+        answering = threading.Thread(target=answer_hello_as_version_6, args=(listener,))
+        answering.start()
+        done = run_serve(tiny_gguf, tmp_path, "--rpc", endpoint, "--rpc-timeout-s", "5")
+        answering.join(timeout=30)
+    assert done.returncode == 1
+    assert f"RPC host {endpoint} refused the handshake" in done.stderr
+    assert "version mismatch: 6.0.0" in done.stderr
+
+
+def answer_hello_as_version_6(listener: socket.socket) -> None:
+    """An RPC peer of protocol 6: answers the HELLO command (the reachability check's bare
+    connection first) with version 6.0.0 and the capability bytes it was sent."""
+    listener.settimeout(60)
+    for _ in range(2):
+        connection, _ = listener.accept()
+        with connection:
+            header = connection.recv(9)  # command byte, request size (u64)
+            if len(header) < 9:
+                continue  # the bare TCP check
+            size = int.from_bytes(header[1:9], "little")
+            caps = b""
+            while len(caps) < size:
+                caps += connection.recv(size - len(caps))
+            answer = bytes([6, 0, 0, 0]) + bytes(len(caps))
+            connection.sendall(len(answer).to_bytes(8, "little") + answer)
+            connection.recv(1)  # wait for the client to give up
