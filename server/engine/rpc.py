@@ -172,7 +172,7 @@ def serve(host: str, port: int, n_threads: int, cache_dir: str | None) -> None:
         ctypes.POINTER(ctypes.c_void_p),
     )(address)
     array = (ctypes.c_void_p * len(devices))(*devices)
-    endpoint = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    endpoint = f"{host}:{port}"
     cache = cache_dir.encode() if cache_dir else None
     start(endpoint.encode(), cache, n_threads, len(devices), array)
 

@@ -17,11 +17,17 @@ class RpcError(Exception):
 
 
 def split_endpoint(endpoint: str) -> tuple[str, int]:
-    """("host", port) of "host:port" or "[v6]:port"; ValueError when it is neither."""
-    host, sep, port = endpoint.strip().rpartition(":")
-    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    """("host", port) of "host:port"; ValueError otherwise.
+
+    The host is an IPv4 address or a name: llama.cpp's RPC client splits at the first colon, so
+    it takes no IPv6 literal.
+    """
+    host, sep, port = endpoint.strip().partition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"{endpoint!r} is not HOST:PORT")
+        raise ValueError(
+            f"{endpoint!r} is not HOST:PORT (HOST: an IPv4 address or a name; llama.cpp's RPC "
+            "client takes no IPv6 literal)"
+        )
     return host, int(port)
 
 

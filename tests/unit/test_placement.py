@@ -21,6 +21,7 @@ from server.engine.placement import (
     ModelFootprint,
     Placement,
     PlacementOptions,
+    device_layers,
     expert_patterns,
     footprint,
     kv_bytes,
@@ -248,3 +249,43 @@ def _hparams(n_layer: int) -> Hyperparameters:
         n_vocab=N_VOCAB,
         n_swa=128,
     )
+
+
+@pytest.mark.parametrize(
+    ("n_layer", "k", "weights", "expected"),
+    [
+        (2, 3, [1.0, 1.0], [[0, 1], [2]]),  # the tiny model on two equal hosts
+        (2, 2, [1.0, 1.0], [[1], [2]]),  # layer 0 stays on the CPU
+        (24, 25, [1.0, 1.0], [list(range(13)), list(range(13, 25))]),
+        (24, 10, [3.0, 1.0], [list(range(15, 23)), [23, 24]]),  # first = 15, 10 offloaded
+        (24, 25, [1.0, 0.0], [list(range(25)), []]),
+    ],
+)
+def test_layers_are_split_between_devices_as_llama_cpp_splits_them(
+    n_layer: int, k: int, weights: list[float], expected: list[list[int]]
+) -> None:
+    """llama.cpp: layer il (of the last k) goes to the first device whose cumulative share of
+    the weights exceeds (il - first) / k; index n_layer is the output layer."""
+    assert device_layers(n_layer, k, weights) == expected
+
+
+def test_rpc_hosts_are_planned_like_gpus_and_named_per_host(gpt_oss_20b: ModelFootprint) -> None:
+    hosts = [
+        GpuMemory("RPC0", "RPC host", 16 * GIB, 16 * GIB, host="10.0.0.2:50052"),
+        GpuMemory("RPC1", "RPC host", 8 * GIB, 8 * GIB, host="10.0.0.3:50052"),
+    ]
+    placement = plan(gpt_oss_20b, hosts)
+    assert placement.n_gpu_layers == -1  # 20b fits 24 GB in all: every layer remote
+    assert placement.tensor_split == (15 * GIB, 7 * GIB)  # free memory less the 1 GiB margin
+    first, second = device_layers(24, 25, placement.tensor_split)
+    lines = "\n".join(placement.lines)
+    assert f"RPC0 on 10.0.0.2:50052: layers 0-{first[-1]}" in lines
+    assert f"RPC1 on 10.0.0.3:50052: layers {second[0]}-23 and the output" in lines
+    assert "CPU on this host: no layers, token embeddings" in lines
+    assert "10.0.0.3:50052" in placement.summary  # the banner names every host
+
+
+def test_one_local_gpu_needs_no_split(gpt_oss_20b: ModelFootprint) -> None:
+    placement = plan(gpt_oss_20b, card(24))
+    assert placement.tensor_split == ()
+    assert not any("on this host" in line for line in placement.lines)
