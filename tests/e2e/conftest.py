@@ -6,13 +6,29 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import uvicorn
 
 from server.app import create_app
+from server.bench.procs import ServerProcess, serve_command
 from server.ops.config import Settings
 from server.ops.runtime import Runtime
+
+
+def server_process(model: Path, tmp_path: Path, *options: str) -> ServerProcess:
+    """`gpt-oss-server serve` on a free port, its caches and response store under `tmp_path`
+    (start it with `with`: ready once /health answers)."""
+    port = free_port()
+    command = serve_command(
+        model,
+        port,
+        *("--cache-dir", str(tmp_path / "cache")),
+        *("--responses-store-path", str(tmp_path / f"responses-{port}.sqlite3"), *options),
+    )
+    health = f"http://127.0.0.1:{port}/health"
+    return ServerProcess(command, tmp_path / f"server-{port}.log", health, timeout_s=120)
 
 
 def free_port() -> int:

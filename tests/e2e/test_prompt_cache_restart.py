@@ -17,9 +17,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from server.bench.procs import ServerProcess, serve_command
+from server.bench.procs import ServerProcess
 from server.engine.kv_files import SUFFIX
-from tests.e2e.conftest import free_port
+from tests.e2e.conftest import server_process
 
 CAPTURE = Path(__file__).resolve().parents[1] / "data" / "codex" / "exec_round2.json"
 
@@ -40,16 +40,8 @@ def first_request(conversation: str) -> dict[str, Any]:
 
 
 def server(model: Path, tmp_path: Path, kv: Path) -> ServerProcess:
-    port = free_port()
-    command = serve_command(
-        model,
-        port,
-        *("--n-ctx", "16384", "--n-threads", "2", "--cache-dir", str(tmp_path / "cache")),
-        *("--responses-store-path", str(tmp_path / "responses.sqlite3")),
-        *("--prompt-cache-dir", str(kv)),
-    )
-    health = f"http://127.0.0.1:{port}/health"
-    return ServerProcess(command, tmp_path / f"server-{port}.log", health, timeout_s=120)
+    options = ("--n-ctx", "16384", "--n-threads", "2", "--prompt-cache-dir", str(kv))
+    return server_process(model, tmp_path, *options)
 
 
 def usage(proc: ServerProcess, conversation: str) -> dict[str, Any]:

@@ -30,7 +30,7 @@ import pytest
 
 from server.bench.procs import ServerProcess, serve_command
 from server.engine.rpc_hosts import RpcError, reachable
-from tests.e2e.conftest import free_port
+from tests.e2e.conftest import free_port, server_process
 
 pytestmark = pytest.mark.slow  # worker and server processes
 
@@ -89,15 +89,7 @@ def rpc_flag(workers: list[Worker]) -> tuple[str, str]:
 
 
 def server(model: Path, tmp_path: Path, *options: str) -> ServerProcess:
-    port = free_port()
-    command = serve_command(
-        model,
-        port,
-        *("--n-ctx", "4096", "--no-prompt-cache", "--cache-dir", str(tmp_path / "cache")),
-        *("--responses-store-path", str(tmp_path / f"responses-{port}.sqlite3"), *options),
-    )
-    health = f"http://127.0.0.1:{port}/health"
-    return ServerProcess(command, tmp_path / f"server-{port}.log", health, timeout_s=120)
+    return server_process(model, tmp_path, "--n-ctx", "4096", "--no-prompt-cache", *options)
 
 
 def greedy_tokens(model: Path, *args: str) -> dict[str, Any]:
