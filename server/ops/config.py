@@ -29,7 +29,8 @@ def _endpoint_list(value: object) -> object:
     items = value.split(",") if isinstance(value, str) else value
     if not isinstance(items, list | tuple):
         return value  # pydantic reports the type error
-    endpoints = tuple(str(item).strip() for item in items if str(item).strip())
+    named = (str(item).strip() for item in items)
+    endpoints = tuple(dict.fromkeys(endpoint for endpoint in named if endpoint))  # once each
     for endpoint in endpoints:
         split_endpoint(endpoint)  # ValueError: not HOST:PORT
     return endpoints

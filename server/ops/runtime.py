@@ -85,7 +85,7 @@ def load_runtime(settings: Settings, sampling_hook: SamplingHook | None = None) 
     log.info("loading %s", model.path)
     try:
         engine = LlamaEngine(config, sampling_hook)
-    except RuntimeError as exc:
+    except (RuntimeError, RpcError) as exc:  # RpcError: a host dropped while loading
         raise StartupError(f"could not load {model.path}: {exc}") from exc
     check_token_ids(engine, encoding)
     name = settings.served_model_name or model.name

@@ -63,6 +63,7 @@ def test_rpc_setting_from_flag_variable_and_config_file(
     monkeypatch.delenv("GPT_OSS_RPC", raising=False)
     assert Settings().rpc == ()
     assert Settings(rpc="127.0.0.1:1, localhost:2").rpc == ("127.0.0.1:1", "localhost:2")
+    assert Settings(rpc="127.0.0.1:1,127.0.0.1:1").rpc == ("127.0.0.1:1",)  # registered once
     monkeypatch.setenv("GPT_OSS_RPC", "127.0.0.1:3,127.0.0.1:4")
     assert Settings().rpc == ("127.0.0.1:3", "127.0.0.1:4")
     monkeypatch.delenv("GPT_OSS_RPC")
