@@ -7,7 +7,7 @@ import logging
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from server.api.chat.adapter import (
     WIRE_NAMES,
@@ -19,7 +19,7 @@ from server.api.chat.output import ChatEmitter, ChunkFactory, fold
 from server.api.chat.schemas import ChatCompletionRequest, Delta
 from server.api.common import new_id, now
 from server.api.disconnect import ClientGone, consume_while_connected
-from server.api.sse import DONE, sse_data
+from server.api.sse import DONE, sse_data, sse_response
 from server.contracts.errors import ServerError, error_envelope
 from server.contracts.events import FinishReason
 from server.core.generation import Generator, Prepared
@@ -27,8 +27,6 @@ from server.ops.config import Settings
 
 log = logging.getLogger(__name__)
 router = APIRouter()
-
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 @router.post("/v1/chat/completions", response_model=None)
@@ -51,7 +49,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         chunks = _stream(prepared, emitter, factory, include_usage)
-        return StreamingResponse(chunks, media_type="text/event-stream", headers=SSE_HEADERS)
+        return sse_response(chunks)
     deltas: list[Delta] = []
     try:
         await consume_while_connected(

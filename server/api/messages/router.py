@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from server.api.common import new_id
 from server.api.disconnect import ClientGone, consume_while_connected
@@ -36,7 +36,7 @@ from server.api.messages.schemas import (
 )
 from server.api.messages.signature import ThinkingSigner
 from server.api.messages.streaming import MessageRun
-from server.api.sse import sse_event
+from server.api.sse import sse_event, sse_response
 from server.contracts.errors import ServerError
 from server.contracts.transcript import Transcript
 from server.core.generation import Generator
@@ -45,8 +45,6 @@ from server.ops.config import Settings
 
 log = logging.getLogger(__name__)
 router = APIRouter()
-
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 @dataclass
@@ -84,7 +82,7 @@ async def create_message(body: MessagesRequest, request: Request) -> Response:
     run = MessageRun(prepared, emitter)
     if body.stream:
         stream = _sse(_logged(emitter.message_id, run.events(state.ping_s)))
-        return StreamingResponse(stream, media_type="text/event-stream", headers=SSE_HEADERS)
+        return sse_response(stream)
     events: list[StreamEvent] = []
     try:
         await consume_while_connected(request, run.events(), events.append)

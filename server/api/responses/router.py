@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from server.api.common import new_id, now
 from server.api.disconnect import ClientGone, consume_while_connected
@@ -35,7 +35,7 @@ from server.api.responses.schemas import (
 )
 from server.api.responses.store import ResponseStore, StoredResponse
 from server.api.responses.streaming import ResponseRun
-from server.api.sse import sse_event
+from server.api.sse import sse_event, sse_response
 from server.contracts.errors import NotFound, ServerError
 from server.contracts.events import SegmentEnd
 from server.contracts.transcript import Item, Transcript
@@ -46,7 +46,6 @@ from server.ops.config import Settings
 log = logging.getLogger(__name__)
 router = APIRouter()
 
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 MAX_PINNED_DATES = 1024
 
 
@@ -108,7 +107,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     run = ResponseRun(prepared, emitter, finisher)
     if body.stream:
         stream = _sse(run.events(state.keepalive_s))
-        return StreamingResponse(stream, media_type="text/event-stream", headers=SSE_HEADERS)
+        return sse_response(stream)
     events: list[StreamEvent] = []
     try:
         await consume_while_connected(request, run.events(), events.append)
