@@ -5,7 +5,8 @@ llama-cpp-python build); the model's layers go to the local CPU and to both work
 output must be the local-only output token for token: in the engine, and through chat and
 responses, streaming and not. A worker killed mid-stream ends the stream with an error naming
 it, turns /health to 503 and refuses new requests with 503, while the server keeps answering.
-Start-up refuses a host nothing listens on and a host that speaks another protocol version.
+Start-up refuses a host nothing listens on, one that never answers (bounded by --rpc-timeout-s)
+and one that speaks another protocol version.
 
 The build must have RPC (`python scripts/install_llama_cpp.py`); without it the tests skip,
 unless GPT_OSS_REQUIRE_RPC=1 (CI) makes that a failure.
@@ -233,6 +234,26 @@ def test_start_up_names_a_host_nothing_listens_on(tiny_gguf: Path, tmp_path: Pat
     done = run_serve(tiny_gguf, tmp_path, "--rpc", endpoint)
     assert done.returncode == 1
     assert f"RPC host {endpoint} refused the connection" in done.stderr
+    assert time.monotonic() - started < 60
+
+
+def test_start_up_gives_up_on_a_host_that_never_answers(tiny_gguf: Path, tmp_path: Path) -> None:
+    """A listener whose queue is full drops new connections: connecting would hang for the
+    kernel's minutes; the start-up stops after --rpc-timeout-s instead."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        endpoint = f"127.0.0.1:{listener.getsockname()[1]}"
+        queued = [socket.socket() for _ in range(3)]
+        for client in queued:
+            client.setblocking(False)
+            client.connect_ex(("127.0.0.1", listener.getsockname()[1]))
+        started = time.monotonic()
+        done = run_serve(tiny_gguf, tmp_path, "--rpc", endpoint, "--rpc-timeout-s", "2")
+        for client in queued:
+            client.close()
+    assert done.returncode == 1
+    assert f"RPC host {endpoint} did not answer within 2 s" in done.stderr
     assert time.monotonic() - started < 60
 
 
