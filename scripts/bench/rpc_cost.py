@@ -2,9 +2,11 @@
 
     python -m scripts.bench.rpc_cost --model /tmp/s20b.gguf [--rpc-layers 13] [--threads 2]
 
-Runs the same generation twice, each in its own process (RPC devices belong to the process that
-registers them): all layers on this CPU, then the last `--rpc-layers` layers (the output counting
-as one) on a `gpt-oss-server rpc-worker` on 127.0.0.1 with the same thread count. The engine
+Runs the same generation three times, each in its own process (RPC devices belong to the process
+that registers them): all layers on this CPU; the same without llama.cpp's CPU weight repacking
+(an RPC server keeps weights in plain CPU buffers, so a CPU host computes with those kernels);
+then the last `--rpc-layers` layers (the output counting as one) on a `gpt-oss-server
+rpc-worker` on 127.0.0.1 with the same thread count. The engine
 reports prefill and decode times; the worker's TCP connection counters (`ss -ti`: bytes sent and
 received) give the traffic of the prefill and per decoded token.
 Over a real network the same bytes cross a slower link. Prints JSON.
@@ -81,7 +83,7 @@ def one_run(args: argparse.Namespace) -> None:
     )
     connect_rpc_hosts(settings)
     placement = place_model(config, settings)
-    config = replace(config, n_gpu_layers=placement.n_gpu_layers)
+    config = replace(config, n_gpu_layers=placement.n_gpu_layers, cpu_repack=not args.no_repack)
     engine = LlamaEngine(config)
     try:
         runs = [asyncio.run(generate(engine, args, i)) for i in range(args.rounds)]
@@ -127,12 +129,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--no-repack", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.model = args.model or cached_gguf("tiny")
     if args.one:
         one_run(args)
         return 0
     local = child(args)
+    # llama.cpp's RPC server keeps weights in plain CPU buffers (no repacked MXFP4 kernels): the
+    # same local run without repacking tells that cost apart from the transport's.
+    plain = child(args, "--no-repack")
     with socket.socket() as probe:  # a free port for the worker
         probe.bind(("127.0.0.1", 0))
         port = int(probe.getsockname()[1])
@@ -142,15 +148,21 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         worker.kill()
         worker.wait()
-    ratio = remote["best"]["decode_tokens_per_s"] / local["best"]["decode_tokens_per_s"]
+
+    def ratio(run: dict[str, Any]) -> float:
+        rate = remote["best"]["decode_tokens_per_s"] / run["best"]["decode_tokens_per_s"]
+        return round(float(rate), 3)
+
     report = {
         "model": str(args.model),
         "threads": args.threads,
         "prompt_tokens": args.prompt,
         "gen_tokens": args.gen,
         "local": local,
+        "local_without_repacking": plain,
         "loopback_rpc": remote,
-        "decode_ratio_rpc_vs_local": round(ratio, 3),
+        "decode_ratio_rpc_vs_local": ratio(local),
+        "decode_ratio_rpc_vs_local_without_repacking": ratio(plain),
     }
     print(json.dumps(report, indent=2))
     return 0

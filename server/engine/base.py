@@ -69,6 +69,7 @@ class EngineConfig:
     tensor_split: tuple[float, ...] = ()  # share of the offloaded layers per device (several)
     rpc_servers: tuple[str, ...] = ()  # HOST:PORT of RPC hosts, connected (server.engine.rpc)
     use_mmap: bool = False
+    cpu_repack: bool = True  # llama.cpp's CPU weight repacking (extra buffer types); off: -nr
     flash_attn: str = "auto"  # auto | on | off
     swa_full: bool = True
     sampler: str = "numpy"  # numpy (engine/sampler.py) | llama (llama.cpp's chain, to compare)

@@ -123,6 +123,7 @@ def model_params(config: EngineConfig) -> Iterator[Any]:
     params = lc.llama_model_default_params()
     params.n_gpu_layers = config.n_gpu_layers
     params.load_mode = lc.LLAMA_LOAD_MODE_MMAP if config.use_mmap else lc.LLAMA_LOAD_MODE_NONE
+    params.use_extra_bufts = config.cpu_repack
     overrides = _cpu_overrides(config.cpu_tensor_patterns)
     if overrides is not None:
         params.tensor_buft_overrides = ctypes.addressof(overrides)
