@@ -201,7 +201,8 @@ def _cpu_only(model: ModelFootprint, options: PlacementOptions) -> Placement:
     n_layer = len(model.layers)
     layout = _Layout(model, 0, 0)
     lines = [
-        "placement: no GPU backend in this llama-cpp-python build: everything on the CPU",
+        "placement: no GPU backend in this llama-cpp-python build (and no --rpc host): "
+        "everything on the CPU",
         f"  system memory ≈{_gib(model.total)}: {_parts(layout.cpu_parts())}",
     ]
     if options.n_gpu_layers not in ("auto", 0):

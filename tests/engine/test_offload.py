@@ -60,11 +60,13 @@ def test_progress_callback_moves_the_bar() -> None:
 
 
 def test_gpu_devices_on_this_build() -> None:
-    """A CPU-only build lists no GPU, so `auto` means 0 layers; a CUDA build lists its GPUs."""
+    """A CPU-only build lists no GPU, so `auto` means 0 layers; a CUDA build lists its GPUs.
+    An RPC build can offload (to RPC hosts) but lists none until hosts are registered."""
     gpus = offload.gpu_devices()
     assert all(gpu.total >= gpu.free >= 0 for gpu in gpus)
     if not gpus:
-        assert not lc.llama_supports_gpu_offload()
+        assert lc.llama_supports_rpc() or not lc.llama_supports_gpu_offload()
+    assert not any(gpu.host for gpu in gpus)  # this process registered no RPC host
 
 
 def test_a_split_model_resolves_is_measured_across_parts_and_loads(
