@@ -5,10 +5,10 @@ model. So the allowed set is found by walking the vocabulary's prefix tree (engi
 where the grammar is restrictive (JSON structure, numbers, enums) the walk ends after a few
 hundred checks with every allowed token, and the token is drawn among them. Where it is
 permissive (inside a string) the walk would check most of the vocabulary, so with plain
-temperature sampling it stops at `WALK_LIMIT` checks and `DRAWS` tokens are drawn i.i.d. from
-the unconstrained distribution and checked in one grammar call: the first draw the grammar
-accepts is the token (rejection sampling). Only when all of them are rejected does the walk go
-on to the end and the token is drawn among the allowed ones.
+temperature sampling it stops at `WALK_LIMIT` checks and up to K = sum(DRAWS) tokens are drawn
+i.i.d. from the unconstrained distribution and checked, a batch per grammar call: the first draw
+the grammar accepts is the token (rejection sampling). Only when all of them are rejected does
+the walk go on to the end and the token is drawn among the allowed ones.
 
 Either way the result follows the masked distribution: a valid t is drawn with probability
 (1 - (1 - Z)^K) p(t) / Z before the fallback and (1 - Z)^K p(t) / Z through it (Z the valid
@@ -23,6 +23,7 @@ from __future__ import annotations
 import codecs
 import ctypes
 import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -34,10 +35,10 @@ from server.engine.base import SamplingParams
 from server.engine.draws import BlockDraws
 from server.engine.llama_context import LlamaContext, Sampler
 from server.engine.sampler import Banned
-from server.engine.vocab_trie import Descent, Ids, Mask, negates_non_ascii, vocab_trie
+from server.engine.vocab_trie import Descent, Ids, Mask, VocabTrie, negates_non_ascii, vocab_trie
 
 _TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
-DRAWS = 32  # tokens drawn and checked before the walk goes on to the end
+DRAWS = (4, 28)  # tokens drawn and checked, batch by batch, before the walk goes on to the end
 WALK_LIMIT = 3000  # checks the walk may spend before draws are tried (plain sampling)
 
 
@@ -105,6 +106,20 @@ class _Utf8:
         return piece
 
 
+@functools.lru_cache(maxsize=16)
+def _first_level(trie: VocabTrie, banned: frozenset[int]) -> tuple[Ids, Ids]:
+    """The walk's first level (the roots, and the tokens outside the tree that are not banned)
+    and the banned tokens inside the tree, which the walk may find."""
+    ids = np.fromiter(sorted(banned), dtype=np.int32, count=len(banned))
+    extras = np.setdiff1d(trie.extras, ids).astype(np.int32)
+    return np.concatenate((trie.roots, extras)), ids[~np.isin(ids, trie.extras)]
+
+
+@functools.lru_cache(maxsize=16)
+def _banned(banned: frozenset[int], n_vocab: int) -> Banned | None:
+    return Banned.of(banned, n_vocab) if banned else None
+
+
 class GrammarSampler:
     """The sampler of one grammar-constrained stretch of a generation (engine thread only)."""
 
@@ -120,10 +135,8 @@ class GrammarSampler:
         self._constraint = constraint
         self._trie = vocab_trie(ctx)
         self._transparent = negates_non_ascii(constraint.grammar)
-        banned = np.fromiter(sorted(constraint.banned), dtype=np.int32)
-        self._extras: Ids = np.setdiff1d(self._trie.extras, banned).astype(np.int32)
-        self._tree_banned = banned[~np.isin(banned, self._trie.extras)]  # usually none
-        self._banned = Banned.of(constraint.banned, ctx.info.n_vocab) if len(banned) else None
+        self._first, self._tree_banned = _first_level(self._trie, constraint.banned)
+        self._banned = _banned(constraint.banned, ctx.info.n_vocab)
         self._plain = params.temperature > 0 and params.top_k <= 0 and params.top_p >= 1.0
         self._plain = self._plain and params.min_p <= 0.0
         self._rng = np.random.default_rng(params.seed)
@@ -163,7 +176,7 @@ class GrammarSampler:
         return self._among(self._allowed(walk), logits)
 
     def _walk(self) -> Descent:
-        return Descent(self._trie, self._check, self._transparent, self._extras)
+        return Descent(self._trie, self._check, self._transparent, self._first)
 
     def _check(self, ids: Ids) -> Mask:
         lc.llama_sampler_apply(self._grammar, self._checks.load(ids, 0.0))
@@ -173,26 +186,29 @@ class GrammarSampler:
 
     def _allowed(self, walk: Descent) -> Ids:
         allowed = walk.finish()
-        if len(self._tree_banned):
-            allowed = allowed[~np.isin(allowed, self._tree_banned)]
+        if len(self._tree_banned):  # a handful (harmony's specials written as text)
+            allowed = allowed[(allowed[:, None] != self._tree_banned).all(axis=1)]
         return allowed
 
     def _draw(self, logits: np.ndarray[Any, np.dtype[np.float32]], draws: BlockDraws) -> int | None:
         if not draws.prepare(logits, self._banned):
             return None
-        unique, first = np.unique(draws.draw(DRAWS), return_index=True)
-        accepted = self._check(unique.astype(np.int32))
-        for position in np.argsort(first[accepted], kind="stable"):  # in the order drawn
-            token = int(unique[accepted][position])
-            if self._text.fits(token):
-                return token
+        for batch in DRAWS:
+            unique, first = np.unique(draws.draw(batch), return_index=True)
+            accepted = self._check(unique.astype(np.int32))
+            for position in np.argsort(first[accepted], kind="stable"):  # in the order drawn
+                token = int(unique[accepted][position])
+                if self._text.fits(token):
+                    return token
         return None
 
     def _among(self, allowed: Ids, logits: np.ndarray[Any, np.dtype[np.float32]]) -> int:
         """A token drawn among `allowed` by its probability at the temperature."""
         scaled = logits[allowed].astype(np.float64) / self._params.temperature
-        np.nan_to_num(scaled, copy=False, nan=-np.inf, posinf=float(np.finfo(np.float32).max))
         top = float(scaled.max()) if len(scaled) else -math.inf
+        if not math.isfinite(top):  # NaN to -inf, +inf to float32's largest
+            np.nan_to_num(scaled, copy=False, nan=-np.inf, posinf=float(np.finfo(np.float32).max))
+            top = float(scaled.max()) if len(scaled) else -math.inf
         if not math.isfinite(top):
             raise RuntimeError("the grammar allows no token here")
         weights = np.exp(scaled - top)

@@ -37,7 +37,7 @@ _NEGATED_CLASS = re.compile(r"\[\^((?:\\.|[^\]\\])*)\]")
 _ESCAPE = re.compile(r"\\(?:x([0-9a-fA-F]{2})|u([0-9a-fA-F]{4})|U([0-9a-fA-F]{8}))")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class VocabTrie:
     """Children of each token in compressed rows: those of `t` are `order[start[t]:start[t+1]]`,
     the roots are the children of the virtual node `n_vocab`."""
@@ -73,20 +73,33 @@ class VocabTrie:
         incomplete[extras] = False
         return cls(n_vocab, order, start, incomplete, extras)
 
-    @property
+    @functools.cached_property
     def roots(self) -> Ids:
         return self.children(np.array([self.n_vocab], dtype=np.int64))
+
+    @functools.cached_property
+    def _stop(self) -> np.ndarray[Any, np.dtype[np.int64]]:
+        return self.start[1:]
+
+    @functools.cached_property
+    def _positions(self) -> np.ndarray[Any, np.dtype[np.int64]]:
+        return np.arange(len(self.order), dtype=np.int64)
 
     def children(self, tokens: np.ndarray[Any, Any]) -> Ids:
         """The children of all of `tokens`, concatenated."""
         low = self.start[tokens]
-        counts = self.start[tokens + 1] - low
+        counts = self._stop[tokens] - low
         total = int(counts.sum())
         if not total:
             return np.empty(0, dtype=np.int32)
+        if len(tokens) == 1:
+            only: Ids = self.order[low[0] : low[0] + total]
+            return only
         # each child's position in `order`: its parent's first one plus its rank among siblings
         first = np.repeat(low - (np.cumsum(counts) - counts), counts)
-        return self.order[first + np.arange(total)]
+        first += self._positions[:total]
+        found: Ids = self.order[first]
+        return found
 
 
 def _texts(vocab: Any, n_vocab: int) -> list[bytes]:
@@ -143,11 +156,12 @@ def negates_non_ascii(grammar: str) -> bool:
 class Descent:
     """One token's walk down the trie under one grammar state, a level per `step`."""
 
-    def __init__(self, trie: VocabTrie, check: Check, transparent: bool, extras: Ids) -> None:
+    def __init__(self, trie: VocabTrie, check: Check, transparent: bool, first: Ids) -> None:
+        """`first`: the first level, the roots and whichever `extras` may be sampled."""
         self._trie = trie
         self._check = check
         self._transparent = transparent
-        self._frontier: Ids = np.concatenate((trie.roots, extras))
+        self._frontier = first
         self._accepted: list[Ids] = []
         self.checked = 0  # tokens checked so far
 

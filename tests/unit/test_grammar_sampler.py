@@ -97,7 +97,8 @@ def states(grammar: Grammar, tokens: list[int], n: int) -> Iterator[int]:
 def _walked(trie: VocabTrie, grammar: Grammar, transparent: bool) -> set[int]:
     """What the walk finds, less the banned harmony specials (some are in the tree: their
     text is rendered as text)."""
-    walk = Descent(trie, grammar.check, transparent, trie.extras)
+    first = np.concatenate((trie.roots, trie.extras))
+    walk = Descent(trie, grammar.check, transparent, first)
     return set(walk.finish().tolist()) - (SPECIALS - {CALL})
 
 
