@@ -28,7 +28,7 @@ from server.contracts.transcript import ToolSpec
 from server.engine import grammar_sampler
 from server.engine.base import EngineConfig, SamplingParams
 from server.engine.grammar_sampler import GrammarSampler
-from server.engine.llama_context import LlamaContext
+from server.engine.llama_context import BatchPart, LlamaContext
 from server.engine.vocab_trie import Descent, VocabTrie, negates_non_ascii, vocab_trie
 from server.grammars.tools import call_grammar, custom_grammar
 from server.harmony.tokens import CALL, SPECIALS
@@ -230,3 +230,29 @@ def test_tokens_follow_the_masked_distribution(
     assert stat < critical, f"{case}: chi-square {stat:.1f} >= {critical:.1f}"
     stat, critical = goodness_of_fit(tokens, _masked(logits, digits, 1.2))
     assert stat > critical, f"{case}: another temperature passed ({stat:.1f} < {critical:.1f})"
+
+
+def test_greedy_and_top_k_go_through_llama_cpp_chain(ctx: LlamaContext) -> None:
+    """Greedy takes the likeliest token the grammar allows (the likeliest of all is not a digit
+    on random weights, so the chain's first pick is rejected and the allowed set is used);
+    top-k keeps to the grammar too (<|call|> may end it after the first digit)."""
+    grammar = Grammar(ctx, DIGITS)
+    digits = grammar.everything_accepted()
+    grammar.free()
+    ctx.truncate(0, 0)
+    index = ctx.decode([BatchPart(0, [200006, 17360, 200008, 12194], 0, True)])[0]
+    logits = ctx.logits(index).copy()
+    assert int(np.argmax(logits)) not in set(digits.tolist())
+    constraint = Constrain(banned=SPECIALS - {CALL}, grammar=DIGITS)
+    greedy = GrammarSampler(ctx, SamplingParams(max_tokens=1, temperature=0.0), constraint)
+    try:
+        assert greedy.sample(index) == int(digits[np.argmax(logits[digits])])
+        assert greedy.masked == 1
+    finally:
+        greedy.free()
+    params = SamplingParams(max_tokens=4, temperature=1.0, top_k=20, seed=5)
+    top_k = GrammarSampler(ctx, params, constraint)
+    try:
+        assert {top_k.sample(index) for _ in range(4)} <= set(digits.tolist()) | {CALL}
+    finally:
+        top_k.free()
