@@ -186,8 +186,11 @@ class GrammarSampler:
 
     def _allowed(self, walk: Descent) -> Ids:
         allowed = walk.finish()
-        if len(self._tree_banned):  # a handful (harmony's specials written as text)
-            allowed = allowed[(allowed[:, None] != self._tree_banned).all(axis=1)]
+        banned = self._tree_banned  # usually a handful: harmony's specials written as text
+        if 0 < len(banned) <= 16:
+            allowed = allowed[(allowed[:, None] != banned).all(axis=1)]
+        elif len(banned):
+            allowed = allowed[~np.isin(allowed, banned)]
         return allowed
 
     def _draw(self, logits: np.ndarray[Any, np.dtype[np.float32]], draws: BlockDraws) -> int | None:

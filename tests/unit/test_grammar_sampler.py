@@ -256,3 +256,24 @@ def test_greedy_and_top_k_go_through_llama_cpp_chain(ctx: LlamaContext) -> None:
         assert {top_k.sample(index) for _ in range(4)} <= set(digits.tolist()) | {CALL}
     finally:
         top_k.free()
+
+
+@pytest.mark.parametrize("n_banned", [3, 40])
+@pytest.mark.parametrize("walk_limit", [0, grammar_sampler.WALK_LIMIT])
+def test_banned_tokens_the_grammar_allows_are_never_sampled(
+    ctx: LlamaContext, monkeypatch: pytest.MonkeyPatch, n_banned: int, walk_limit: int
+) -> None:
+    monkeypatch.setattr(grammar_sampler, "WALK_LIMIT", walk_limit)
+    grammar = Grammar(ctx, DIGITS)
+    digits = grammar.everything_accepted()
+    grammar.free()
+    logits = _logits(ctx, digits, 6.0)
+    likeliest = digits[np.argsort(logits[digits])[::-1][:n_banned]]
+    banned = frozenset(int(t) for t in likeliest) | (SPECIALS - {CALL})
+    params = SamplingParams(max_tokens=1, temperature=1.0, seed=8)
+    sampler = GrammarSampler(ctx, params, Constrain(banned=banned, grammar=DIGITS))
+    try:
+        tokens = {sampler.choose(logits) for _ in range(300)}
+    finally:
+        sampler.free()
+    assert tokens <= set(digits.tolist()) - banned
