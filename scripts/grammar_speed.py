@@ -3,8 +3,11 @@
 Each round generates `--tokens` tokens one at a time on one sequence: unconstrained (only the
 harmony specials banned, as for any content) and under a strict JSON-schema grammar (a call is
 restarted with a fresh grammar whenever it ends with <|call|>). The rounds alternate so machine
-noise hits both alike; the report gives tokens/s of each, their ratio, and how often the grammar
-sampler had to mask the whole vocabulary.
+noise hits both alike; the report gives tokens/s of each and their ratio (medians of the rounds),
+the same per second of the process's CPU time (steadier on a busy machine), how often the
+grammar sampler drew the token among the whole allowed set (found by walking the vocabulary's
+prefix tree) rather than taking one of its rejection draws, and how many grammar checks a token
+took.
 
     python -m scripts.grammar_speed --rounds 3 --tokens 300 > grammar_speed.json
 """
@@ -63,8 +66,8 @@ class _Unconstrained:
 
 def _generate(ctx: LlamaContext, constraint: Constrain, tokens: int, seed: int) -> dict[str, Any]:
     params = SamplingParams(max_tokens=tokens, temperature=1.0, seed=seed)
-    produced = masked = calls = 0
-    started = time.perf_counter()
+    produced = masked = drawn = checked = calls = 0
+    started, cpu_started = time.perf_counter(), time.process_time()
     while produced < tokens:
         sampler: GrammarSampler | _Unconstrained = (
             GrammarSampler(ctx, params, constraint)
@@ -86,9 +89,18 @@ def _generate(ctx: LlamaContext, constraint: Constrain, tokens: int, seed: int) 
         finally:
             if isinstance(sampler, GrammarSampler):
                 masked += sampler.masked
+                drawn += getattr(sampler, "drawn", 0)  # (older samplers, for comparisons)
+                checked += getattr(sampler, "checked", 0)
             sampler.free()
-    elapsed = time.perf_counter() - started
-    return {"tokens_per_s": produced / elapsed, "masked": masked, "calls": calls}
+    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_started
+    return {
+        "tokens_per_s": produced / elapsed,
+        "tokens_per_cpu_s": produced / cpu,
+        "masked": masked,
+        "drawn": drawn,
+        "grammar_checks": checked,
+        "calls": calls,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -105,13 +117,14 @@ def main(argv: list[str] | None = None) -> int:
     ctx = LlamaContext(config)
     banned = SPECIALS - {CALL}
     free, constrained = Constrain(banned=banned), Constrain(banned=banned, grammar=grammar)
-    _generate(ctx, constrained, 20, seed=0)  # warm-up (first-byte index of the vocabulary)
+    _generate(ctx, constrained, 20, seed=0)  # warm-up (the vocabulary's prefix tree)
     runs: dict[str, list[dict[str, Any]]] = {"unconstrained": [], "grammar": []}
     for round_ in range(args.rounds):
         runs["unconstrained"].append(_generate(ctx, free, args.tokens, seed=round_))
         runs["grammar"].append(_generate(ctx, constrained, args.tokens, seed=round_))
     ctx.close()
     median = {k: statistics.median(r["tokens_per_s"] for r in v) for k, v in runs.items()}
+    cpu = {k: statistics.median(r["tokens_per_cpu_s"] for r in v) for k, v in runs.items()}
     report = {
         "model": "tiny synthetic gpt-oss (real 201k vocabulary)",
         "tokens_per_round": args.tokens,
@@ -120,8 +133,15 @@ def main(argv: list[str] | None = None) -> int:
         "unconstrained_tokens_per_s": round(median["unconstrained"], 2),
         "grammar_tokens_per_s": round(median["grammar"], 2),
         "ratio": round(median["grammar"] / median["unconstrained"], 3),
+        "unconstrained_tokens_per_cpu_s": round(cpu["unconstrained"], 2),
+        "grammar_tokens_per_cpu_s": round(cpu["grammar"], 2),
+        "cpu_ratio": round(cpu["grammar"] / cpu["unconstrained"], 3),
         "grammar_calls_completed": sum(r["calls"] for r in runs["grammar"]),
-        "grammar_tokens_fully_masked": sum(r["masked"] for r in runs["grammar"]),
+        "grammar_tokens_among_allowed": sum(r["masked"] for r in runs["grammar"]),
+        "grammar_tokens_drawn": sum(r["drawn"] for r in runs["grammar"]),
+        "grammar_checks_per_token": round(
+            sum(r["grammar_checks"] for r in runs["grammar"]) / (args.rounds * args.tokens), 1
+        ),
         "runs": runs,
     }
     json.dump(report, sys.stdout, indent=2)

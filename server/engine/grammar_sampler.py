@@ -1,14 +1,21 @@
-"""GrammarSampler: samples under a GBNF grammar without masking the whole vocabulary each token.
+"""GrammarSampler: samples under a GBNF grammar, exactly from the grammar-masked distribution.
 
 Applying a llama.cpp grammar to all 201k candidates costs far more than a decode step of a small
-model. So tokens are drawn first and checked: with plain temperature sampling, K tokens are
-drawn i.i.d. from the unconstrained distribution and checked in one grammar call; the first
-draw the grammar accepts is the token (rejection sampling: exactly the grammar-masked
-distribution). Other settings (greedy, top-k/top-p/min-p) draw one token with llama.cpp's chain
-and check it, like llama.cpp's common sampler. Only when every draw is rejected is the whole
-vocabulary masked and the token sampled from what the grammar allows. Either way the result
-follows the masked distribution: a valid t is drawn with probability (1 - (1 - Z)^K) p(t) / Z
-before the fallback and (1 - Z)^K p(t) / Z through it (Z the valid mass), p(t) / Z in all.
+model. So the allowed set is found by walking the vocabulary's prefix tree (engine/vocab_trie.py):
+where the grammar is restrictive (JSON structure, numbers, enums) the walk ends after a few
+hundred checks with every allowed token, and the token is drawn among them. Where it is
+permissive (inside a string) the walk would check most of the vocabulary, so with plain
+temperature sampling it stops at `WALK_LIMIT` checks and up to K = sum(DRAWS) tokens are drawn
+i.i.d. from the unconstrained distribution and checked, a batch per grammar call: the first draw
+the grammar accepts is the token (rejection sampling). Only when all of them are rejected does
+the walk go on to the end and the token is drawn among the allowed ones.
+
+Either way the result follows the masked distribution: a valid t is drawn with probability
+(1 - (1 - Z)^K) p(t) / Z before the fallback and (1 - Z)^K p(t) / Z through it (Z the valid
+mass), p(t) / Z in all. Whether draws are tried depends only on the grammar's state, never on
+the token's random numbers, so choosing per token keeps that exact. Other settings (greedy,
+top-k/top-p/min-p) draw one token with llama.cpp's chain and check it, like llama.cpp's common
+sampler, and otherwise apply the chain to the allowed tokens.
 """
 
 from __future__ import annotations
@@ -18,63 +25,39 @@ import ctypes
 import dataclasses
 import functools
 import math
-from dataclasses import dataclass
+from typing import Any
 
 import llama_cpp.llama_cpp as lc
 import numpy as np
 
 from server.contracts.directives import Constrain
 from server.engine.base import SamplingParams
-from server.engine.llama_context import LlamaContext
+from server.engine.draws import BlockDraws
+from server.engine.llama_context import LlamaContext, Sampler
+from server.engine.sampler import Banned
+from server.engine.vocab_trie import Descent, Ids, Mask, VocabTrie, negates_non_ascii, vocab_trie
 
 _TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
-DRAWS = 256  # tokens drawn and checked before the whole vocabulary is masked
-
-
-@dataclass(frozen=True)
-class FirstBytes:
-    """The vocabulary grouped by the first byte of each token's text.
-
-    A grammar accepts a token only if it accepts the token's first byte alone (it checks
-    partial UTF-8 too), so masking the 256 one-byte tokens first rules out whole groups.
-    """
-
-    probes: np.ndarray  # the one-byte token of each byte value (-1: none)
-    groups: tuple[np.ndarray, ...]  # token ids by first byte
-    other: np.ndarray  # tokens with no text (special or empty): always checked
-
-
-@functools.lru_cache(maxsize=4)
-def first_bytes(ctx: LlamaContext) -> FirstBytes:
-    """Computed once per loaded model (about 201k token lookups)."""
-    buffer = ctypes.create_string_buffer(256)
-    probes = np.full(256, -1, dtype=np.int64)
-    by_byte: list[list[int]] = [[] for _ in range(256)]
-    other = []
-    for token in range(ctx.info.n_vocab):
-        size = lc.llama_token_to_piece(ctx.vocab, token, buffer, len(buffer), 0, False)
-        if size <= 0 or lc.llama_vocab_is_control(ctx.vocab, token):
-            other.append(token)
-            continue
-        first = buffer.raw[0]
-        by_byte[first].append(token)
-        if size == 1 and probes[first] < 0:
-            probes[first] = token
-    groups = tuple(np.asarray(ids, dtype=np.int32) for ids in by_byte)
-    return FirstBytes(probes, groups, np.asarray(other, dtype=np.int32))
+DRAWS = (4, 28)  # tokens drawn and checked, batch by batch, before the walk goes on to the end
+WALK_LIMIT = 3000  # checks the walk may spend before draws are tried (plain sampling)
 
 
 class _Candidates:
-    """A reusable llama_token_data_array over a numpy buffer."""
+    """A reusable llama_token_data_array over a numpy buffer that grows as needed."""
 
     def __init__(self, capacity: int) -> None:
         assert _TOKEN_DATA.itemsize == ctypes.sizeof(lc.llama_token_data)
+        self._reserve(capacity)
+
+    def _reserve(self, capacity: int) -> None:
         self.data = np.zeros(capacity, dtype=_TOKEN_DATA)
         pointer = self.data.ctypes.data_as(ctypes.POINTER(lc.llama_token_data))
         self.array = lc.llama_token_data_array(pointer, capacity, -1, False)
 
-    def load(self, ids: np.ndarray, logits: np.ndarray | float) -> ctypes._CArgObject:  # type: ignore[type-arg]
+    def load(self, ids: np.ndarray[Any, Any], logits: np.ndarray[Any, Any] | float) -> Any:
         n = len(ids)
+        if n > len(self.data):
+            self._reserve(max(n, 2 * len(self.data)))
         self.data["id"][:n] = ids
         self.data["logit"][:n] = logits
         self.data["p"][:n] = 0.0
@@ -123,6 +106,20 @@ class _Utf8:
         return piece
 
 
+@functools.lru_cache(maxsize=16)
+def _first_level(trie: VocabTrie, banned: frozenset[int]) -> tuple[Ids, Ids]:
+    """The walk's first level (the roots, and the tokens outside the tree that are not banned)
+    and the banned tokens inside the tree, which the walk may find."""
+    ids = np.fromiter(sorted(banned), dtype=np.int32, count=len(banned))
+    extras = np.setdiff1d(trie.extras, ids).astype(np.int32)
+    return np.concatenate((trie.roots, extras)), ids[~np.isin(ids, trie.extras)]
+
+
+@functools.lru_cache(maxsize=16)
+def _banned(banned: frozenset[int], n_vocab: int) -> Banned | None:
+    return Banned.of(banned, n_vocab) if banned else None
+
+
 class GrammarSampler:
     """The sampler of one grammar-constrained stretch of a generation (engine thread only)."""
 
@@ -135,77 +132,134 @@ class GrammarSampler:
         )
         if not self._grammar:
             raise ValueError("llama.cpp rejected the grammar")
-        self._free = ctx.new_sampler(params, Constrain(banned=constraint.banned))
-        seed = None if params.seed is None else params.seed + 1
-        self._resample = ctx.new_sampler(dataclasses.replace(params, seed=seed))
-        self._banned = np.fromiter(sorted(constraint.banned), dtype=np.int64)
+        self._constraint = constraint
+        self._trie = vocab_trie(ctx)
+        self._transparent = negates_non_ascii(constraint.grammar)
+        self._first, self._tree_banned = _first_level(self._trie, constraint.banned)
+        self._banned = _banned(constraint.banned, ctx.info.n_vocab)
         self._plain = params.temperature > 0 and params.top_k <= 0 and params.top_p >= 1.0
         self._plain = self._plain and params.min_p <= 0.0
         self._rng = np.random.default_rng(params.seed)
-        self._checks = _Candidates(DRAWS)
-        self._all = _Candidates(ctx.info.n_vocab)
-        self._index = first_bytes(ctx)
+        self._draws = (
+            BlockDraws(ctx.workspace, params.temperature, self._rng) if self._plain else None
+        )
+        self._chains: tuple[Sampler, Sampler] | None = None  # llama.cpp's, for other settings
+        self._checks = _Candidates(1024)
         self._text = _Utf8(ctx)
-        self.masked = 0  # tokens that needed the whole vocabulary masked
+        self.drawn = 0  # tokens taken from the draws
+        self.masked = 0  # tokens drawn among the whole allowed set
+        self.checked = 0  # tokens checked against the grammar
 
     def sample(self, index: int) -> int:
         """Sample (and accept) a token from the logits of batch position `index`."""
-        token = self._draw(index) if self._plain else self._draw_with_chain(index)
-        if token is None:
-            self.masked += 1
-            token = self._sample_masked(index)
+        if self._draws is not None:
+            token = self.choose(self._ctx.logits(index))
+        else:
+            token = self._choose_with_chain(index)
         lc.llama_sampler_accept(self._grammar, token)
         self._text.accept(token)
         return token
 
-    def _draw(self, index: int) -> int | None:
-        logits = self._ctx.logits(index).astype(np.float64) / self._params.temperature
-        logits[self._banned] = -np.inf
-        cdf = np.cumsum(np.exp(logits - logits.max()))
-        draws = np.searchsorted(cdf, self._rng.random(DRAWS) * cdf[-1], side="right")
-        unique, first = np.unique(np.minimum(draws, len(cdf) - 1), return_index=True)
-        lc.llama_sampler_apply(self._grammar, self._checks.load(unique, 0.0))
-        valid = np.isfinite(self._checks.data["logit"][: len(unique)])
-        for position in np.argsort(first[valid], kind="stable"):  # in the order drawn
-            token = int(unique[valid][position])
-            if self._text.fits(token):
+    def choose(self, logits: np.ndarray[Any, np.dtype[np.float32]]) -> int:
+        """A token from the grammar-masked distribution of `logits` at the temperature (plain
+        sampling only), not yet accepted: the grammar's state stays as it is."""
+        assert self._draws is not None
+        walk = self._walk()
+        while walk.pending and walk.checked + walk.pending <= WALK_LIMIT:
+            walk.step()
+        if walk.pending:  # a permissive state: one of the draws will most likely do
+            token = self._draw(logits, self._draws)
+            if token is not None:
+                self.drawn += 1
                 return token
+        self.masked += 1
+        return self._among(self._allowed(walk), logits)
+
+    def _walk(self) -> Descent:
+        return Descent(self._trie, self._check, self._transparent, self._first)
+
+    def _check(self, ids: Ids) -> Mask:
+        lc.llama_sampler_apply(self._grammar, self._checks.load(ids, 0.0))
+        self.checked += len(ids)
+        accepted: Mask = np.isfinite(self._checks.data["logit"][: len(ids)])
+        return accepted
+
+    def _allowed(self, walk: Descent) -> Ids:
+        allowed = walk.finish()
+        banned = self._tree_banned  # usually a handful: harmony's specials written as text
+        if 0 < len(banned) <= 16:
+            allowed = allowed[(allowed[:, None] != banned).all(axis=1)]
+        elif len(banned):
+            allowed = allowed[~np.isin(allowed, banned)]
+        return allowed
+
+    def _draw(self, logits: np.ndarray[Any, np.dtype[np.float32]], draws: BlockDraws) -> int | None:
+        if not draws.prepare(logits, self._banned):
+            return None
+        for batch in DRAWS:
+            unique, first = np.unique(draws.draw(batch), return_index=True)
+            accepted = self._check(unique.astype(np.int32))
+            for position in np.argsort(first[accepted], kind="stable"):  # in the order drawn
+                token = int(unique[accepted][position])
+                if self._text.fits(token):
+                    return token
         return None
 
-    def _draw_with_chain(self, index: int) -> int | None:
-        token = self._free.sample(index)
-        lc.llama_sampler_apply(self._grammar, self._checks.load(np.array([token]), 0.0))
-        accepted = self._checks.data["logit"][0] != -math.inf
-        return token if accepted and self._text.fits(token) else None
-
-    def _viable(self) -> np.ndarray:
-        """The tokens whose first byte the grammar accepts (a superset of the valid ones)."""
-        index = self._index
-        known = index.probes >= 0
-        lc.llama_sampler_apply(self._grammar, self._checks.load(index.probes[known], 0.0))
-        accepted = np.isfinite(self._checks.data["logit"][: int(known.sum())])
-        groups = [g for g, ok in zip(np.flatnonzero(known), accepted, strict=True) if ok]
-        unknown = np.flatnonzero(~known)
-        parts = [index.groups[b] for b in [*groups, *unknown]]
-        return np.concatenate([*parts, index.other])
-
-    def _sample_masked(self, index: int) -> int:
-        ids = self._viable()
-        logits = self._ctx.logits(index)[ids]
-        logits[np.isin(ids, self._banned)] = -np.inf
-        lc.llama_sampler_apply(self._grammar, self._all.load(ids, logits))
-        allowed = self._all.data["logit"][: len(ids)].copy()
+    def _among(self, allowed: Ids, logits: np.ndarray[Any, np.dtype[np.float32]]) -> int:
+        """A token drawn among `allowed` by its probability at the temperature."""
+        scaled = logits[allowed].astype(np.float64) / self._params.temperature
+        top = float(scaled.max()) if len(scaled) else -math.inf
+        if not math.isfinite(top):  # NaN to -inf, +inf to float32's largest
+            np.nan_to_num(scaled, copy=False, nan=-np.inf, posinf=float(np.finfo(np.float32).max))
+            top = float(scaled.max()) if len(scaled) else -math.inf
+        if not math.isfinite(top):
+            raise RuntimeError("the grammar allows no token here")
+        weights = np.exp(scaled - top)
         while True:  # a token that would break the text's UTF-8 is masked too, and drawn again
-            self._resample.apply(self._all.load(ids, allowed))
-            chosen = self._all.data[self._all.array.selected]
+            cumsum = np.cumsum(weights)
+            if not cumsum[-1] > 0.0:
+                raise RuntimeError("the grammar allows no token here")
+            i = int(cumsum.searchsorted(self._rng.random() * cumsum[-1], side="right"))
+            if i == len(weights):  # the draw rounded up to the total
+                i = int(np.flatnonzero(weights)[-1])
+            token = int(allowed[i])
+            if self._text.fits(token):
+                return token
+            weights[i] = 0.0
+
+    def _choose_with_chain(self, index: int) -> int:
+        free, resample = self._llama_chains()
+        token = free.sample(index)
+        if self._check(np.array([token], dtype=np.int32))[0] and self._text.fits(token):
+            return token
+        self.masked += 1
+        allowed = self._allowed(self._walk())
+        if not len(allowed):
+            raise RuntimeError("the grammar allows no token here")
+        candidates = _Candidates(len(allowed))
+        logits = self._ctx.logits(index)[allowed].copy()
+        while True:  # a token that would break the text's UTF-8 is masked too, and drawn again
+            resample.apply(candidates.load(allowed, logits))
+            chosen = candidates.data[candidates.array.selected]
             if not np.isfinite(chosen["logit"]):
                 raise RuntimeError("the grammar allows no token here")
             token = int(chosen["id"])
             if self._text.fits(token):
                 return token
-            allowed[ids == token] = -np.inf
+            logits[allowed == token] = -np.inf
+
+    def _llama_chains(self) -> tuple[Sampler, Sampler]:
+        if self._chains is None:
+            params = self._params
+            seed = None if params.seed is None else params.seed + 1
+            self._chains = (
+                self._ctx.new_sampler(params, Constrain(banned=self._constraint.banned)),
+                self._ctx.new_sampler(dataclasses.replace(params, seed=seed)),
+            )
+        return self._chains
 
     def free(self) -> None:
         lc.llama_sampler_free(self._grammar)
-        self._free.free()
-        self._resample.free()
+        if self._chains is not None:
+            for chain in self._chains:
+                chain.free()

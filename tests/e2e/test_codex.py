@@ -294,3 +294,37 @@ def test_apply_patch_is_a_custom_tool_call(codex: Codex, tmp_path: Path) -> None
     assert second[: len(first) + len(call)] == first + call  # the call replayed exactly
     output = codex.encoding.decode_utf8(second[len(first) + len(call) :])
     assert output.startswith("<|start|>functions.apply_patch to=assistant<|channel|>commentary")
+
+
+def _request_input(codex: Codex, index: int) -> list[dict[str, Any]]:
+    path, headers, body = codex.recorder.requests[index]
+    assert path.endswith("/responses")
+    assert b"content-encoding" not in headers  # Codex sends plain JSON to a custom provider
+    items: list[dict[str, Any]] = json.loads(body)["input"]
+    return items
+
+
+def test_sampled_arguments_always_parse(codex: Codex, tmp_path: Path) -> None:
+    """Only the call's header is scripted: the tiny model samples update_goal's arguments itself,
+    under the grammar of the tool's schema (an enum: random weights complete it in a few tokens),
+    and Codex parses them, runs the tool and sends its output back with the call's id."""
+    codex.script.push(
+        "<|channel|>analysis<|message|>Pause the goal.<|end|><|start|>assistant<|channel|>"
+        "commentary to=functions.update_goal <|constrain|>json<|message|>"
+    )
+    codex.script.push("<|channel|>final<|message|>Paused.<|return|>")
+    before = len(codex.recorder.requests)
+    run = codex.run(tmp_path, "--sandbox", SANDBOX, "Pause the goal.")
+    assert run.returncode == 0, run.stderr
+    assert codex.script.pending == 0  # both scripted requests were made
+    assert "failed to parse" not in run.stderr
+    assert item_types(run) == [["reasoning", "function_call"], ["message"]]
+    (call,) = [item for item in run.streams[0].items if item["type"] == "function_call"]
+    assert call["name"] == "update_goal"
+    logging.getLogger(__name__).info("sampled arguments: %r", call["arguments"])
+    assert json.loads(call["arguments"])["status"] in {"complete", "blocked", "paused"}
+    second = _request_input(codex, before + 1)
+    outputs = [item for item in second if item.get("type") == "function_call_output"]
+    assert [item["call_id"] for item in outputs] == [call["call_id"]]
+    assert "failed to parse" not in json.dumps(outputs)
+    assert [m["text"] for m in run.items("agent_message")] == ["Paused."]

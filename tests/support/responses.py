@@ -38,11 +38,13 @@ def responses_client(runtime: Runtime, store_dir: Path, **settings: Any) -> Iter
 
 
 class StreamRecorder:
-    """ASGI middleware keeping the body of every text/event-stream response it passes on."""
+    """ASGI middleware keeping the body of every text/event-stream response it passes on, and
+    the body of every POST request (as received, still encoded if the client compressed it)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
         self.streams: list[bytes] = []
+        self.requests: list[tuple[str, dict[bytes, bytes], bytes]] = []  # path, headers, body
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -50,6 +52,8 @@ class StreamRecorder:
             return
         chunks: list[bytes] = []
         is_stream = False
+        if scope["method"] == "POST":
+            receive = self._recording_receive(scope, receive)
 
         async def recording_send(message: Message) -> None:
             nonlocal is_stream
@@ -63,6 +67,20 @@ class StreamRecorder:
             await send(message)
 
         await self.app(scope, receive, recording_send)
+
+    def _recording_receive(self, scope: Scope, receive: Receive) -> Receive:
+        parts: list[bytes] = []
+
+        async def recording_receive() -> Message:
+            message = await receive()
+            if message["type"] == "http.request":
+                parts.append(message.get("body", b""))
+                if not message.get("more_body", False):
+                    headers = dict(scope.get("headers", []))
+                    self.requests.append((scope["path"], headers, b"".join(parts)))
+            return message
+
+        return recording_receive
 
 
 @contextmanager
