@@ -198,7 +198,7 @@ class AbortWatch:
 
     def _abort(self, message: bytes | None) -> None:
         text = (message or b"").decode("utf-8", errors="replace")
-        if "RPC" not in text:
+        if "RPC" not in text and "ggml-rpc" not in text:  # the file name: "Failed to connect"
             log.critical("llama.cpp aborted: %s", text)
             return
         try:
