@@ -18,10 +18,12 @@ from pathlib import Path
 
 from server.engine.base import SamplingParams
 from server.engine.llama import LlamaEngine
+from server.harmony.tokens import END, MESSAGE, START
 from server.ops.config import Settings
 from server.ops.runtime import connect_rpc_hosts, engine_config, place_model
 
-PROMPT = [200006, 17360, 200008, 3575, 553, 261, 10297, 2359, 13, 200007, 200006, 1428, 200008]
+# <|start|>system<|message|>You are a helpful assistant.<|end|><|start|>user<|message|>
+PROMPT = [START, 17360, MESSAGE, 3575, 553, 261, 10297, 2359, 13, END, START, 1428, MESSAGE]
 
 
 async def greedy(engine: LlamaEngine, n_tokens: int) -> list[int]:
