@@ -22,7 +22,7 @@ from server.harmony.tokens import END, MESSAGE, START
 from server.ops.config import Settings
 from server.ops.runtime import connect_rpc_hosts, engine_config, place_model
 
-# <|start|>system<|message|>You are a helpful assistant.<|end|><|start|>user<|message|>
+# <|start|>system<|message|>You are a helpful model.<|end|><|start|>user<|message|>
 PROMPT = [START, 17360, MESSAGE, 3575, 553, 261, 10297, 2359, 13, END, START, 1428, MESSAGE]
 
 
