@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 from tqdm.std import tqdm as std_tqdm
 
 from server.engine.base import EngineConfig
+from server.engine.ggml import functions as ggml_functions
 from server.engine.gguf_meta import (
     GGUFFormatError,
     TensorInfo,
@@ -84,7 +85,7 @@ def gpu_devices() -> list[GpuMemory]:
 def _offload_devices() -> list[tuple[int, GpuMemory]]:
     if not lc.llama_supports_gpu_offload():
         return []
-    ggml = _ggml()
+    ggml = ggml_functions()
     found = []
     for i in range(ggml.ggml_backend_dev_count()):
         device = ggml.ggml_backend_dev_get(i)
@@ -172,36 +173,12 @@ def _cpu_overrides(patterns: tuple[str, ...]) -> ctypes.Array[_BufferTypeOverrid
     """A NULL-terminated override array sending `patterns` to the CPU buffer type."""
     if not patterns:
         return None
-    cpu = _ggml().ggml_backend_cpu_buffer_type()
+    cpu = ggml_functions().ggml_backend_cpu_buffer_type()
     overrides = (_BufferTypeOverride * (len(patterns) + 1))()
     for entry, pattern in zip(overrides, patterns, strict=False):
         entry.pattern = pattern.encode()
         entry.buft = cpu
     return overrides
-
-
-def _ggml() -> Any:
-    """The ggml backend functions, reached through libllama (the bindings do not wrap them)."""
-    lib = lc._lib
-    signatures: dict[str, tuple[list[Any], Any]] = {
-        "ggml_backend_dev_count": ([], ctypes.c_size_t),
-        "ggml_backend_dev_get": ([ctypes.c_size_t], ctypes.c_void_p),
-        "ggml_backend_dev_type": ([ctypes.c_void_p], ctypes.c_int),
-        "ggml_backend_dev_name": ([ctypes.c_void_p], ctypes.c_char_p),
-        "ggml_backend_dev_description": ([ctypes.c_void_p], ctypes.c_char_p),
-        "ggml_backend_dev_memory": (
-            [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)],
-            None,
-        ),
-        "ggml_backend_cpu_buffer_type": ([], ctypes.c_void_p),
-        "ggml_backend_dev_backend_reg": ([ctypes.c_void_p], ctypes.c_void_p),
-        "ggml_backend_reg_name": ([ctypes.c_void_p], ctypes.c_char_p),
-    }
-    for name, (argtypes, restype) in signatures.items():
-        function = getattr(lib, name)
-        function.argtypes = argtypes
-        function.restype = restype
-    return lib
 
 
 def _text(value: bytes | None) -> str:

@@ -30,6 +30,7 @@ from typing import Any
 
 import llama_cpp.llama_cpp as lc
 
+from server.engine.ggml import functions as ggml_functions
 from server.engine.rpc_hosts import RpcError, reachable
 
 log = logging.getLogger(__name__)
@@ -107,7 +108,7 @@ def _reason(stderr: str) -> str:
 
 
 def register(endpoint: str) -> list[RemoteDevice]:
-    ggml = ggml_rpc_functions()
+    ggml = ggml_functions()
     reg = ggml.ggml_backend_reg_by_name(b"RPC")
     if not reg:
         raise RpcError("ggml has no RPC backend registered")
@@ -125,39 +126,12 @@ def register(endpoint: str) -> list[RemoteDevice]:
     return devices
 
 
-def ggml_rpc_functions() -> Any:
-    """The ggml registry functions this module calls, reached through libllama."""
-    lib = lc._lib
-    signatures: dict[str, tuple[list[Any], Any]] = {
-        "ggml_backend_reg_by_name": ([ctypes.c_char_p], ctypes.c_void_p),
-        "ggml_backend_reg_get_proc_address": ([ctypes.c_void_p, ctypes.c_char_p], ctypes.c_void_p),
-        "ggml_backend_register": ([ctypes.c_void_p], None),
-        "ggml_backend_reg_dev_count": ([ctypes.c_void_p], ctypes.c_size_t),
-        "ggml_backend_reg_dev_get": ([ctypes.c_void_p, ctypes.c_size_t], ctypes.c_void_p),
-        "ggml_backend_dev_name": ([ctypes.c_void_p], ctypes.c_char_p),
-        "ggml_set_abort_callback": ([ctypes.c_void_p], ctypes.c_void_p),
-        "ggml_backend_dev_count": ([], ctypes.c_size_t),
-        "ggml_backend_dev_get": ([ctypes.c_size_t], ctypes.c_void_p),
-        "ggml_backend_dev_type": ([ctypes.c_void_p], ctypes.c_int),
-        "ggml_backend_dev_by_type": ([ctypes.c_int], ctypes.c_void_p),
-        "ggml_backend_dev_memory": (
-            [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)],
-            None,
-        ),
-    }
-    for name, (argtypes, restype) in signatures.items():
-        function = getattr(lib, name)
-        function.argtypes = argtypes
-        function.restype = restype
-    return lib
-
-
 def serve(host: str, port: int, n_threads: int, cache_dir: str | None) -> None:
     """Run ggml's RPC server on this host's devices (never returns).
 
     Like llama.cpp's rpc-server: every accelerator of this build, else the CPU.
     """
-    ggml = ggml_rpc_functions()
+    ggml = ggml_functions()
     local = [ggml.ggml_backend_dev_get(i) for i in range(ggml.ggml_backend_dev_count())]
     devices = [d for d in local if ggml.ggml_backend_dev_type(d) not in _HOST_TYPES]
     devices = devices or [ggml.ggml_backend_dev_by_type(_CPU)]
@@ -194,7 +168,7 @@ class AbortWatch:
         self._parked = threading.Event()  # never set: a failed RPC thread waits here for good
 
     def install(self) -> None:
-        ggml_rpc_functions().ggml_set_abort_callback(ctypes.cast(self._callback, ctypes.c_void_p))
+        ggml_functions().ggml_set_abort_callback(ctypes.cast(self._callback, ctypes.c_void_p))
 
     def _abort(self, message: bytes | None) -> None:
         text = (message or b"").decode("utf-8", errors="replace")

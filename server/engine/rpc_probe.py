@@ -13,6 +13,7 @@ import os
 import sys
 
 from server.engine import rpc
+from server.engine.ggml import functions as ggml_functions
 
 
 @rpc.ABORT_CALLBACK  # type: ignore[untyped-decorator]
@@ -24,7 +25,7 @@ def _abort(message: bytes | None) -> None:
 
 
 def main(endpoint: str) -> None:
-    ggml = rpc.ggml_rpc_functions()
+    ggml = ggml_functions()
     ggml.ggml_set_abort_callback(ctypes.cast(_abort, ctypes.c_void_p))
     devices = []
     for device in rpc.register(endpoint):

@@ -1,0 +1,41 @@
+"""The ggml backend functions the engine calls, reached through libllama (the bindings do not
+wrap them): the device registry (placement, RPC hosts) and the abort hook."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from typing import Any
+
+import llama_cpp.llama_cpp as lc
+
+_SIZES = ctypes.POINTER(ctypes.c_size_t)
+_SIGNATURES: dict[str, tuple[list[Any], Any]] = {
+    "ggml_backend_dev_count": ([], ctypes.c_size_t),
+    "ggml_backend_dev_get": ([ctypes.c_size_t], ctypes.c_void_p),
+    "ggml_backend_dev_by_type": ([ctypes.c_int], ctypes.c_void_p),
+    "ggml_backend_dev_type": ([ctypes.c_void_p], ctypes.c_int),
+    "ggml_backend_dev_name": ([ctypes.c_void_p], ctypes.c_char_p),
+    "ggml_backend_dev_description": ([ctypes.c_void_p], ctypes.c_char_p),
+    "ggml_backend_dev_memory": ([ctypes.c_void_p, _SIZES, _SIZES], None),
+    "ggml_backend_dev_backend_reg": ([ctypes.c_void_p], ctypes.c_void_p),
+    "ggml_backend_cpu_buffer_type": ([], ctypes.c_void_p),
+    "ggml_backend_reg_by_name": ([ctypes.c_char_p], ctypes.c_void_p),
+    "ggml_backend_reg_name": ([ctypes.c_void_p], ctypes.c_char_p),
+    "ggml_backend_reg_get_proc_address": ([ctypes.c_void_p, ctypes.c_char_p], ctypes.c_void_p),
+    "ggml_backend_register": ([ctypes.c_void_p], None),
+    "ggml_backend_reg_dev_count": ([ctypes.c_void_p], ctypes.c_size_t),
+    "ggml_backend_reg_dev_get": ([ctypes.c_void_p, ctypes.c_size_t], ctypes.c_void_p),
+    "ggml_set_abort_callback": ([ctypes.c_void_p], ctypes.c_void_p),
+}
+
+
+@functools.cache
+def functions() -> Any:
+    """libllama with the signatures above set (once)."""
+    lib = lc._lib
+    for name, (argtypes, restype) in _SIGNATURES.items():
+        function = getattr(lib, name)
+        function.argtypes = argtypes
+        function.restype = restype
+    return lib
