@@ -124,15 +124,15 @@ class Scheduler:
         self._waiting.append(job)
 
     def shutdown(self) -> None:
-        for job in [*self._running, *self._waiting, *(job for job, _ in self._loading)]:
-            self._finish(job, StopReason.ERROR, "the engine shut down")
+        self.fail_all("the engine shut down")
         self._loading.clear()
         if self._cache is not None:
             for slot in self.slots:
                 self._save(slot.seq_id, slot.tokens)
 
     def fail_all(self, error: str) -> None:
-        """End every job with `error` (called off the engine thread once it is stuck for good)."""
+        """End every job with `error`: at shutdown, or off the engine thread once it is stuck for
+        good (an RPC host dropped)."""
         for job in [*self._running, *self._waiting, *(job for job, _ in self._loading)]:
             self._finish(job, StopReason.ERROR, error)
 
