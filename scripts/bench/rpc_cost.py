@@ -22,18 +22,18 @@ import re
 import socket
 import subprocess
 import sys
-import time
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from server.bench.procs import start_rpc_worker
 from server.engine.base import SamplingParams
 from server.engine.llama import LlamaEngine
-from server.engine.rpc_hosts import RpcError, reachable
 from server.ops.config import Settings
-from server.ops.runtime import connect_rpc_hosts, engine_config, place_model
+from server.ops.runtime import engine_config, start_engine
 from server.testing.synthetic_gguf import cached_gguf
 
 
@@ -80,11 +80,9 @@ def one_run(args: argparse.Namespace) -> None:
         engine_config(settings, args.model),
         n_ctx=args.prompt + args.gen + 64,
         n_threads=args.threads,
+        cpu_repack=not args.no_repack,
     )
-    connect_rpc_hosts(settings)
-    placement = place_model(config, settings)
-    config = replace(config, n_gpu_layers=placement.n_gpu_layers, cpu_repack=not args.no_repack)
-    engine = LlamaEngine(config)
+    engine, placement = start_engine(settings, config)
     try:
         runs = [asyncio.run(generate(engine, args, i)) for i in range(args.rounds)]
     finally:
@@ -101,22 +99,6 @@ def child(args: argparse.Namespace, *extra: str) -> dict[str, Any]:
     done = subprocess.run(command, capture_output=True, text=True, check=True)
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
-
-
-def start_worker(port: int, threads: int) -> subprocess.Popen[bytes]:
-    command = [sys.executable, "-m", "server", "rpc-worker", "--port", str(port)]
-    worker = subprocess.Popen(
-        [*command, "--threads", str(threads)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            reachable(f"127.0.0.1:{port}", 1.0)
-            return worker
-        except RpcError:
-            if worker.poll() is not None or time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -142,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     with socket.socket() as probe:  # a free port for the worker
         probe.bind(("127.0.0.1", 0))
         port = int(probe.getsockname()[1])
-    worker = start_worker(port, args.threads)
+    log_path = Path(tempfile.gettempdir()) / f"rpc-worker-{port}.log"
+    worker = start_rpc_worker(port, args.threads, log_path)
     try:
         remote = child(args, "--port", str(port))
     finally:

@@ -21,6 +21,7 @@ import httpx
 
 from server.bench.machine import OtherLoad
 from server.bench.plan import BenchError
+from server.engine.rpc_hosts import RpcError, reachable
 
 log = logging.getLogger(__name__)
 
@@ -154,3 +155,24 @@ class ServerProcess:
         log.warning("server %d ignored SIGTERM for %.0f s; killing it", proc.pid, STOP_GRACE_S)
         proc.kill()
         self.ended = _reap(proc, block=True)
+
+
+def start_rpc_worker(port: int, threads: int, log_path: Path) -> subprocess.Popen[bytes]:
+    """`gpt-oss-server rpc-worker` on 127.0.0.1:`port`, returned once it accepts connections;
+    BenchError (with its log) if it exits or is not listening within a minute."""
+    command = [sys.executable, "-m", "server", "rpc-worker", "--port", str(port)]
+    with log_path.open("ab") as log_file:
+        worker = subprocess.Popen(
+            [*command, "--threads", str(threads)], stdout=log_file, stderr=subprocess.STDOUT
+        )
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            reachable(f"127.0.0.1:{port}", 1.0)
+            return worker
+        except RpcError as exc:
+            if worker.poll() is not None or time.monotonic() > deadline:
+                worker.kill()
+                worker.wait()
+                raise BenchError(f"rpc-worker did not start:\n{log_tail(log_path)}") from exc
+            time.sleep(0.1)

@@ -74,6 +74,17 @@ def load_runtime(settings: Settings, sampling_hook: SamplingHook | None = None) 
     model = resolve_model(settings.model, settings.download_dir)
     encoding = load_encoding(settings.cache_dir / "vocab", lambda: vocabulary_bytes(model.path))
     config = engine_config(settings, model.path)
+    engine, placement = start_engine(settings, config, sampling_hook)
+    check_token_ids(engine, encoding)
+    name = settings.served_model_name or model.name
+    return Runtime(engine=engine, encoding=encoding, model_name=name, placement=placement)
+
+
+def start_engine(
+    settings: Settings, config: EngineConfig, sampling_hook: SamplingHook | None = None
+) -> tuple[LlamaEngine, Placement]:
+    """Connect the --rpc hosts, place the model on the devices and load it (StartupError when
+    it cannot)."""
     connect_rpc_hosts(settings)
     placement = place_model(config, settings)
     config = replace(
@@ -82,14 +93,12 @@ def load_runtime(settings: Settings, sampling_hook: SamplingHook | None = None) 
         cpu_tensor_patterns=placement.cpu_patterns,
         tensor_split=placement.tensor_split,
     )
-    log.info("loading %s", model.path)
+    log.info("loading %s", config.model_path)
     try:
         engine = LlamaEngine(config, sampling_hook)
     except (RuntimeError, RpcError) as exc:  # RpcError: a host dropped while loading
-        raise StartupError(f"could not load {model.path}: {exc}") from exc
-    check_token_ids(engine, encoding)
-    name = settings.served_model_name or model.name
-    return Runtime(engine=engine, encoding=encoding, model_name=name, placement=placement)
+        raise StartupError(f"could not load {config.model_path}: {exc}") from exc
+    return engine, placement
 
 
 def place_model(config: EngineConfig, settings: Settings) -> Placement:

@@ -29,8 +29,7 @@ import httpx
 import llama_cpp.llama_cpp as lc
 import pytest
 
-from server.bench.procs import ServerProcess, serve_command
-from server.engine.rpc_hosts import RpcError, reachable
+from server.bench.procs import ServerProcess, serve_command, start_rpc_worker
 from tests.e2e.conftest import free_port, server_process
 
 pytestmark = pytest.mark.slow  # worker and server processes
@@ -55,21 +54,7 @@ class Worker:
         self.port = free_port()
         self.endpoint = f"127.0.0.1:{self.port}"
         self.log_path = log_path
-        command = [sys.executable, "-m", "server", "rpc-worker", "--port", str(self.port)]
-        with log_path.open("wb") as log:
-            self.process = subprocess.Popen(
-                [*command, "--threads", "1"], stdout=log, stderr=subprocess.STDOUT
-            )
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                reachable(self.endpoint, 1.0)
-                return
-            except RpcError as exc:
-                if self.process.poll() is not None or time.monotonic() > deadline:
-                    message = f"rpc-worker did not start:\n{log_path.read_text()}"
-                    raise RuntimeError(message) from exc
-                time.sleep(0.1)
+        self.process = start_rpc_worker(self.port, 1, log_path)
 
     def kill(self) -> None:
         if self.process.poll() is None:

@@ -20,7 +20,7 @@ from server.engine.base import SamplingParams
 from server.engine.llama import LlamaEngine
 from server.harmony.tokens import END, MESSAGE, START
 from server.ops.config import Settings
-from server.ops.runtime import connect_rpc_hosts, engine_config, place_model
+from server.ops.runtime import engine_config, start_engine
 
 # <|start|>system<|message|>You are a helpful model.<|end|><|start|>user<|message|>
 PROMPT = [START, 17360, MESSAGE, 3575, 553, 261, 10297, 2359, 13, END, START, 1428, MESSAGE]
@@ -51,12 +51,7 @@ def main(model: str, n_gpu_layers: str, rpc: str = "") -> None:
     llama_log.addHandler(assignments)
     settings = Settings(model=model, n_gpu_layers=n_gpu_layers, rpc=rpc, n_ctx=1024, n_slots=1)
     config = replace(engine_config(settings, Path(model)), n_threads=1)
-    connect_rpc_hosts(settings)
-    placement = place_model(config, settings)
-    config = replace(
-        config, n_gpu_layers=placement.n_gpu_layers, tensor_split=placement.tensor_split
-    )
-    engine = LlamaEngine(config)
+    engine, placement = start_engine(settings, config)
     try:
         tokens = asyncio.run(greedy(engine, 48))
     finally:
