@@ -33,6 +33,7 @@ from server.engine.vocab_trie import Descent, VocabTrie, negates_non_ascii, voca
 from server.grammars.tools import call_grammar, custom_grammar
 from server.harmony.tokens import CALL, SPECIALS
 from tests.api.test_tool_grammars import REGEX, STRICT_SCHEMA, codex_apply_patch
+from tests.unit.test_grammars import VALID_TRIP
 from tests.unit.test_sampler import goodness_of_fit
 
 Ids = np.ndarray[Any, np.dtype[np.int32]]
@@ -114,15 +115,7 @@ def _texts(encoding: HarmonyEncoding) -> dict[str, tuple[str, str]]:
     assert strict is not None
     assert patch is not None
     assert regex is not None
-    trip = {
-        "city": 'Zürich "龘"',
-        "unit": "celsius",
-        "days": 14,
-        "offset": -40,
-        "tags": ["a", "b\\c"],
-        "where": {"lat": -1.5e3, "precise": True, "note": None},
-        "points": [{"x": 0}, {"x": 9}],
-    }
+    trip = {**VALID_TRIP, "city": 'Zürich "龘"'}  # non-ASCII: states inside a character
     return {
         "strict-schema": (strict, _compact(trip)),
         "apply-patch": (patch, _compact({"input": PATCH})),
