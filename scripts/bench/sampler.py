@@ -4,8 +4,10 @@
 [--decode-tokens 128] [--out FILE]`
 
 Part 1 (`sampler`): on real logits (the model's output after a short prompt), each sampler
-picks a token `--calls` times per repetition, alternating A and B in every repetition; the
-median over repetitions of the mean ms per call. Cases: temperature 1 over the whole vocabulary,
+picks a token `--calls` times per repetition, taking turns in every repetition; the median over
+repetitions of the mean ms per call: llama.cpp's chain, the numpy sampler's full draw alone
+(`full_draw_ms`), and the numpy sampler as the engine runs it, rejection draws first
+(`numpy_ms`, with how its draws went). Cases: temperature 1 over the whole vocabulary,
 the same with the harmony specials banned (every content token of a chat), greedy, top-k 40,
 top-p 0.9.
 
@@ -32,10 +34,11 @@ from typing import Any
 import numpy as np
 
 from server.contracts.directives import Constrain
+from server.engine.banned import Banned
 from server.engine.base import EngineConfig, SamplingParams
 from server.engine.llama import LlamaEngine
 from server.engine.llama_context import BatchPart, LlamaContext
-from server.engine.sampler import Banned, LogitSampler
+from server.engine.sampler import LogitSampler
 from server.harmony.tokens import RETURN, SPECIALS
 from server.testing.synthetic_gguf import cached_gguf
 
@@ -69,20 +72,25 @@ def sampler_part(model: Path, threads: int, calls: int, repetitions: int) -> dic
         for name, (params, constraint) in CASES.items():
             chain = ctx.new_sampler(params, constraint)
             banned = Banned.of(constraint.banned, ctx.info.n_vocab) if constraint else None
-            ours = LogitSampler(ctx.workspace, params, np.random.default_rng(params.seed))
-            old, new = [], []
+            rng = np.random.default_rng(params.seed)
+            ours = LogitSampler(ctx.workspace, params, rng)
+            full = LogitSampler(ctx.workspace, params, rng, rejection=False)
+            times: dict[str, list[float]] = {"chain": [], "full": [], "ours": []}
             for _ in range(repetitions):
-                old.append(per_call_ms(lambda: chain.sample(index), calls))  # noqa: B023
-                new.append(
-                    per_call_ms(lambda: ours.sample(ctx.logits(index), banned), calls)  # noqa: B023
-                )
+                times["chain"].append(per_call_ms(lambda: chain.sample(index), calls))  # noqa: B023
+                for kind, sampler in (("full", full), ("ours", ours)):
+                    pick = lambda: sampler.sample(ctx.logits(index), banned)  # noqa: B023, E731
+                    times[kind].append(per_call_ms(pick, calls))
             chain.free()
+            median = {kind: statistics.median(values) for kind, values in times.items()}
+            outcomes = ours.rejection_outcomes
             results[name] = {
-                "llama_chain_ms": round(statistics.median(old), 4),
-                "numpy_ms": round(statistics.median(new), 4),
-                "speedup": round(statistics.median(old) / statistics.median(new), 2),
-                "llama_chain_ms_all": [round(x, 4) for x in old],
-                "numpy_ms_all": [round(x, 4) for x in new],
+                "llama_chain_ms": round(median["chain"], 4),
+                "full_draw_ms": round(median["full"], 4),
+                "numpy_ms": round(median["ours"], 4),
+                "speedup": round(median["chain"] / median["ours"], 2),
+                "rejection_outcomes": dataclasses.asdict(outcomes) if outcomes else None,
+                "all_ms": {kind: [round(x, 4) for x in values] for kind, values in times.items()},
             }
         return results
     finally:

@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from server.engine.sampler import Banned, Workspace
+from server.engine.banned import Banned
+from server.engine.sampler import Workspace
 
 Tokens = np.ndarray[Any, np.dtype[np.int64]]
 

@@ -31,10 +31,10 @@ import llama_cpp.llama_cpp as lc
 import numpy as np
 
 from server.contracts.directives import Constrain
+from server.engine.banned import Banned
 from server.engine.base import SamplingParams
 from server.engine.draws import BlockDraws
 from server.engine.llama_context import LlamaContext, Sampler
-from server.engine.sampler import Banned
 from server.engine.vocab_trie import Descent, Ids, Mask, VocabTrie, negates_non_ascii, vocab_trie
 
 _TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])

@@ -14,10 +14,11 @@ from __future__ import annotations
 import numpy as np
 
 from server.contracts.directives import Allow, Constrain, Force, Steering
+from server.engine.banned import Banned
 from server.engine.base import SamplingParams, TokenChooser
 from server.engine.grammar_sampler import GrammarSampler
 from server.engine.llama_context import LlamaContext, Sampler
-from server.engine.sampler import Banned, LogitSampler
+from server.engine.sampler import LogitSampler
 
 
 class TokenPicker:

@@ -2,10 +2,12 @@
 
 llama.cpp's sampler chain (temperature, then the random draw) builds and normalises a candidate
 array of the whole vocabulary (201,088 entries for gpt-oss) on every token. This draws from the
-same distribution with a few vectorised passes over preallocated buffers and no sort:
-the logits are scaled into a work buffer, banned tokens set to -inf, the maximum subtracted and
-the exponential taken in place; one uniform draw then picks a block of the vocabulary by its
-block sums, and the token inside that block by a cumulative sum of that block only.
+same distribution, most often without reading more than a few hundred logits: a rejection draw
+(engine/rejection.py) proposes tokens and accepts them by their weight. When it gives up, the
+full draw takes a few vectorised passes over preallocated buffers and no sort: the logits are
+scaled into a work buffer, banned tokens set to -inf, the maximum subtracted and the exponential
+taken in place; one uniform draw then picks a block of the vocabulary by its block sums, and
+the token inside that block by a cumulative sum of that block only.
 
 The other stages of llama.cpp's chain keep their order and meaning (top-k, then top-p and min-p
 on the probabilities at temperature 1, then temperature): top-k and top-p select candidates by
@@ -19,55 +21,21 @@ the same tokens); the `Workspace` buffers are shared by every generation of the 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from server.engine.banned import Banned
 from server.engine.base import SamplingParams
+from server.engine.rejection import Outcomes, RejectionDraw
 
 Floats = np.ndarray[Any, np.dtype[np.float32]]
 Doubles = np.ndarray[Any, np.dtype[np.float64]]
 Indices = np.ndarray[Any, np.dtype[np.intp]]
 
 BLOCK = 1024  # vocabulary entries per block of the two-level draw
-MAX_RUNS = 64  # banned sets with more contiguous runs than this are applied by fancy indexing
 NUCLEUS_GAPS = (2.0, 4.0, 8.0, 16.0, 32.0)  # top-p candidates: logits within this of the top
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
-
-
-@dataclass(frozen=True, slots=True)
-class Banned:
-    """Token ids never to sample, kept as contiguous runs (the harmony specials are one or two).
-
-    `apply` writes a value at those positions of a vocabulary-sized array.
-    """
-
-    tokens: frozenset[int]
-    runs: tuple[tuple[int, int], ...]  # [start, stop) ranges; empty when `indices` is used
-    indices: Indices | None
-
-    @classmethod
-    def of(cls, tokens: Iterable[int], n_vocab: int) -> Banned:
-        inside = frozenset(t for t in tokens if 0 <= t < n_vocab)
-        ids = np.fromiter(sorted(inside), dtype=np.intp, count=len(inside))
-        if not len(ids):
-            return cls(inside, (), None)
-        breaks = np.flatnonzero(np.diff(ids) != 1) + 1
-        starts = ids[np.concatenate(([0], breaks))]
-        stops = ids[np.concatenate((breaks - 1, [len(ids) - 1]))] + 1
-        if len(starts) > MAX_RUNS:
-            return cls(inside, (), ids)
-        runs = tuple((int(a), int(b)) for a, b in zip(starts, stops, strict=True))
-        return cls(inside, runs, None)
-
-    def apply(self, values: Floats, value: float) -> None:
-        if self.indices is not None:
-            values[self.indices] = value
-            return
-        for start, stop in self.runs:
-            values[start:stop] = value
 
 
 class Workspace:
@@ -90,7 +58,11 @@ class LogitSampler:
     """One generation's sampling from logits: params and a seeded generator, buffers borrowed."""
 
     def __init__(
-        self, workspace: Workspace, params: SamplingParams, rng: np.random.Generator
+        self,
+        workspace: Workspace,
+        params: SamplingParams,
+        rng: np.random.Generator,
+        rejection: bool = True,
     ) -> None:
         self._ws = workspace
         self._rng = rng
@@ -101,13 +73,24 @@ class LogitSampler:
         self._top_p = params.top_p
         self._min_p = params.min_p
         self._full = self._top_k == 0 and self._top_p >= 1.0 and self._min_p <= 0.0
+        self._rejection = (
+            RejectionDraw(workspace.n_vocab, params.temperature, rng)
+            if rejection and self._full and not self._greedy
+            else None
+        )
+
+    @property
+    def rejection_outcomes(self) -> Outcomes | None:
+        """How the rejection draws went (None when this sampler makes none)."""
+        return self._rejection.outcomes if self._rejection is not None else None
 
     def sample(self, logits: Floats, banned: Banned | None = None) -> int:
         """A token drawn from `logits`; never a banned one while any other has a finite logit."""
         if self._greedy:
             return self._argmax(logits, banned)
         if self._full:
-            return self._draw_full(logits, banned)
+            token = self._rejection.draw(logits, banned) if self._rejection is not None else None
+            return token if token is not None else self._draw_full(logits, banned)
         kept, kept_logits = self._candidates(logits, banned)
         return self._draw_among(kept, kept_logits)
 

@@ -19,9 +19,10 @@ import llama_cpp.llama_cpp as lc
 import numpy as np
 import pytest
 
+from server.engine.banned import Banned
 from server.engine.base import SamplingParams
 from server.engine.llama_context import _sampler_stages
-from server.engine.sampler import Banned, LogitSampler, Workspace
+from server.engine.sampler import LogitSampler, Workspace
 
 Floats = np.ndarray[Any, np.dtype[np.float32]]
 Z_1E4 = 3.719016  # the standard normal's upper 1e-4 quantile
@@ -234,7 +235,8 @@ def test_malformed_logits_are_survived(params: SamplingParams) -> None:
 def test_banned_runs_and_scattered_ids() -> None:
     runs = Banned.of(BANNED | {VOCAB + 5, -1}, VOCAB)
     assert runs.runs == ((5, 6), (17, 20), (2900, 3000))
-    assert runs.indices is None
+    assert runs.allowed == ((0, 5), (6, 17), (20, 2900))
+    assert not runs.scattered
     scattered = Banned.of(range(0, VOCAB, 7), VOCAB)
     values = np.zeros(VOCAB, dtype=np.float32)
     scattered.apply(values, -1.0)
