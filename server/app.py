@@ -52,6 +52,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
             app.state.metrics.observe,
             summaries=SummaryConfig(max_tokens=settings.summary_max_tokens),
             strict_tools=settings.strict_tools,
+            stream_interval_s=settings.stream_interval_ms / 1000,
         )
         app.state.metrics.watch(app.state.generator.admission)
         app.state.responses = ResponsesState.from_settings(settings)

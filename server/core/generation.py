@@ -25,7 +25,13 @@ from server.contracts.errors import (
     RequestField,
     ServerBusy,
 )
-from server.contracts.events import Finished, FinishReason, GenerationEvent, SegmentEnd
+from server.contracts.events import (
+    Finished,
+    FinishReason,
+    GenerationEvent,
+    SegmentDelta,
+    SegmentEnd,
+)
 from server.contracts.transcript import ResponseFormat, ToolChoice, Transcript
 from server.core.admission import Admission, Ticket
 from server.core.history import History
@@ -82,6 +88,7 @@ class Generator:
         *,
         summaries: SummaryConfig | None = None,
         strict_tools: bool = True,
+        stream_interval_s: float = 0.0,
     ) -> None:
         self.engine = engine
         self.encoding = encoding
@@ -95,6 +102,7 @@ class Generator:
         self._developer_start = encoding.encode("<|start|>developer", allowed_special="all")
         self._user_start = encoding.encode("<|start|>user<|message|>", allowed_special="all")
         self.strict_tools = strict_tools  # enforce schemas of tools that do not say `strict`
+        self.stream_interval_s = stream_interval_s  # engine chunks at most this often
         self._checked_grammars: dict[str, bool] = {}  # grammar -> llama.cpp accepts it
 
     def prepare(self, transcript: Transcript, options: GenerationOptions) -> Prepared:
@@ -319,7 +327,7 @@ class Prepared:
         ended: list[SegmentEnd] = []
         consumed = False
         try:
-            async for chunk in stream:
+            async for chunk in stream.paced(self.generator.stream_interval_s):
                 for event in _decoded(decoder, stops, chunk):
                     if isinstance(event, SegmentEnd):
                         ended.append(event)
@@ -383,11 +391,37 @@ async def _releasing(
 def _decoded(
     decoder: HarmonyDecoder, stops: StopStrings, tokens: list[int]
 ) -> Iterator[GenerationEvent]:
+    """The events of a chunk of tokens, up to a stop string; consecutive deltas of one segment
+    are joined (one delta per segment and chunk goes out, not one per token)."""
+    texts: list[str] = []
+    pending: SegmentDelta | None = None
+    for event in _filtered(decoder, stops, tokens):
+        if isinstance(event, SegmentDelta) and pending is not None and event.index == pending.index:
+            texts.append(event.text)
+            continue
+        if pending is not None:
+            yield _joined(pending, texts)
+            pending = None
+        if isinstance(event, SegmentDelta):
+            pending, texts = event, [event.text]
+        else:
+            yield event
+    if pending is not None:
+        yield _joined(pending, texts)
+
+
+def _filtered(
+    decoder: HarmonyDecoder, stops: StopStrings, tokens: list[int]
+) -> Iterator[GenerationEvent]:
     for token in tokens:
         for event in decoder.feed(token):
             yield from stops.filter(event)
             if stops.hit:
                 return
+
+
+def _joined(first: SegmentDelta, texts: list[str]) -> SegmentDelta:
+    return first if len(texts) == 1 else dataclasses.replace(first, text="".join(texts))
 
 
 def _finished(result: EngineResult, reasoning_tokens: int, *, stopped: str | None) -> Finished:

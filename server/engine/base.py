@@ -123,6 +123,11 @@ class TokenStream(Protocol):
 
     def __aiter__(self) -> AsyncIterator[list[int]]: ...
 
+    def paced(self, interval_s: float) -> AsyncIterator[list[int]]:
+        """The chunks, at most one per `interval_s` while tokens come faster (the first chunk
+        and the end are not held back): tokens that come in between are handed over together."""
+        ...
+
     @property
     def result(self) -> EngineResult:
         """Available once the iteration has ended."""

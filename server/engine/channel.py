@@ -2,7 +2,10 @@
 
 The engine thread appends tokens; the consumer drains everything that arrived since it last
 looked, so a slow consumer gets larger chunks instead of a growing backlog of wake-ups. The loop
-is woken at most once per drained chunk.
+is woken at most once per drained chunk, and not at all while the consumer is busy or pacing:
+a paced consumer takes at most one chunk per interval while tokens come faster than that, so
+each chunk (one decoder pass, one network write downstream) carries several tokens. The first
+token and the end of the generation are never held back.
 """
 
 from __future__ import annotations
@@ -33,13 +36,16 @@ class TokenChannel:
     def push(self, token: int) -> None:
         with self._lock:
             self._tokens.append(token)
-            self._wake()
+            if self._wake_pending:
+                return
+            self._wake_pending = True
+        self._call_soon(self._ready.set)
 
     def close(self, result: EngineResult) -> None:
         with self._lock:
             self._result = result
-            self._wake()
             callbacks, self._on_close = self._on_close, []
+        self._call_soon(self._ready.set)  # always: a pacing consumer waits for the end too
         for callback in callbacks:
             self._call_soon(callback, result)
 
@@ -47,17 +53,11 @@ class TokenChannel:
     def cancelled(self) -> bool:
         return self._cancelled.is_set()
 
-    def _wake(self) -> None:
-        if not self._wake_pending:
-            self._wake_pending = True
-            try:
-                self._loop.call_soon_threadsafe(self._ready.set)
-            except RuntimeError:  # the consumer's loop is gone: nobody is listening
-                self._cancelled.set()
-
-    def _call_soon(self, callback: Callable[[EngineResult], object], result: EngineResult) -> None:
-        with contextlib.suppress(RuntimeError):  # the consumer's loop may be gone
-            self._loop.call_soon_threadsafe(callback, result)
+    def _call_soon(self, callback: Callable[..., object], *args: object) -> None:
+        try:
+            self._loop.call_soon_threadsafe(callback, *args)
+        except RuntimeError:  # the consumer's loop is gone: nobody is listening
+            self._cancelled.set()
 
     # consumer side
 
@@ -71,7 +71,8 @@ class TokenChannel:
             if result is None:
                 self._on_close.append(callback)
                 return
-        self._call_soon(callback, result)
+        with contextlib.suppress(RuntimeError):  # the consumer's loop may be gone
+            self._loop.call_soon_threadsafe(callback, result)
 
     @property
     def result(self) -> EngineResult:
@@ -79,16 +80,43 @@ class TokenChannel:
             raise RuntimeError("the generation has not finished")
         return self._result
 
-    async def __aiter__(self) -> AsyncIterator[list[int]]:
+    def __aiter__(self) -> AsyncIterator[list[int]]:
+        return self.paced(0.0)
+
+    async def paced(self, interval_s: float) -> AsyncIterator[list[int]]:
+        """The chunks, at most one per `interval_s` while tokens come faster (see the module)."""
+        loop = self._loop
         while True:
             self._ready.clear()
             with self._lock:
                 chunk, self._tokens = self._tokens, []
-                self._wake_pending = False
                 done = self._result is not None
+                if not chunk:  # nothing new: the next token wakes the loop
+                    self._wake_pending = False
             if chunk:
+                due = loop.time() + interval_s
                 yield chunk
             if done:
                 return
             if not chunk:
                 await self._ready.wait()
+            elif interval_s > 0 and loop.time() < due:
+                await self._pause(due)
+
+    async def _pause(self, due: float) -> None:
+        """Wait until `due` or the end. Tokens pushed meanwhile do not wake the loop (a wake is
+        pending); a wake scheduled before the last drain may still come, and is waited past."""
+        fired = False
+
+        def fire() -> None:
+            nonlocal fired
+            fired = True
+            self._ready.set()
+
+        timer = self._loop.call_at(due, fire)
+        try:
+            while not fired and self._result is None:
+                self._ready.clear()
+                await self._ready.wait()
+        finally:
+            timer.cancel()

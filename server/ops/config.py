@@ -253,6 +253,15 @@ class Settings(BaseSettings):
     prompt_cache_min_tokens: int = Field(
         512, ge=1, description="Shortest prompt prefix saved to (and looked up on) disk."
     )
+    stream_interval_ms: float = Field(
+        10.0,
+        ge=0,
+        le=1000,
+        description="Streams send at most one update per this many milliseconds while tokens "
+        "come faster (the first token and the end are never held back): each update carries "
+        "every token since the last, so a fast GPU does not pay a network write per token. "
+        "0: every token as soon as it is sampled.",
+    )
     strict_tools: bool = Field(
         True,
         description="Sample the arguments of every function tool under its JSON schema when "

@@ -272,3 +272,22 @@ def test_oversized_bodies_are_refused_before_parsing(runtime: Runtime) -> None:
         )
         assert chunked.status_code == 413
         assert small.get("/health").status_code == 200
+
+
+def test_a_paced_stream_joins_the_tokens_of_an_interval_into_one_delta(
+    runtime: Runtime, forced: ForcedScript, encoding: HarmonyEncoding
+) -> None:
+    """With a long interval the first token goes out at once (a header token: no delta) and
+    the rest when the generation ends: one delta per segment, the same text as per token."""
+    app = create_app(Settings(reasoning_effort="medium", stream_interval_ms=1000), runtime)
+    with TestClient(app) as paced:
+        forced.push(REASON_THEN_ANSWER)
+        chunks = chunks_of(stream(paced, messages=USER_HI))
+    assert joined(chunks, "reasoning") == "User greets. Reply briefly."
+    assert joined(chunks, "content") == "Hello! 👋 How can I help?"
+    answer_tokens = len(encoding.encode("Hello! 👋 How can I help?"))
+    with_content = [c for c in chunks if c.choices and c.choices[0].delta.content]
+    with_reasoning = [c for c in chunks if c.choices and (c.choices[0].delta.model_extra or {})]
+    assert answer_tokens > 5
+    assert 1 <= len(with_content) < answer_tokens
+    assert 1 <= len(with_reasoning) <= 2

@@ -1,0 +1,104 @@
+"""TokenChannel: paced chunks, the first token and the end never held back, no wake per token.
+
+The engine side runs in a thread of its own, as the engine's; pacing intervals are far longer
+than anything here takes, so no assertion depends on the machine's speed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from unittest import mock
+
+from server.contracts.events import Timings, Usage
+from server.engine.base import EngineResult, StopReason
+from server.engine.channel import TokenChannel
+
+LONG = 30.0  # seconds: a pacing interval no test may wait out
+
+
+def result() -> EngineResult:
+    return EngineResult(StopReason.MAX_TOKENS, Usage(1, 0, 1, 3), Timings(), None, None)
+
+
+async def consume(channel: TokenChannel, interval: float, got: list[list[int]]) -> float:
+    started = time.perf_counter()
+    async for chunk in channel.paced(interval):
+        got.append(chunk)
+    return time.perf_counter() - started
+
+
+def test_first_token_at_once_then_the_rest_together_when_the_generation_ends() -> None:
+    async def main() -> tuple[list[list[int]], float, int]:
+        loop = asyncio.get_running_loop()
+        channel = TokenChannel(loop)
+        got: list[list[int]] = []
+        first_seen = threading.Event()
+
+        async def watch() -> None:
+            while not got:
+                await asyncio.sleep(0.001)
+            first_seen.set()
+
+        def engine() -> None:
+            channel.push(1)
+            assert first_seen.wait(LONG)  # the first token reached the consumer alone
+            for token in range(2, 50):
+                channel.push(token)
+            channel.close(result())
+
+        with mock.patch.object(
+            loop, "call_soon_threadsafe", wraps=loop.call_soon_threadsafe
+        ) as wakes:
+            thread = threading.Thread(target=engine)
+            thread.start()
+            watcher = asyncio.ensure_future(watch())
+            elapsed = await consume(channel, LONG, got)
+            await watcher
+            thread.join()
+        return got, elapsed, wakes.call_count
+
+    got, elapsed, wakes = asyncio.run(main())
+    assert got == [[1], list(range(2, 50))]
+    assert elapsed < LONG / 2  # the end cut the pacing short
+    assert wakes == 2  # the first token, the end: none for the 48 tokens in between
+
+
+def test_unpaced_chunks_hold_every_token_in_order() -> None:
+    async def main() -> list[list[int]]:
+        channel = TokenChannel(asyncio.get_running_loop())
+
+        def engine() -> None:
+            for token in range(500):
+                channel.push(token)
+                if token % 50 == 0:
+                    time.sleep(0.002)
+            channel.close(result())
+
+        thread = threading.Thread(target=engine)
+        thread.start()
+        got: list[list[int]] = []
+        await consume(channel, 0.0, got)
+        thread.join()
+        return got
+
+    got = asyncio.run(main())
+    assert [t for chunk in got for t in chunk] == list(range(500))
+    assert all(got)  # no empty chunk
+
+
+def test_a_consumer_that_waits_for_the_next_token_is_woken_by_it() -> None:
+    async def main() -> list[list[int]]:
+        channel = TokenChannel(asyncio.get_running_loop())
+        got: list[list[int]] = []
+        task = asyncio.ensure_future(consume(channel, 0.0, got))
+        await asyncio.sleep(0.01)  # the consumer waits: nothing was pushed yet
+        threading.Thread(target=channel.push, args=(7,)).start()
+        while not got:
+            await asyncio.sleep(0.001)
+        threading.Thread(target=channel.close, args=(result(),)).start()
+        await asyncio.wait_for(task, LONG)
+        return got
+
+    assert asyncio.run(main()) == [[7]]
