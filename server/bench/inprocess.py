@@ -4,7 +4,8 @@ The child (`python -m server.bench.inprocess PLAN.json`) builds the engine exact
 does (same Settings -> EngineConfig), submits random token-id prompts with no stop tokens (so
 every generation runs to its token limit), and prints its measurements as JSON. Prefill speed
 and time to first token come from the engine's own timings; decode speed and the consumer's time
-to first token are measured where the tokens are consumed, in the asyncio loop.
+to first token are measured where the tokens are consumed, in the asyncio loop, paced as `serve`
+paces its streams (`--stream-interval-ms`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from server.ops.config import Settings
 from server.ops.runtime import engine_config
 
 log = logging.getLogger(__name__)
+PACE_S = Settings.model_fields["stream_interval_ms"].default / 1000  # as `serve` takes tokens
 
 
 def build_engine(plan: Plan) -> LlamaEngine:
@@ -57,7 +59,7 @@ async def measure(engine: LlamaEngine, plan: Plan, step: Step) -> tuple[Measurem
     sent = time.perf_counter()
     first = last = 0.0
     stream = engine.submit(prompt, params)
-    async for _ in stream:
+    async for _ in stream.paced(PACE_S):
         last = time.perf_counter()
         first = first or last
     result: EngineResult = stream.result

@@ -318,12 +318,12 @@ class Prepared:
             yield event
 
     async def _events(self) -> AsyncGenerator[GenerationEvent, None]:
-        decoder = HarmonyDecoder(self.generator.encoding)
-        stops = StopStrings(self.stop)
         steering = self.steering.start()
         stream = self.generator.engine.submit(
             self.prompt_tokens, self.params, steering, self.save_points
         )
+        decoder = HarmonyDecoder(self.generator.encoding)  # built while the prompt is evaluated
+        stops = StopStrings(self.stop)
         ended: list[SegmentEnd] = []
         consumed = False
         try:

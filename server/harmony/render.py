@@ -5,12 +5,19 @@ conversation-level lines), then each conversation item as its own harmony messag
 `<|start|>assistant`. Items that carry the exact tokens the model sampled are replayed as those
 tokens. Chain of thought follows harmony's rule: analysis written before the last final answer
 is dropped; the analysis of the current, unfinished tool-call chain is kept.
+
+Renders are remembered (least recently used dropped): the system and developer messages, which a
+client sends the same on every turn (Codex's instructions and tools take ≈ 6 ms to render), and
+each rendered item, so a turn renders only what is new.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
 from itertools import groupby
 
 from openai_harmony import (
@@ -63,19 +70,95 @@ _EFFORTS = {
 }
 
 
+# Tokens remembered per encoding (items keep their text too: some tens of MB in all)
+HEADS_KEPT = 1 << 20  # of system + developer renders
+ITEMS_KEPT = 1 << 21  # of item renders
+
+
+class _Renders:
+    """Least recently used renders of one encoding, up to a number of tokens in all; any
+    thread may use it."""
+
+    def __init__(self, max_tokens: int) -> None:
+        self._max_tokens = max_tokens
+        self._n_tokens = 0
+        self._tokens: OrderedDict[Hashable, tuple[int, ...]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable, make: Callable[[], list[int]]) -> tuple[int, ...]:
+        with self._lock:
+            tokens = self._tokens.get(key)
+            if tokens is not None:
+                self._tokens.move_to_end(key)
+                return tokens
+        tokens = tuple(make())
+        with self._lock:
+            if key not in self._tokens and len(tokens) <= self._max_tokens:
+                self._tokens[key] = tokens
+                self._n_tokens += len(tokens)
+            while self._n_tokens > self._max_tokens:
+                self._n_tokens -= len(self._tokens.popitem(last=False)[1])
+        return tokens
+
+
+_RENDERS: weakref.WeakKeyDictionary[HarmonyEncoding, tuple[_Renders, _Renders]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _renders(encoding: HarmonyEncoding) -> tuple[_Renders, _Renders]:
+    renders = _RENDERS.get(encoding)
+    if renders is None:
+        renders = _RENDERS.setdefault(encoding, (_Renders(HEADS_KEPT), _Renders(ITEMS_KEPT)))
+    return renders
+
+
 def render(encoding: HarmonyEncoding, transcript: Transcript) -> list[int]:
     """The prompt token ids for the assistant's next message."""
-    head = [_system_message(transcript)]
-    developer = _developer_message(transcript)
-    if developer is not None:
-        head.append(developer)
-    prompt_tokens = encoding.render_conversation(Conversation.from_messages(head), _NO_AUTO_DROP)
-    if transcript.response_format is not None:
-        prompt_tokens = _with_response_format(encoding, prompt_tokens, transcript.response_format)
+    heads = _renders(encoding)[0]
+    prompt_tokens = list(heads.get(_head_key(transcript), lambda: _head(encoding, transcript)))
     for item in visible_items(transcript.items):
         prompt_tokens.extend(item_tokens(encoding, item))
     prompt_tokens.extend(assistant_start_tokens(encoding))
     return prompt_tokens
+
+
+def _head(encoding: HarmonyEncoding, transcript: Transcript) -> list[int]:
+    """The system and developer messages (with the response format section)."""
+    head = [_system_message(transcript)]
+    developer = _developer_message(transcript)
+    if developer is not None:
+        head.append(developer)
+    tokens = encoding.render_conversation(Conversation.from_messages(head), _NO_AUTO_DROP)
+    if transcript.response_format is not None:
+        tokens = _with_response_format(encoding, tokens, transcript.response_format)
+    return tokens
+
+
+def _head_key(transcript: Transcript) -> Hashable:
+    """What the system and developer messages are rendered from (tool schemas as JSON, in
+    their own key order: the render follows it)."""
+    tools = [
+        (s.name, s.description, s.parameters, s.namespace, s.namespace_description, s.kind)
+        for s in transcript.tools
+    ]
+    response_format = transcript.response_format
+    return (
+        transcript.reasoning_effort,
+        transcript.conversation_date,
+        transcript.instructions,
+        json.dumps(tools),
+        None
+        if response_format is None
+        else json.dumps(
+            [
+                response_format.kind,
+                response_format.name,
+                response_format.schema,
+                response_format.description,
+            ]
+        ),
+    )
 
 
 def assistant_start_tokens(encoding: HarmonyEncoding) -> list[int]:
@@ -95,9 +178,13 @@ def visible_items(items: Sequence[Item]) -> list[Item]:
 
 
 def item_tokens(encoding: HarmonyEncoding, item: Item) -> list[int]:
-    """One conversation item as harmony tokens: its exact sampled tokens, or a fresh render."""
+    """One conversation item as harmony tokens: its exact sampled tokens, or its render."""
     if isinstance(item, (Reasoning, AssistantMessage, ToolCall)) and item.tokens:
         return list(item.tokens)
+    return list(_renders(encoding)[1].get(item, lambda: _rendered_item(encoding, item)))
+
+
+def _rendered_item(encoding: HarmonyEncoding, item: Item) -> list[int]:
     return encoding.render(_item_message(item))
 
 

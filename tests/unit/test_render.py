@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from openai_harmony import (
     Author,
     Conversation,
@@ -201,3 +203,65 @@ def test_custom_tools_take_one_string(encoding: HarmonyEncoding) -> None:
         "description asks for it (passed on unchanged, never parsed as JSON).\n"
         "input: string,\n}) => any;" in text
     )
+
+
+def _harmony_render(encoding: HarmonyEncoding, transcript: Transcript) -> list[int]:
+    """harmony's own render of a transcript of user messages with function tools."""
+    efforts = {"low": ReasoningEffort.LOW, "medium": ReasoningEffort.MEDIUM}
+    system = SystemContent.new().with_reasoning_effort(efforts[transcript.reasoning_effort])
+    if transcript.conversation_date:
+        system = system.with_conversation_start_date(transcript.conversation_date)
+    developer = DeveloperContent.new().with_instructions(transcript.instructions or "")
+    developer = developer.with_function_tools(
+        [
+            ToolDescription.new(s.name, s.description, parameters=s.parameters)
+            for s in transcript.tools
+        ]
+    )
+    messages = [
+        Message.from_role_and_content(Role.SYSTEM, system),
+        Message.from_role_and_content(Role.DEVELOPER, developer),
+        *(
+            Message.from_role_and_content(Role.USER, item.text)
+            for item in transcript.items
+            if isinstance(item, UserMessage)
+        ),
+    ]
+    return encoding.render_conversation_for_completion(
+        Conversation.from_messages(messages), Role.ASSISTANT
+    )
+
+
+def test_remembered_renders_follow_every_input(encoding: HarmonyEncoding) -> None:
+    """Renders are remembered across requests; a change to anything the system, developer or
+    item messages are rendered from gives that change's render, never a remembered one."""
+    base = Transcript(
+        items=(UserMessage("Hi"), UserMessage("And the weather?")),
+        instructions="Be terse.",
+        tools=(WEATHER,),
+        reasoning_effort="low",
+        conversation_date="2026-11-21",
+    )
+    city, unit = {"type": "string"}, {"type": "string", "enum": ["C", "F"]}
+    two = dataclasses.replace(
+        WEATHER, parameters={"type": "object", "properties": {"city": city, "unit": unit}}
+    )
+    swapped = {"type": "object", "properties": {"unit": unit, "city": city}}  # other key order
+    variants = [
+        base,
+        dataclasses.replace(base, instructions="Be verbose."),
+        dataclasses.replace(base, reasoning_effort="medium"),
+        dataclasses.replace(base, conversation_date="2026-11-22"),
+        dataclasses.replace(base, tools=(dataclasses.replace(WEATHER, description="Weather."),)),
+        dataclasses.replace(base, tools=(two,)),
+        dataclasses.replace(base, tools=(dataclasses.replace(two, parameters=swapped),)),
+        dataclasses.replace(base, items=(UserMessage("Hi"), UserMessage("And the time?"))),
+    ]
+    renders = [render(encoding, v) for v in variants]
+    assert len({tuple(r) for r in renders}) == len(variants)
+    for variant, first in zip(variants, renders, strict=True):
+        assert first == _harmony_render(encoding, variant)
+        again = render(encoding, variant)
+        assert again == first
+        again.append(0)  # the caller's list is its own: the remembered render is unchanged
+        assert render(encoding, variant) == first
