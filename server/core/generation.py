@@ -171,16 +171,22 @@ class Generator:
         the start of the last user message's text (shared by a new conversation of the same
         client in the same environment, and by an edited last message)."""
         points = set()
-        ends = [i + 1 for i, token in enumerate(prompt_tokens) if token == END_TOKEN]
-        if ends:
-            head = ends[0]
+        first_end = _find(prompt_tokens, END_TOKEN)
+        if first_end >= 0:
+            head = first_end + 1
             after = prompt_tokens[head : head + len(self._developer_start)]
-            points.add(ends[1] if after == self._developer_start and len(ends) > 1 else head)
+            second_end = _find(prompt_tokens, END_TOKEN, head)
+            developer = after == self._developer_start and second_end >= 0
+            points.add(second_end + 1 if developer else head)
         user = self._user_start
-        for i in range(len(prompt_tokens) - len(user), -1, -1):
-            if prompt_tokens[i : i + len(user)] == user:
-                points.add(i + len(user))
-                break
+        last_user = -1
+        at = _find(prompt_tokens, user[0])
+        while at >= 0:  # messages start there: a few per prompt (list.index scans in C)
+            if prompt_tokens[at : at + len(user)] == user:
+                last_user = at
+            at = _find(prompt_tokens, user[0], at + 1)
+        if last_user >= 0:
+            points.add(last_user + len(user))
         return tuple(sorted(points))
 
     def summary(self, reasoning: str, style: SummaryStyle) -> Prepared | None:
@@ -422,6 +428,14 @@ def _filtered(
 
 def _joined(first: SegmentDelta, texts: list[str]) -> SegmentDelta:
     return first if len(texts) == 1 else dataclasses.replace(first, text="".join(texts))
+
+
+def _find(tokens: list[int], token: int, start: int = 0) -> int:
+    """The first position of `token` at or after `start`, or -1."""
+    try:
+        return tokens.index(token, start)
+    except ValueError:
+        return -1
 
 
 def _finished(result: EngineResult, reasoning_tokens: int, *, stopped: str | None) -> Finished:
