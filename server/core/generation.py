@@ -42,7 +42,7 @@ from server.engine.base import Engine, EngineResult, SamplingParams, StopReason
 from server.engine.grammar import json_grammar
 from server.grammars.tools import call_grammar
 from server.harmony.decoder import HarmonyDecoder
-from server.harmony.render import assistant_start_tokens, render
+from server.harmony.renderer import Renderer
 from server.harmony.steering import HarmonySteering, SteeringPlan, plan_steering
 from server.harmony.tokens import CALL as CALL_TOKEN
 from server.harmony.tokens import END as END_TOKEN
@@ -92,8 +92,10 @@ class Generator:
     ) -> None:
         self.engine = engine
         self.encoding = encoding
+        self.renderer = Renderer(encoding)  # remembers renders across requests
         self.defaults = defaults or SamplingDefaults()
-        self.history = history if history is not None else History(assistant_start_tokens(encoding))
+        start = list(self.renderer.assistant_start)
+        self.history = history if history is not None else History(start)
         self.on_finished = on_finished  # e.g. metrics; called once per generation (summaries too)
         self.summaries = summaries or SummaryConfig()
         load = engine.load
@@ -163,7 +165,7 @@ class Generator:
         """The transcript as the model sees it (exact tokens replayed, tools renamed), and its
         prompt."""
         seen = names.to_harmony(self.history.apply(transcript))
-        return seen, render(self.encoding, seen)
+        return seen, self.renderer.render(seen)
 
     def save_points(self, prompt_tokens: list[int]) -> tuple[int, ...]:
         """Prompt lengths worth keeping on disk once evaluated: the end of the system +
@@ -196,7 +198,7 @@ class Generator:
         not recorded in the history (nobody sends it back as a message).
         """
         config = self.summaries
-        prompt_tokens = render(self.encoding, summary_transcript(reasoning, style, config))
+        prompt_tokens = self.renderer.render(summary_transcript(reasoning, style, config))
         room = self.engine.info.n_ctx - len(prompt_tokens)
         if room < 1:
             log.warning("a reasoning summary was skipped: its prompt does not fit the context")

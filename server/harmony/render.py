@@ -6,19 +6,14 @@ conversation-level lines), then each conversation item as its own harmony messag
 tokens. Chain of thought follows harmony's rule: analysis written before the last final answer
 is dropped; the analysis of the current, unfinished tool-call chain is kept.
 
-Renders are remembered (least recently used dropped): the system and developer messages, which a
-client sends the same on every turn (Codex's instructions and tools take ≈ 6 ms to render), and
-each rendered item, so a turn renders only what is new.
+`head_key` names what the system and developer messages are rendered from, for renderer.py,
+which remembers renders across requests.
 """
 
 from __future__ import annotations
 
 import json
-import threading
-import weakref
-from collections import OrderedDict
-from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
+from collections.abc import Hashable, Sequence
 from itertools import groupby
 
 from openai_harmony import (
@@ -71,70 +66,16 @@ _EFFORTS = {
 }
 
 
-# Tokens remembered per encoding (items keep their text too: some tens of MB in all)
-HEADS_KEPT = 1 << 20  # of system + developer renders
-ITEMS_KEPT = 1 << 21  # of item renders
-
-
-class _Renders:
-    """Least recently used renders of one encoding, up to a number of tokens in all; any
-    thread may use it."""
-
-    def __init__(self, max_tokens: int) -> None:
-        self._max_tokens = max_tokens
-        self._n_tokens = 0
-        self._tokens: OrderedDict[Hashable, tuple[int, ...]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: Hashable, make: Callable[[], list[int]]) -> tuple[int, ...]:
-        with self._lock:
-            tokens = self._tokens.get(key)
-            if tokens is not None:
-                self._tokens.move_to_end(key)
-                return tokens
-        tokens = tuple(make())
-        with self._lock:
-            if key not in self._tokens and len(tokens) <= self._max_tokens:
-                self._tokens[key] = tokens
-                self._n_tokens += len(tokens)
-            while self._n_tokens > self._max_tokens:
-                self._n_tokens -= len(self._tokens.popitem(last=False)[1])
-        return tokens
-
-
-@dataclass(frozen=True, slots=True)
-class _Memory:
-    """What is remembered for one encoding."""
-
-    heads: _Renders
-    items: _Renders
-    assistant_start: tuple[int, ...]  # encoding it costs ≈ 0.1 ms (the specials are looked up)
-
-
-_MEMORY: weakref.WeakKeyDictionary[HarmonyEncoding, _Memory] = weakref.WeakKeyDictionary()
-
-
-def _memory(encoding: HarmonyEncoding) -> _Memory:
-    memory = _MEMORY.get(encoding)
-    if memory is None:
-        start = encoding.encode("<|start|>assistant", allowed_special="all")
-        fresh = _Memory(_Renders(HEADS_KEPT), _Renders(ITEMS_KEPT), tuple(start))
-        memory = _MEMORY.setdefault(encoding, fresh)
-    return memory
-
-
 def render(encoding: HarmonyEncoding, transcript: Transcript) -> list[int]:
     """The prompt token ids for the assistant's next message."""
-    memory = _memory(encoding)
-    head = memory.heads.get(_head_key(transcript), lambda: _head(encoding, transcript))
-    prompt_tokens = list(head)
+    prompt_tokens = head_tokens(encoding, transcript)
     for item in visible_items(transcript.items):
         prompt_tokens.extend(item_tokens(encoding, item))
-    prompt_tokens.extend(memory.assistant_start)
+    prompt_tokens.extend(assistant_start_tokens(encoding))
     return prompt_tokens
 
 
-def _head(encoding: HarmonyEncoding, transcript: Transcript) -> list[int]:
+def head_tokens(encoding: HarmonyEncoding, transcript: Transcript) -> list[int]:
     """The system and developer messages (with the response format section)."""
     head = [_system_message(transcript)]
     developer = _developer_message(transcript)
@@ -146,7 +87,7 @@ def _head(encoding: HarmonyEncoding, transcript: Transcript) -> list[int]:
     return tokens
 
 
-def _head_key(transcript: Transcript) -> Hashable:
+def head_key(transcript: Transcript) -> Hashable:
     """What the system and developer messages are rendered from (tool schemas as JSON, in
     their own key order: the render follows it)."""
     tools = [
@@ -174,7 +115,7 @@ def _head_key(transcript: Transcript) -> Hashable:
 
 def assistant_start_tokens(encoding: HarmonyEncoding) -> list[int]:
     """`<|start|>assistant`: the prompt's last tokens, after which the model writes."""
-    return list(_memory(encoding).assistant_start)
+    return encoding.encode("<|start|>assistant", allowed_special="all")
 
 
 def visible_items(items: Sequence[Item]) -> list[Item]:
@@ -190,13 +131,15 @@ def visible_items(items: Sequence[Item]) -> list[Item]:
 
 def item_tokens(encoding: HarmonyEncoding, item: Item) -> list[int]:
     """One conversation item as harmony tokens: its exact sampled tokens, or its render."""
+    replayed = exact_tokens(item)
+    return list(replayed) if replayed is not None else encoding.render(_item_message(item))
+
+
+def exact_tokens(item: Item) -> tuple[int, ...] | None:
+    """The tokens the model sampled for an item, when it carries them."""
     if isinstance(item, (Reasoning, AssistantMessage, ToolCall)) and item.tokens:
-        return list(item.tokens)
-    return list(_memory(encoding).items.get(item, lambda: _rendered_item(encoding, item)))
-
-
-def _rendered_item(encoding: HarmonyEncoding, item: Item) -> list[int]:
-    return encoding.render(_item_message(item))
+        return item.tokens
+    return None
 
 
 def _is_final(item: Item) -> bool:
@@ -246,15 +189,15 @@ def _developer_message(transcript: Transcript) -> Message | None:
 
 
 def _with_response_format(
-    encoding: HarmonyEncoding, head_tokens: list[int], response_format: ResponseFormat
+    encoding: HarmonyEncoding, head: list[int], response_format: ResponseFormat
 ) -> list[int]:
     """Append harmony's `# Response Formats` section to the developer message.
 
     openai-harmony has no API for it, so the developer message's content is re-encoded with the
     section at its end, as ordinary text (exactly as harmony encodes message content).
     """
-    start = len(head_tokens) - 1 - head_tokens[::-1].index(MESSAGE)
-    content = encoding.decode_utf8(head_tokens[start + 1 : -1])
+    start = len(head) - 1 - head[::-1].index(MESSAGE)
+    content = encoding.decode_utf8(head[start + 1 : -1])
     schema = response_format.schema if response_format.kind == "json_schema" else {"type": "object"}
     description = response_format.description or "Respond with JSON that matches this schema."
     section = (
@@ -263,7 +206,7 @@ def _with_response_format(
     )
     text = f"{content}\n\n{section}" if content else section
     body = encoding.encode(text, disallowed_special=())
-    return [*head_tokens[: start + 1], *body, head_tokens[-1]]
+    return [*head[: start + 1], *body, head[-1]]
 
 
 def _by_namespace(tools: Sequence[ToolSpec]) -> list[tuple[str, list[ToolSpec]]]:

@@ -27,6 +27,7 @@ from server.contracts.transcript import (
     UserMessage,
 )
 from server.harmony.render import render, visible_items
+from server.harmony.renderer import Renderer, Renders
 
 WEATHER = ToolSpec(
     name="get_weather",
@@ -257,11 +258,31 @@ def test_remembered_renders_follow_every_input(encoding: HarmonyEncoding) -> Non
         dataclasses.replace(base, tools=(dataclasses.replace(two, parameters=swapped),)),
         dataclasses.replace(base, items=(UserMessage("Hi"), UserMessage("And the time?"))),
     ]
-    renders = [render(encoding, v) for v in variants]
+    renderer = Renderer(encoding)
+    renders = [renderer.render(v) for v in variants]
     assert len({tuple(r) for r in renders}) == len(variants)
     for variant, first in zip(variants, renders, strict=True):
-        assert first == _harmony_render(encoding, variant)
-        again = render(encoding, variant)
+        assert first == _harmony_render(encoding, variant) == render(encoding, variant)
+        again = renderer.render(variant)
         assert again == first
         again.append(0)  # the caller's list is its own: the remembered render is unchanged
-        assert render(encoding, variant) == first
+        assert renderer.render(variant) == first
+
+
+def test_the_renderer_forgets_the_least_recently_used_beyond_its_budget() -> None:
+    renders = Renders(max_tokens=10)
+    made: list[str] = []
+
+    def make(name: str, n: int) -> list[int]:
+        made.append(name)
+        return list(range(n))
+
+    assert renders.get("a", lambda: make("a", 4)) == (0, 1, 2, 3)
+    renders.get("b", lambda: make("b", 4))
+    renders.get("a", lambda: make("a", 4))  # remembered; now the most recently used
+    renders.get("c", lambda: make("c", 4))  # 12 tokens: b goes
+    renders.get("a", lambda: make("a", 4))
+    renders.get("b", lambda: make("b", 4))
+    renders.get("d", lambda: make("d", 11))  # larger than the budget: returned, not kept
+    renders.get("d", lambda: make("d", 11))
+    assert made == ["a", "b", "c", "b", "d", "d"]

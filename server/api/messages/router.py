@@ -40,7 +40,6 @@ from server.api.sse import sse_event, sse_response
 from server.contracts.errors import ServerError
 from server.contracts.transcript import Transcript
 from server.core.generation import Generator
-from server.harmony.render import assistant_start_tokens
 from server.ops.config import Settings
 
 log = logging.getLogger(__name__)
@@ -75,7 +74,7 @@ async def create_message(body: MessagesRequest, request: Request) -> Response:
         body.model or request.app.state.model_name,
         input_tokens=len(prepared.prompt_tokens),
         signer=state.signer,
-        message_start=assistant_start_tokens(generator.encoding),
+        message_start=list(generator.renderer.assistant_start),
         view=shown,
         thinking_text=thinking_text_shown(body),
     )

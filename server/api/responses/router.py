@@ -40,7 +40,6 @@ from server.contracts.errors import NotFound, ServerError
 from server.contracts.events import SegmentEnd
 from server.contracts.transcript import Item, Transcript
 from server.core.generation import GenerationOptions, Generator
-from server.harmony.render import assistant_start_tokens
 from server.ops.config import Settings
 
 log = logging.getLogger(__name__)
@@ -219,7 +218,7 @@ class _Finisher:
             )
         if not self.store:
             return
-        message_start = assistant_start_tokens(self.generator.encoding)
+        message_start = list(self.generator.renderer.assistant_start)
         outputs = output_items(ended, message_start)
         record = StoredResponse(
             id=response.id,
