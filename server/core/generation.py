@@ -38,7 +38,7 @@ from server.core.history import History
 from server.core.stop_strings import StopStrings
 from server.core.summaries import SummaryConfig, SummaryMerge, SummaryStyle, summary_transcript
 from server.core.tool_names import ToolNames
-from server.engine.base import Engine, EngineResult, SamplingParams, StopReason
+from server.engine.base import Engine, EngineResult, SamplingParams, StopReason, TokenStream
 from server.engine.grammar import json_grammar
 from server.grammars.tools import call_grammar
 from server.harmony.decoder import HarmonyDecoder
@@ -327,10 +327,7 @@ class Prepared:
 
     async def _events(self) -> AsyncGenerator[GenerationEvent, None]:
         steering = self.steering.start()
-        stream = self.generator.engine.submit(
-            self.prompt_tokens, self.params, steering, self.save_points
-        )
-        decoder = HarmonyDecoder(self.generator.encoding)  # built while the prompt is evaluated
+        stream, decoder = self._submit(steering)
         stops = StopStrings(self.stop)
         ended: list[SegmentEnd] = []
         consumed = False
@@ -359,6 +356,17 @@ class Prepared:
         if self.record:
             self.generator.history.record(ended)
         yield self._report(stream.result, decoder, steering, stopped=stops.matched)
+
+    def _submit(self, steering: HarmonySteering) -> tuple[TokenStream, HarmonyDecoder]:
+        """The engine's stream, and the decoder for it (built while the prompt is evaluated)."""
+        stream = self.generator.engine.submit(
+            self.prompt_tokens, self.params, steering, self.save_points
+        )
+        try:
+            return stream, HarmonyDecoder(self.generator.encoding)
+        except BaseException:
+            stream.cancel()
+            raise
 
     def _for_client(self, event: GenerationEvent) -> GenerationEvent:
         return self.names.to_client(event) if self.names is not None else event
