@@ -9,7 +9,6 @@ draws need are summed once, together.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -30,22 +29,7 @@ class BlockDraws:
 
     def prepare(self, logits: np.ndarray[Any, np.dtype[np.float32]], banned: Banned | None) -> bool:
         """Load the distribution of `logits`; False when no token has a finite logit."""
-        ws = self._ws
-        values = ws.values
-        np.multiply(logits, self._scale, out=values)
-        if banned is not None:
-            banned.apply(values, -math.inf)
-        top = float(values.max())
-        if not math.isfinite(top):  # NaN to -inf, +inf to float32's largest
-            np.nan_to_num(values, copy=False, nan=-np.inf, posinf=np.finfo(np.float32).max)
-            top = float(values.max())
-            if not math.isfinite(top):
-                return False
-        np.subtract(values, top, out=values)
-        np.exp(values, out=values)
-        np.add.reduce(ws.blocks, axis=1, out=ws.block_sums)
-        np.cumsum(ws.block_sums, dtype=np.float64, out=ws.block_cumsum)
-        return True
+        return self._ws.exponentiate(logits, self._scale, banned)
 
     def draw(self, n: int) -> Tokens:
         """`n` tokens drawn independently from the prepared distribution, in the order drawn."""

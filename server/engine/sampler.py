@@ -53,6 +53,31 @@ class Workspace:
         self.block_cumsum: Doubles = np.zeros(n_blocks, dtype=np.float64)
         self.inner_cumsum: Doubles = np.zeros(block, dtype=np.float64)
 
+    def masked(self, logits: Floats, banned: Banned | None, scale: np.float32 | None) -> Floats:
+        """The logits (times `scale`) in the work buffer, banned tokens at -inf."""
+        values = self.values
+        if scale is None or scale == 1.0:
+            np.copyto(values, logits)
+        else:
+            np.multiply(logits, scale, out=values)
+        if banned is not None:
+            banned.apply(values, -math.inf)
+        return values
+
+    def exponentiate(self, logits: Floats, scale: np.float32, banned: Banned | None) -> bool:
+        """Load the weights exp(scale * logits - max), banned tokens at 0, into the work buffer,
+        with their block sums and the running sums of those. False when no logit is finite:
+        the buffer then holds the masked logits (NaN repaired), for an argmax."""
+        values = self.masked(logits, banned, scale)
+        top = _finite_max(values)
+        if top is None:
+            return False
+        np.subtract(values, top, out=values)
+        np.exp(values, out=values)
+        np.add.reduce(self.blocks, axis=1, out=self.block_sums)
+        np.cumsum(self.block_sums, dtype=np.float64, out=self.block_cumsum)
+        return True
+
 
 class LogitSampler:
     """One generation's sampling from logits: params and a seeded generator, buffers borrowed."""
@@ -99,19 +124,13 @@ class LogitSampler:
         token = int(np.argmax(logits))
         if banned is None or token not in banned.tokens:
             return token
-        return int(np.argmax(self._masked(logits, banned, None)))
+        return int(np.argmax(self._ws.masked(logits, banned, None)))
 
     def _draw_full(self, logits: Floats, banned: Banned | None) -> int:
         """Temperature and the random draw over the whole vocabulary: the common case."""
         ws = self._ws
-        values = self._masked(logits, banned, self._scale)
-        top = _finite_max(values)
-        if top is None:
-            return int(np.argmax(values))
-        np.subtract(values, top, out=values)
-        np.exp(values, out=values)
-        np.add.reduce(ws.blocks, axis=1, out=ws.block_sums)
-        np.cumsum(ws.block_sums, dtype=np.float64, out=ws.block_cumsum)
+        if not ws.exponentiate(logits, self._scale, banned):
+            return int(np.argmax(ws.values))
         target = self._rng.random() * float(ws.block_cumsum[-1])
         # the first block whose running sum passes the draw (it has mass: a block without any
         # leaves the running sum unchanged, so an earlier block would pass first)
@@ -127,20 +146,9 @@ class LogitSampler:
             j = int(np.flatnonzero(row)[-1])
         return b * ws.block + j
 
-    def _masked(self, logits: Floats, banned: Banned | None, scale: np.float32 | None) -> Floats:
-        """The logits (times `scale`) in the work buffer, banned tokens at -inf."""
-        values = self._ws.values
-        if scale is None or scale == 1.0:
-            np.copyto(values, logits)
-        else:
-            np.multiply(logits, scale, out=values)
-        if banned is not None:
-            banned.apply(values, -math.inf)
-        return values
-
     def _candidates(self, logits: Floats, banned: Banned | None) -> tuple[Indices, Doubles]:
         """What top-k, then top-p, then min-p keep (llama.cpp's order), with their logits."""
-        values = self._masked(logits, banned, None)
+        values = self._ws.masked(logits, banned, None)
         top = _finite_max(values)
         if top is None:
             token = np.array([int(np.argmax(values))], dtype=np.intp)
