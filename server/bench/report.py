@@ -1,4 +1,4 @@
-"""The JSON report: per path min/median/max of every metric, ratios to raw llama.cpp, targets."""
+"""The JSON report: per path min/median/max of every metric, ratios to raw llama.cpp, overheads."""
 
 from __future__ import annotations
 
@@ -12,12 +12,6 @@ from server.bench.plan import Measurement, PathRun
 GIB = 1024**3
 RAW_PATHS = ("llama-bench", "llama-server")
 QUIET_CPUS = 0.15  # a measurement is "quiet" when other processes kept at most this many busy
-TARGETS = {  # issue 6: minimum ratio to raw llama.cpp, or the most TTFT overhead in ms
-    "decode_http": 0.98,
-    "decode_inprocess": 0.99,
-    "prefill_http": 0.98,
-    "ttft_http_overhead_ms": 5.0,
-}
 
 
 def summary(values: Sequence[float]) -> dict[str, float]:
@@ -105,56 +99,19 @@ def server_cost(paths: Mapping[str, Any], tests: str = "tests") -> dict[str, dic
     return out
 
 
-def targets(paths: Mapping[str, Any], decode_label: str) -> dict[str, Any]:
-    """Issue 6's targets against llama-bench (else llama-server).
+def ttft_http_overhead(paths: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The worst median over the prefill sizes of (time to first token - prefill) via HTTP, in ms.
 
-    Each is computed on the quiet measurements when both sides have some (`basis`), else on all.
+    Taken from the quiet measurements when there are some (`basis`), else from all; None when
+    the http path measured no prefill.
     """
-    raw = next((p for p in RAW_PATHS if paths.get(p, {}).get("tests")), None)
-    found: dict[str, Any] = {"reference": raw}
-    if raw is not None:
-        prefill_labels = [k for k in paths[raw]["tests"] if k.startswith("pp")]
-        for name, path, labels in (
-            ("decode_http", "http", [decode_label]),
-            ("decode_inprocess", "inprocess", [decode_label]),
-            ("prefill_http", "http", prefill_labels),
-        ):
-            for label in labels:
-                check = _ratio_check(paths, path, raw, label, TARGETS[name])
-                if check is not None:
-                    found[f"{name}_{label}"] = check
-    overhead = _ttft_overhead(paths)
-    if overhead is not None:
-        found["ttft_http_overhead_ms"] = overhead
-    return found
-
-
-def _ratio_check(
-    paths: Mapping[str, Any], path: str, raw: str, label: str, target: float
-) -> dict[str, Any] | None:
-    for basis in ("tests_quiet", "tests"):
-        mine = median_of(paths, path, label, "tokens_per_s", basis)
-        ref = median_of(paths, raw, label, "tokens_per_s", basis)
-        if mine and ref:
-            return _check(mine / ref, target, higher=True) | {"basis": basis}
-    return None
-
-
-def _ttft_overhead(paths: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The worst median over the prefill sizes of (time to first token - prefill) via HTTP."""
     for basis in ("tests_quiet", "tests"):
         labels = [k for k in paths.get("http", {}).get(basis, {}) if k.startswith("pp")]
         values = [median_of(paths, "http", k, "ttft_overhead_ms", basis) for k in labels]
         known = [v for v in values if v is not None]
         if known:
-            target = TARGETS["ttft_http_overhead_ms"]
-            return _check(max(known), target, higher=False) | {"basis": basis}
+            return {"value": round(max(known), 4), "basis": basis}
     return None
-
-
-def _check(value: float, target: float, *, higher: bool) -> dict[str, Any]:
-    met = value >= target if higher else value <= target
-    return {"value": round(value, 4), "target": target, "met": met}
 
 
 def markdown_table(report: Mapping[str, Any], tests: str = "tests") -> str:

@@ -21,14 +21,14 @@ from server.bench.llama_bench import run_llama_bench
 from server.bench.llama_server import run_llama_server
 from server.bench.machine import OtherLoad, machine_info, wait_for_memory
 from server.bench.options import BenchOptions, PathName
-from server.bench.plan import CTX_MARGIN, BenchError, PathRun, Plan, default_threads, tg_label
+from server.bench.plan import CTX_MARGIN, BenchError, PathRun, Plan, default_threads
 from server.bench.report import (
     QUIET_CPUS,
     markdown_table,
     path_report,
     ratios,
     server_cost,
-    targets,
+    ttft_http_overhead,
 )
 from server.contracts.errors import StartupError
 from server.ops.model_source import resolve_model
@@ -111,7 +111,7 @@ def build_report(plan: Plan, runs: list[PathRun], machine: dict[str, Any]) -> di
         "ratios_quiet": ratios(paths, "tests_quiet"),
         "ms_per_token_over_llama_bench": server_cost(paths),
         "quiet_cpus": QUIET_CPUS,
-        "targets": targets(paths, tg_label(plan.gen_tokens)),
+        "ttft_http_overhead_ms": ttft_http_overhead(paths),
     }
 
 

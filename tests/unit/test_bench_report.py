@@ -1,10 +1,11 @@
-"""The benchmark report's per-token server cost: ms per token above llama-bench's decode."""
+"""The benchmark report's derived numbers: ms per token above llama-bench's decode, and the time
+to first token HTTP adds over prefill."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from server.bench.report import markdown_table, server_cost
+from server.bench.report import markdown_table, server_cost, ttft_http_overhead
 
 
 def decode(tps: float) -> dict[str, Any]:
@@ -22,3 +23,24 @@ def test_cost_is_the_difference_of_milliseconds_per_token() -> None:
 
 def test_no_cost_without_llama_bench() -> None:
     assert server_cost({"inprocess": decode(400.0)}) == {}
+
+
+def overheads(**medians: float) -> dict[str, Any]:
+    return {
+        label: {"ttft_overhead_ms": {"min": ms, "median": ms, "max": ms, "n": 1}}
+        for label, ms in medians.items()
+    }
+
+
+def test_ttft_overhead_is_the_worst_prefill_size_of_the_quiet_measurements() -> None:
+    http = {"tests": overheads(pp64=9.0, pp512=12.0), "tests_quiet": overheads(pp64=4.5, pp512=4.7)}
+    assert ttft_http_overhead({"http": http}) == {"value": 4.7, "basis": "tests_quiet"}
+
+
+def test_ttft_overhead_falls_back_to_every_measurement_when_none_was_quiet() -> None:
+    http = {"tests": overheads(pp64=9.0) | decode(400.0)["tests"], "tests_quiet": {}}
+    assert ttft_http_overhead({"http": http}) == {"value": 9.0, "basis": "tests"}
+
+
+def test_no_ttft_overhead_without_the_http_path() -> None:
+    assert ttft_http_overhead({"inprocess": {"tests": overheads(pp64=1.0)}}) is None
