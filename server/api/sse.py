@@ -6,7 +6,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from contextlib import suppress
-from typing import Any
+from typing import Any, Protocol
 
 from fastapi.responses import StreamingResponse
 from fastapi.sse import format_sse_event
@@ -33,6 +33,20 @@ def sse_data(payload: Any) -> bytes:
 def sse_event(event: str, payload: Any) -> bytes:
     """`event: <name>` + `data: <json>`, as Responses streams use."""
     return format_sse_event(event=event, data_str=encode_json(payload))
+
+
+class TypedEvent(Protocol):
+    """A pydantic stream event that names itself (Responses and Messages events)."""
+
+    @property
+    def type(self) -> str: ...
+
+    def model_dump(self, *, mode: str) -> dict[str, Any]: ...
+
+
+def sse_typed(event: TypedEvent) -> bytes:
+    """`event: <its type>` + `data: <its JSON>`."""
+    return sse_event(event.type, event.model_dump(mode="json"))
 
 
 _END = b"\x00end"  # a queue item no formatted event can be (events end in a blank line)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -10,9 +11,11 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai_harmony import HarmonyEncoding
 
 from server.app import create_app
+from server.contracts.events import Finished
 from server.ops.config import Settings
 from server.ops.runtime import Runtime
 from server.testing.forced import ForcedScript
+from tests.support.chat_grammar import check_chat_stream
 from tests.support.sse import parse_sse
 
 REASON_THEN_ANSWER = (
@@ -291,3 +294,33 @@ def test_a_paced_stream_joins_the_tokens_of_an_interval_into_one_delta(
     assert answer_tokens > 5
     assert 1 <= len(with_content) < answer_tokens
     assert 1 <= len(with_reasoning) <= 2
+
+
+def test_a_generation_that_raises_mid_stream_ends_with_an_error_and_done(
+    runtime: Runtime, forced: ForcedScript
+) -> None:
+    """The generator's `on_finished` hook (the app's metrics) raising is a real failure inside
+    the generation: after the answer was streamed, before its `Finished` event. The stream
+    still ends as OpenAI's do: the error envelope as a `data:` line, then `[DONE]`."""
+    app = create_app(Settings(reasoning_effort="medium"), runtime)
+    with TestClient(app, raise_server_exceptions=False) as failing:
+
+        def observe(finished: Finished) -> None:
+            raise RuntimeError("the metrics broke")
+
+        app.state.generator.on_finished = observe
+        forced.push("<|channel|>final<|message|>Hello there<|return|>")
+        datas = stream(failing, messages=USER_HI)
+        assert datas[-1] == "[DONE]"
+        error = json.loads(datas[-2])["error"]
+        assert error["type"] == "server_error"
+        assert "internal error: RuntimeError" in error["message"]
+        checked = check_chat_stream(datas)
+        assert checked.error == error
+        assert checked.content == "Hello there"  # streamed before the failure
+        assert checked.finish_reason is None
+
+        forced.push("<|channel|>final<|message|>Hello there<|return|>")
+        response = post(failing, messages=USER_HI)
+        assert response.status_code == 500
+        assert "internal error: RuntimeError" in response.json()["error"]["message"]

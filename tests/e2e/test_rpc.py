@@ -193,7 +193,8 @@ def test_a_host_that_drops_mid_stream_ends_the_request_and_health(
             payloads.append(data)
             if len(payloads) == 5:
                 threading.Thread(target=workers[1].kill).start()
-        last = json.loads(payloads[-1])
+        assert payloads[-1] == "[DONE]"
+        last = json.loads(payloads[-2])  # the error envelope, just before [DONE]
         assert f"RPC host {workers[1].endpoint} stopped answering" in last["error"]["message"]
         health = httpx.get(proc.health_url, timeout=10)
         assert health.status_code == 503

@@ -1,7 +1,8 @@
 """The Chat Completions streaming grammar, checked over a whole stream of `data:` payloads.
 
     stream := role-chunk delta-chunk* finish-chunk usage-chunk? [DONE]
-            | role-chunk delta-chunk* error-envelope          (the engine failed)
+            | role-chunk delta-chunk* error-envelope [DONE]   (the generation failed)
+            | role-chunk delta-chunk*                         (cancelled: the client left)
 
 plus: every chunk validates against the openai SDK's own `ChatCompletionChunk`; all chunks share
 one id, creation time and model; exactly one chunk carries a finish_reason; tool-call fragments
@@ -38,13 +39,16 @@ def check_chat_stream(payloads: list[str], *, cancelled: bool = False) -> ChatSt
     assert payloads, "empty stream"
     merged = ChatStream()
     body = payloads
-    if payloads[-1] == "[DONE]":
+    if not cancelled:
+        assert payloads[-1] == "[DONE]", "a stream ends with [DONE]"
         body = payloads[:-1]
-    elif not cancelled:
-        merged.error = json.loads(payloads[-1])["error"]
-        assert merged.error["message"], merged.error
-        assert merged.error["type"], merged.error
-        body = payloads[:-1]
+        assert body, "no chunks"
+        last = json.loads(body[-1])
+        if "error" in last:
+            merged.error = last["error"]
+            assert merged.error["message"], merged.error
+            assert merged.error["type"], merged.error
+            body = body[:-1]
     chunks = [ChatCompletionChunk.model_validate_json(data) for data in body]
     assert chunks, "no chunks"
     first = chunks[0]

@@ -20,22 +20,21 @@ import itertools
 import json
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from openai_harmony import HarmonyEncoding
 
-from server.api.chat.output import ChatEmitter, ChunkFactory, fold
-from server.api.chat.router import _stream as chat_stream
-from server.api.chat.schemas import Delta
+from server.api.chat.output import ChatEmitter, ChatEvent, ChunkFactory, encode, fold
 from server.api.responses.adapter import output_items
 from server.api.responses.emitter import ResponsesEmitter
 from server.api.responses.emitter import fold as fold_response
-from server.api.responses.schemas import ResponseObject
+from server.api.responses.schemas import ResponseObject, StreamEvent
 from server.api.responses.store import item_from_json, item_to_json
-from server.api.responses.streaming import ResponseRun
+from server.api.stream_run import StreamRun
+from server.contracts.errors import ServerError
 from server.contracts.events import (
     DecodeWarning,
     Finished,
@@ -48,7 +47,6 @@ from server.contracts.events import (
     Usage,
 )
 from server.contracts.transcript import ToolSpec
-from server.core.generation import Prepared
 from server.core.stop_strings import StopStrings
 from server.core.tool_names import ToolNames
 from server.harmony.decoder import HarmonyDecoder
@@ -269,22 +267,28 @@ def check_chat(
     assert isinstance(finished, Finished)
     factory = ChunkFactory("chatcmpl-fuzz", 1, "gpt-oss-tiny")
 
-    async def collect() -> bytes:
-        translator = ChatEmitter(include_reasoning=include_reasoning)
-        prepared = cast(Prepared, _Events(events))
-        return b"".join([c async for c in chat_stream(prepared, translator, factory, True)])
+    def run(include_usage: bool) -> tuple[ChatEmitter, list[ChatEvent]]:
+        emitter = ChatEmitter(factory, include_reasoning, include_usage=include_usage)
+        chat_run = StreamRun(_Events(events), emitter, name="completion chatcmpl-fuzz")
 
-    raw = loop.run_until_complete(collect())
+        async def collect() -> list[ChatEvent]:
+            return [event async for event in chat_run.events()]
+
+        return emitter, loop.run_until_complete(collect())
+
+    _, streamed_events = run(include_usage=True)
+    raw = b"".join(encode(event) for event in streamed_events)
     payloads = [event.data for event in parse_sse(raw.decode().splitlines())]
     cancelled = finished.reason is FinishReason.CANCELLED
     streamed = check_chat_stream(payloads, cancelled=cancelled)
     assert (streamed.error is not None) == (finished.reason is FinishReason.ERROR)
-    translator = ChatEmitter(include_reasoning=include_reasoning)
-    deltas: list[Delta] = []
-    for event in events:
-        deltas.extend(translator.deltas(event))
-    body = json.loads(json.dumps(fold(deltas, translator, factory)))
-    clean = streamed.error is None and not cancelled
+    translator, folded_events = run(include_usage=False)
+    if finished.reason is FinishReason.ERROR:
+        with pytest.raises(ServerError):
+            fold(folded_events, translator)
+        return
+    body = json.loads(json.dumps(fold(folded_events, translator)))
+    clean = not cancelled
     completion = check_chat_body(body, streamed if clean else None)
     assert (completion.choices[0].message.content or "") == streamed.content
     if not include_reasoning:
@@ -301,11 +305,11 @@ def check_responses(
     )
     finished: list[tuple[ResponseObject, list[SegmentEnd]]] = []
 
-    async def finish(response: ResponseObject, ended: list[SegmentEnd]) -> None:
-        finished.append((response, list(ended)))
+    async def finish(last: list[StreamEvent], ended: list[SegmentEnd]) -> None:
+        finished.append((fold_response(last), list(ended)))
 
     async def collect() -> list[Any]:
-        run = ResponseRun(_Events(events), emitter, finish)
+        run = StreamRun(_Events(events), emitter, name="response resp_fuzz", finish=finish)
         return [event async for event in run.events()]
 
     stream_events = loop.run_until_complete(collect())

@@ -1,4 +1,5 @@
-"""Streaming a response: keepalive ticks that never cancel the generation, and ResponseRun."""
+"""Streaming a response: keepalive ticks that never cancel the generation, and the shared
+StreamRun driving the Responses emitter."""
 
 from __future__ import annotations
 
@@ -6,9 +7,9 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-from server.api.responses.emitter import ResponsesEmitter
-from server.api.responses.schemas import ResponseObject
-from server.api.responses.streaming import ResponseRun, with_keepalive
+from server.api.responses.emitter import ResponsesEmitter, fold
+from server.api.responses.schemas import ResponseObject, StreamEvent
+from server.api.stream_run import StreamRun, with_keepalive
 from server.contracts.events import (
     Finished,
     FinishReason,
@@ -87,7 +88,7 @@ def test_leaving_between_events_closes_the_generation() -> None:
 
 
 class Generation:
-    """What Prepared.events() yields, scripted, to drive ResponseRun's own logic."""
+    """What Prepared.events() yields, scripted, to drive StreamRun's own logic."""
 
     def __init__(self, events: list[GenerationEvent], error: Exception | None = None) -> None:
         self._events = events
@@ -105,13 +106,13 @@ def run_response(
 ) -> tuple[CheckedStream, list[str]]:
     finished: list[str] = []
 
-    async def finish(response: ResponseObject, ended: list[SegmentEnd]) -> None:
-        finished.append(f"{response.status}:{len(ended)}")
+    async def finish(last: list[StreamEvent], ended: list[SegmentEnd]) -> None:
+        finished.append(f"{fold(last).status}:{len(ended)}")
         if finish_error is not None:
             raise finish_error
 
     emitter = ResponsesEmitter(ResponseObject(id="resp_1", created_at=1, model="m"))
-    run = ResponseRun(generation, emitter, finish)
+    run = StreamRun(generation, emitter, name="response resp_1", finish=finish)
 
     async def collect() -> list[dict[str, Any]]:
         return [event.model_dump(mode="json") async for event in run.events(0.5)]

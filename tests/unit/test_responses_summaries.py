@@ -11,7 +11,7 @@ import pytest
 
 from server.api.responses.emitter import ResponsesEmitter, fold
 from server.api.responses.schemas import ResponseObject
-from server.api.responses.streaming import SequentialItems
+from server.api.stream_run import SequentialItems
 from server.contracts.events import (
     Finished,
     FinishReason,
@@ -66,7 +66,7 @@ def emit(events: Sequence[GenerationEvent], view: ReasoningView) -> CheckedStrea
         new_item_id=lambda prefix: f"{prefix}{next(counter)}",
         view=view,
     )
-    order = SequentialItems(emitter.summaries)
+    order = SequentialItems(emitter.waits_for_summaries)
     names = ToolNames(TOOLS)  # the core gives tool calls their targets
     out = emitter.start()
     for event in events:

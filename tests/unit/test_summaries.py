@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Sequence
 
 import pytest
 
-from server.api.responses.streaming import SequentialItems
+from server.api.stream_run import SequentialItems
 from server.contracts.events import (
     Finished,
     FinishReason,

@@ -1,15 +1,22 @@
-"""Generation events -> Chat Completions deltas, chunks, and the folded non-streaming body.
+"""Generation events -> Chat Completions chunks (ChatEmitter), and the folded non-streaming body.
 
-Streaming sends each delta in a chunk as it comes; the non-streaming body merges the very same
-deltas, so both answers always agree. Reasoning summaries are `reasoning_details` entries of type
-`reasoning.summary`, one per reasoning segment (index 0 is the raw `reasoning.text` entry when
-that is shown); where the raw reasoning is not shown, the summaries also stand in for it as
-`reasoning`, the field chat UIs display.
+Streaming sends each delta in a chunk as it comes; the non-streaming body merges the deltas of the
+very same chunks, so both answers always agree. What each kind of segment sends is a table
+(`_LIFECYCLES`: on its start, with each text delta; nothing on its end). Reasoning summaries are
+`reasoning_details` entries of type `reasoning.summary`, one per reasoning segment (index 0 is the
+raw `reasoning.text` entry when that is shown); where the raw reasoning is not shown, the
+summaries also stand in for it as `reasoning`, the field chat UIs display.
+
+The stream ends with a chunk carrying the finish reason (then the usage chunk, if asked for) and
+`[DONE]`; a failed generation ends with OpenAI's error envelope and `[DONE]`; a cancelled one (the
+client went away) with nothing more.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from server.api.chat.schemas import (
     ChatCompletion,
@@ -23,8 +30,9 @@ from server.api.chat.schemas import (
     UsageOut,
 )
 from server.api.common import summary_timings_out, timings_out
+from server.api.sse import DONE, sse_data
+from server.contracts.errors import ServerError, error_envelope
 from server.contracts.events import (
-    DecodeWarning,
     Finished,
     FinishReason,
     GenerationEvent,
@@ -46,69 +54,119 @@ FINISH_REASONS = {
 }
 
 
+@dataclass(frozen=True)
+class ChatFailed:
+    """The end of a failed stream: OpenAI's error envelope as a `data:` line."""
+
+    message: str
+
+    def envelope(self) -> dict[str, Any]:
+        return error_envelope(self.message, "server_error")
+
+
+ChatEvent = ChatCompletionChunk | ChatFailed | Literal["[DONE]"]
+"""One `data:` line of a chat stream."""
+
+
+def encode(event: ChatEvent) -> bytes:
+    """The SSE bytes of one chat stream event."""
+    if isinstance(event, str):
+        return DONE
+    if isinstance(event, ChatFailed):
+        return sse_data(event.envelope())
+    return sse_data(event)
+
+
 @dataclass
 class ChatEmitter:
-    """Turns generation events into chat deltas; remembers how the generation finished.
+    """Turns generation events into chat chunks; remembers how the generation finished.
 
     Several analysis messages become one reasoning text, separated by a newline (their
     summaries too). Tool calls are numbered in the order the model makes them.
     """
 
+    factory: ChunkFactory
     include_reasoning: bool  # the raw reasoning
     reasoning_content: bool = True  # also send the reasoning as `reasoning_content`
     summaries: bool = False  # the reasoning summaries
+    include_usage: bool = False  # a usage chunk after the finish reason
     finished: Finished | None = None
-    warnings: list[DecodeWarning] = field(default_factory=list)
     _has_reasoning: bool = False
     _needs_separator: bool = False
     _tool_calls: int = 0
     _summary_index: dict[int, int] = field(default_factory=dict)  # segment -> details index
     _summary_text_of: int | None = None  # the segment whose summary text was sent last
 
-    def deltas(self, event: GenerationEvent) -> list[Delta]:
-        if isinstance(event, SegmentDelta):
-            return self._delta(event)
+    @property
+    def waits_for_summaries(self) -> bool:
+        return False  # summaries are `reasoning_details` entries by index: no item order to keep
+
+    @property
+    def done(self) -> bool:
+        return self.finished is not None
+
+    def start(self) -> list[ChatEvent]:
+        return [self.factory.chunk(Delta(role="assistant", content=""))]
+
+    def keepalive(self) -> list[ChatEvent]:
+        return []  # Chat Completions has no keepalive event
+
+    def feed(self, event: GenerationEvent) -> list[ChatEvent]:
+        if self.finished is not None:
+            return []
+        if isinstance(event, Finished):
+            return self._finish(event)
+        return [self.factory.chunk(delta) for delta in self._deltas(event)]
+
+    def _deltas(self, event: GenerationEvent) -> list[Delta]:
         if isinstance(event, SegmentStart):
-            return self._start(event)
+            return _LIFECYCLES[event.kind].start(self, event)
+        if isinstance(event, SegmentDelta):
+            return _LIFECYCLES[event.kind].delta(self, event.text)
         if isinstance(event, SummaryStart):
             first = 1 if self.include_reasoning else 0
             self._summary_index[event.segment] = first + len(self._summary_index)
         elif isinstance(event, SummaryDelta):
             return self._summary(event)
-        elif isinstance(event, DecodeWarning):
-            self.warnings.append(event)
-        elif isinstance(event, Finished):
-            self.finished = event
+        return []  # segment ends, summary ends, decode warnings: nothing to send
+
+    # -------------------------------------------------------------------------- segments
+
+    def _reasoning_start(self, _: SegmentStart) -> list[Delta]:
+        self._needs_separator = self._has_reasoning
         return []
 
-    def _start(self, event: SegmentStart) -> list[Delta]:
-        if event.kind is SegmentKind.REASONING:
-            self._needs_separator = self._has_reasoning
-        elif event.kind is SegmentKind.TOOL_CALL:
-            call = ToolCallDelta(
-                index=self._tool_calls,
-                id=event.call_id or "",
-                type="function",
-                function={"name": _function_name(event), "arguments": ""},
-            )
-            self._tool_calls += 1
-            return [Delta(tool_calls=[call])]
+    def _reasoning(self, text: str) -> list[Delta]:
+        if not self.include_reasoning:
+            return []
+        text = "\n" + text if self._needs_separator else text
+        self._has_reasoning, self._needs_separator = True, False
+        delta = Delta(reasoning=text)
+        if self.reasoning_content:
+            delta["reasoning_content"] = text
+        return [delta]
+
+    def _call_start(self, start: SegmentStart) -> list[Delta]:
+        call = ToolCallDelta(
+            index=self._tool_calls,
+            id=start.call_id or "",
+            type="function",
+            function={"name": _function_name(start), "arguments": ""},
+        )
+        self._tool_calls += 1
+        return [Delta(tool_calls=[call])]
+
+    def _arguments(self, text: str) -> list[Delta]:
+        fragment = ToolCallDelta(index=self._tool_calls - 1, function={"arguments": text})
+        return [Delta(tool_calls=[fragment])]
+
+    def _text_start(self, _: SegmentStart) -> list[Delta]:
         return []
 
-    def _delta(self, event: SegmentDelta) -> list[Delta]:
-        if event.kind is SegmentKind.REASONING:
-            if not self.include_reasoning:
-                return []
-            text = "\n" + event.text if self._needs_separator else event.text
-            self._has_reasoning, self._needs_separator = True, False
-            delta = Delta(reasoning=text)
-            if self.reasoning_content:
-                delta["reasoning_content"] = text
-            return [delta]
-        if event.kind is SegmentKind.TOOL_CALL:
-            fragment = ToolCallDelta(index=self._tool_calls - 1, function={"arguments": event.text})
-            return [Delta(tool_calls=[fragment])]
-        return [Delta(content=event.text)]
+    def _content(self, text: str) -> list[Delta]:
+        return [Delta(content=text)]
+
+    # -------------------------------------------------------------------------- summaries
 
     def _summary(self, event: SummaryDelta) -> list[Delta]:
         if not self.summaries or not event.text:
@@ -127,10 +185,40 @@ class ChatEmitter:
                 delta["reasoning_content"] = text
         return [delta]
 
+    # -------------------------------------------------------------------------- the end
+
+    def _finish(self, finished: Finished) -> list[ChatEvent]:
+        self.finished = finished
+        if finished.reason is FinishReason.CANCELLED:
+            return []  # the client went away: nobody reads an ending
+        if finished.reason is FinishReason.ERROR:
+            return [ChatFailed(f"generation failed: {finished.error}"), "[DONE]"]
+        out: list[ChatEvent] = [self.factory.chunk(Delta(), self.finish_reason)]
+        if self.include_usage:
+            out.append(self.factory.usage_chunk(finished))
+        out.append("[DONE]")
+        return out
+
     @property
     def finish_reason(self) -> str:
         reason = self.finished.reason if self.finished else FinishReason.ERROR
         return FINISH_REASONS[reason]
+
+
+@dataclass(frozen=True)
+class _Lifecycle:
+    """What a segment of one kind sends: on its start, and with each text delta."""
+
+    start: Callable[[ChatEmitter, SegmentStart], list[Delta]]
+    delta: Callable[[ChatEmitter, str], list[Delta]]
+
+
+_LIFECYCLES = {
+    SegmentKind.REASONING: _Lifecycle(ChatEmitter._reasoning_start, ChatEmitter._reasoning),
+    SegmentKind.PREAMBLE: _Lifecycle(ChatEmitter._text_start, ChatEmitter._content),
+    SegmentKind.FINAL: _Lifecycle(ChatEmitter._text_start, ChatEmitter._content),
+    SegmentKind.TOOL_CALL: _Lifecycle(ChatEmitter._call_start, ChatEmitter._arguments),
+}
 
 
 def usage_out(usage: Usage, summaries: SummaryReport | None = None) -> UsageOut:
@@ -193,8 +281,18 @@ class ChunkFactory:
         return chunk
 
 
-def fold(deltas: list[Delta], emitter: ChatEmitter, factory: ChunkFactory) -> ChatCompletion:
-    """The non-streaming body: the same deltas, merged."""
+def fold(events: Sequence[ChatEvent], emitter: ChatEmitter) -> ChatCompletion:
+    """The non-streaming body: the deltas of the very same chunks, merged.
+
+    A failed generation raises ServerError with the message its stream would end with.
+    """
+    deltas: list[Delta] = []
+    for event in events:
+        if isinstance(event, ChatFailed):
+            raise ServerError(event.message)
+        if not isinstance(event, str):
+            deltas += [choice["delta"] for choice in event.get("choices", [])]
+    factory = emitter.factory
     content = "".join(d.get("content", "") for d in deltas)
     reasoning = "".join(d.get("reasoning", "") for d in deltas)
     message = MessageOut(role="assistant", content=content or None)

@@ -12,22 +12,24 @@ one another strictly:
 - a tool call -> `tool_use` with a `toolu_` id; its input is sent as one `input_json_delta` when
   the call is complete (a JSON object always: arguments that are not one are sent as `{}`).
 
-The stream starts with `message_start` (and a `ping`) and ends with `message_delta` (stop reason,
-usage) and `message_stop`, or with an `error` event when generation failed. The non-streaming
-body is `fold()` of the very same events.
+What each kind of block sends when it starts, with each text delta and just before it stops is
+a table (`_LIFECYCLES`). The stream starts with `message_start` (and a `ping`) and ends with
+`message_delta` (stop reason, usage) and `message_stop`, or with an `error` event when generation
+failed. The non-streaming body is `fold()` of the very same events.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 from server.api.messages.adapter import tool_use_id
 from server.api.messages.errors import error_event
 from server.api.messages.schemas import (
+    BlockDelta,
     ContentBlock,
     ContentBlockDelta,
     ContentBlockStart,
@@ -74,6 +76,12 @@ log = logging.getLogger(__name__)
 
 RAW = ReasoningView(raw=True, summary=None)
 BlockKind = Literal["thinking", "text", "tool_use"]
+BLOCK_KINDS: dict[SegmentKind, BlockKind] = {
+    SegmentKind.REASONING: "thinking",
+    SegmentKind.PREAMBLE: "text",
+    SegmentKind.FINAL: "text",
+    SegmentKind.TOOL_CALL: "tool_use",
+}
 
 
 @dataclass
@@ -112,7 +120,7 @@ class MessagesEmitter:
         self.done = False  # message_stop or error sent
 
     @property
-    def summaries(self) -> bool:
+    def waits_for_summaries(self) -> bool:
         """Whether thinking blocks show summaries, which come after their reasoning ended."""
         return self._view.summary is not None
 
@@ -122,8 +130,8 @@ class MessagesEmitter:
         message = MessageOut(id=self.message_id, model=self._model, usage=usage)
         return [MessageStart(message=message), Ping()]
 
-    def ping(self) -> list[StreamEvent]:
-        """A keepalive for idle stretches (a long prompt being evaluated)."""
+    def keepalive(self) -> list[StreamEvent]:
+        """A `ping` for idle stretches (a long prompt being evaluated)."""
         return [] if self.done else [Ping()]
 
     def feed(self, event: GenerationEvent) -> list[StreamEvent]:
@@ -138,7 +146,7 @@ class MessagesEmitter:
         if isinstance(event, Finished):
             return [*self._close(), *self._finish(event)]
         if isinstance(event, (SummaryStart, SummaryDelta, SummaryEnd)):
-            return self._summary(event) if self.summaries else []
+            return self._summary(event) if self.waits_for_summaries else []
         return self._segment(event)
 
     def _segment(self, event: SegmentStart | SegmentDelta | SegmentEnd) -> list[StreamEvent]:
@@ -156,18 +164,8 @@ class MessagesEmitter:
     # -------------------------------------------------------------------------- blocks
 
     def _open_block(self, start: SegmentStart) -> list[StreamEvent]:
-        content: ContentBlock
-        if start.kind is SegmentKind.REASONING:
-            kind: BlockKind = "thinking"
-            content = ThinkingBlock()
-        elif start.kind is SegmentKind.TOOL_CALL:
-            kind = "tool_use"
-            name = start.target.qualified_name if start.target is not None else ""
-            content = ToolUseBlock(id=tool_use_id(start.call_id or ""), name=name)
-        else:
-            kind = "text"
-            content = TextBlock()
-        return [self._new_block(kind, start.index, content)]
+        kind = BLOCK_KINDS[start.kind]
+        return [self._new_block(kind, start.index, _LIFECYCLES[kind].block(start))]
 
     def _new_block(self, kind: BlockKind, segment: int, content: ContentBlock) -> StreamEvent:
         self._open = _Block(self._blocks, kind, segment)
@@ -178,30 +176,36 @@ class MessagesEmitter:
         if not text:
             return []
         block.parts.append(text)
-        if block.kind == "tool_use" or (block.kind == "thinking" and not self._thinking_text):
-            return []  # the input is sent whole when the call is complete
-        delta = ThinkingDelta(thinking=text) if block.kind == "thinking" else TextDelta(text=text)
-        return [ContentBlockDelta(index=block.index, delta=delta)]
+        delta = _LIFECYCLES[block.kind].delta
+        if delta is None or (block.kind == "thinking" and not self._thinking_text):
+            return []  # sent whole when the block stops (a tool's input), or not at all
+        return [ContentBlockDelta(index=block.index, delta=delta(text))]
 
     def _close(self, end: SegmentEnd | None = None) -> list[StreamEvent]:
-        """Close the open block; a thinking block gets its signature, a tool_use its input."""
+        """Close the open block, after its last delta (a signature, a tool's input)."""
         block, self._open = self._open, None
         if block is None:
             return []
-        text = "".join(block.parts)
         events: list[StreamEvent] = []
-        if block.kind == "thinking":
-            shown = text if self._thinking_text else ""
-            tokens = None
-            if self._view.raw and end is not None and end.complete:
-                tokens = prompt_tokens(end.tokens, self._message_start)
-            signature = SignatureDelta(signature=self._signer.sign(shown, tokens))
-            events.append(ContentBlockDelta(index=block.index, delta=signature))
-        elif block.kind == "tool_use":
-            arguments = InputJsonDelta(partial_json=self._tool_input(text))
-            events.append(ContentBlockDelta(index=block.index, delta=arguments))
+        last = _LIFECYCLES[block.kind].last
+        if last is not None:
+            delta = last(self, "".join(block.parts), end)
+            events.append(ContentBlockDelta(index=block.index, delta=delta))
         events.append(ContentBlockStop(index=block.index))
         return events
+
+    def _signature(self, text: str, end: SegmentEnd | None) -> BlockDelta:
+        """A thinking block's signature: over what it shows, and the exact tokens of complete
+        raw reasoning (signature.py)."""
+        shown = text if self._thinking_text else ""
+        tokens = None
+        if self._view.raw and end is not None and end.complete:
+            tokens = prompt_tokens(end.tokens, self._message_start)
+        return SignatureDelta(signature=self._signer.sign(shown, tokens))
+
+    def _input(self, text: str, _: SegmentEnd | None) -> BlockDelta:
+        """A tool_use block's input, whole."""
+        return InputJsonDelta(partial_json=self._tool_input(text))
 
     def _tool_input(self, arguments: str) -> str:
         try:
@@ -246,6 +250,37 @@ class MessagesEmitter:
             stop_reason = "max_tokens"
         delta = MessageDeltaBody(stop_reason=stop_reason, stop_sequence=finished.stop_sequence)
         return [MessageDelta(delta=delta, usage=usage_out(finished.usage)), MessageStop()]
+
+
+@dataclass(frozen=True)
+class _Lifecycle:
+    """How a content block of one kind streams, between `content_block_start` and `_stop`.
+
+    - `block(start)`: the block `content_block_start` opens;
+    - `delta(text)`: the delta of one text delta; None where the text is not streamed;
+    - `last(emitter, text, end)`: the delta sent just before the stop, given the block's text.
+    """
+
+    block: Callable[[SegmentStart], ContentBlock]
+    delta: Callable[[str], BlockDelta] | None = None
+    last: Callable[[MessagesEmitter, str, SegmentEnd | None], BlockDelta] | None = None
+
+
+def _tool_use_block(start: SegmentStart) -> ContentBlock:
+    name = start.target.qualified_name if start.target is not None else ""
+    return ToolUseBlock(id=tool_use_id(start.call_id or ""), name=name)
+
+
+_LIFECYCLES: dict[BlockKind, _Lifecycle] = {
+    "thinking": _Lifecycle(
+        lambda _: ThinkingBlock(),
+        delta=lambda text: ThinkingDelta(thinking=text),
+        last=MessagesEmitter._signature,
+    ),
+    "text": _Lifecycle(lambda _: TextBlock(), delta=lambda text: TextDelta(text=text)),
+    # the input is sent whole when the call is complete (a JSON object always)
+    "tool_use": _Lifecycle(_tool_use_block, last=MessagesEmitter._input),
+}
 
 
 def usage_out(usage: Usage) -> UsageOut:

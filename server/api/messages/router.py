@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import datetime
 import logging
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from server.api.common import new_id
-from server.api.disconnect import ClientGone, consume_while_connected
 from server.api.messages.adapter import (
     WIRE_NAMES,
     generation_options,
@@ -35,9 +35,10 @@ from server.api.messages.schemas import (
     TokenCount,
 )
 from server.api.messages.signature import ThinkingSigner
-from server.api.messages.streaming import MessageRun
-from server.api.sse import sse_event, sse_response
+from server.api.sse import sse_typed
+from server.api.stream_run import StreamRun
 from server.contracts.errors import ServerError
+from server.contracts.events import SegmentEnd
 from server.contracts.transcript import Transcript
 from server.core.generation import Generator
 from server.ops.config import Settings
@@ -78,18 +79,15 @@ async def create_message(body: MessagesRequest, request: Request) -> Response:
         view=shown,
         thinking_text=thinking_text_shown(body),
     )
-    run = MessageRun(prepared, emitter)
+    run: StreamRun[StreamEvent] = StreamRun(
+        prepared,
+        emitter,
+        name=f"message {emitter.message_id}",
+        finish=partial(_log_usage, emitter.message_id),
+    )
     if body.stream:
-        stream = _sse(_logged(emitter.message_id, run.events(state.ping_s)))
-        return sse_response(stream)
-    events: list[StreamEvent] = []
-    try:
-        await consume_while_connected(request, run.events(), events.append)
-    except ClientGone:
-        return Response(status_code=499)  # nobody is listening; the generation was cancelled
-    message = fold(events)  # an error event raises: a 500 in Anthropic's envelope
-    _log_usage(message.id, message.usage.model_dump())
-    return JSONResponse(message.model_dump(mode="json"))
+        return run.stream(sse_typed, state.ping_s)
+    return await run.respond(request, _body)
 
 
 @router.post("/v1/messages/count_tokens", response_model=None)
@@ -111,25 +109,21 @@ def _transcript(body: CountTokensRequest, settings: Settings, state: MessagesSta
     return to_transcript(body, settings.reasoning_effort, today, state.signer)
 
 
-async def _logged(
-    message_id: str, events: AsyncIterator[StreamEvent]
-) -> AsyncIterator[StreamEvent]:
-    async for event in events:
-        if isinstance(event, MessageDelta):
-            _log_usage(message_id, event.usage.model_dump())
-        yield event
+def _body(events: list[StreamEvent]) -> dict[str, Any]:
+    """The non-streaming body; an error event raises: a 500 in Anthropic's envelope."""
+    return fold(events).model_dump(mode="json")
 
 
-def _log_usage(message_id: str, usage: dict[str, object]) -> None:
-    log.info(
-        "message %s: %s input tokens evaluated, %s read from the cache, %s output tokens",
-        message_id,
-        usage["input_tokens"],
-        usage["cache_read_input_tokens"],
-        usage["output_tokens"],
-    )
-
-
-async def _sse(events: AsyncIterator[StreamEvent]) -> AsyncIterator[bytes]:
-    async for event in events:
-        yield sse_event(event.type, event.model_dump(mode="json"))
+async def _log_usage(message_id: str, last: list[StreamEvent], _: list[SegmentEnd]) -> None:
+    """Log what the message cost (its `message_delta`; a failed one has none)."""
+    for event in last:
+        if not isinstance(event, MessageDelta):
+            continue
+        usage = event.usage
+        log.info(
+            "message %s: %s input tokens evaluated, %s read from the cache, %s output tokens",
+            message_id,
+            usage.input_tokens,
+            usage.cache_read_input_tokens,
+            usage.output_tokens,
+        )

@@ -3,7 +3,8 @@
 One emitter per response owns the sequence numbers, output indexes, content indexes and item
 ids. Each harmony message becomes one output item: the code that opens it emits
 `output_item.added` (and `content_part.added`), the code that closes it emits the `.done` event,
-`content_part.done` and `output_item.done`; items follow one another strictly. A reasoning item
+`content_part.done` and `output_item.done`; items follow one another strictly. What each kind
+of item sends at each step is its row in the lifecycle table (items.LIFECYCLES). A reasoning item
 shows what the visibility view allows: its raw text as a `reasoning_text` content part, its
 summary as a `summary_text` part (`reasoning_summary_part.added ... .done`) after the content,
 before `output_item.done`; it is not emitted at all when nothing may be shown. The stream ends
@@ -17,13 +18,10 @@ import logging
 from collections.abc import Callable, Sequence
 
 from server.api.common import new_id, now
-from server.api.responses.adapter import custom_input
 from server.api.responses.items import (
-    ID_PREFIXES,
+    LIFECYCLES,
     ItemKind,
     OpenItem,
-    empty_part,
-    output_item,
     summary_done,
     summary_part_added,
     summary_text_delta,
@@ -31,22 +29,11 @@ from server.api.responses.items import (
 )
 from server.api.responses.schemas import (
     ContentPartAdded,
-    ContentPartDone,
-    CustomToolCallInputDelta,
-    CustomToolCallInputDone,
-    FunctionCallArgumentsDelta,
-    FunctionCallArgumentsDone,
     IncompleteDetails,
     ItemStatus,
     OutputItem,
     OutputItemAdded,
     OutputItemDone,
-    OutputTextDelta,
-    OutputTextDone,
-    OutputTextPart,
-    ReasoningTextDelta,
-    ReasoningTextDone,
-    ReasoningTextPart,
     ResponseCompleted,
     ResponseCreated,
     ResponseError,
@@ -78,6 +65,11 @@ from server.core.summaries import ReasoningView
 log = logging.getLogger(__name__)
 
 RAW = ReasoningView(raw=True, summary=None)
+SEGMENT_ITEMS: dict[SegmentKind, ItemKind] = {  # tool calls: by the tool's kind (_kind_of)
+    SegmentKind.REASONING: "reasoning",
+    SegmentKind.PREAMBLE: "message",
+    SegmentKind.FINAL: "message",
+}
 
 
 class ResponsesEmitter:
@@ -103,9 +95,13 @@ class ResponsesEmitter:
         return self._base.id
 
     @property
-    def summaries(self) -> bool:
+    def waits_for_summaries(self) -> bool:
         """Whether each reasoning item waits for a summary before it closes."""
         return self._view.summary is not None
+
+    @property
+    def done(self) -> bool:
+        return self.terminal is not None
 
     def start(self) -> list[StreamEvent]:
         """`response.created` and `response.in_progress`: the first two events."""
@@ -145,9 +141,10 @@ class ResponsesEmitter:
 
     def _open_item(self, start: SegmentStart) -> list[StreamEvent]:
         kind, target = self._kind_of(start)
+        lifecycle = LIFECYCLES[kind]
         item = OpenItem(
             kind=kind,
-            id=self._new_item_id(ID_PREFIXES[kind]),
+            id=self._new_item_id(lifecycle.prefix),
             output_index=len(self._output),
             segment=start.index,
             phase="commentary" if start.kind is SegmentKind.PREAMBLE else "final_answer",
@@ -159,10 +156,10 @@ class ResponsesEmitter:
             OutputItemAdded(
                 sequence_number=self._next(),
                 output_index=item.output_index,
-                item=output_item(item, "in_progress", "", raw=self._view.raw),
+                item=self._shape(item, "in_progress", ""),
             )
         ]
-        part = empty_part(kind, self._view.raw)
+        part = lifecycle.part(self._view.raw)
         if part is not None:
             added.append(
                 ContentPartAdded(
@@ -176,10 +173,8 @@ class ResponsesEmitter:
         return added
 
     def _kind_of(self, start: SegmentStart) -> tuple[ItemKind, ToolTarget | None]:
-        if start.kind is SegmentKind.REASONING:
-            return "reasoning", None
         if start.kind is not SegmentKind.TOOL_CALL:
-            return "message", None
+            return SEGMENT_ITEMS[start.kind], None
         target = start.target or ToolTarget("")
         return ("custom_tool_call" if target.kind == "custom" else "function_call"), target
 
@@ -189,40 +184,15 @@ class ResponsesEmitter:
         item = self._open
         if item is None or item.segment != event.index or not event.text:
             return []
-        if item.kind == "reasoning" and not self._view.raw:
+        if not self._shows_text(item):
             return []  # the raw chain of thought is not shown
         item.parts.append(event.text)
-        if item.kind == "custom_tool_call":
-            return []  # the raw input is known once the whole call is written (see _close_open)
-        sequence, delta = self._next(), event.text
-        if item.kind == "reasoning":
-            return [
-                ReasoningTextDelta(
-                    sequence_number=sequence,
-                    item_id=item.id,
-                    output_index=item.output_index,
-                    content_index=0,
-                    delta=delta,
-                )
-            ]
-        if item.kind == "message":
-            return [
-                OutputTextDelta(
-                    sequence_number=sequence,
-                    item_id=item.id,
-                    output_index=item.output_index,
-                    content_index=0,
-                    delta=delta,
-                )
-            ]
-        return [
-            FunctionCallArgumentsDelta(
-                sequence_number=sequence,
-                item_id=item.id,
-                output_index=item.output_index,
-                delta=delta,
-            )
-        ]
+        delta = LIFECYCLES[item.kind].delta
+        return [] if delta is None else [delta(item, self._next(), event.text)]
+
+    def _shows_text(self, item: OpenItem) -> bool:
+        """Whether the item's text is streamed: all but reasoning whose raw text is hidden."""
+        return item.kind != "reasoning" or self._view.raw
 
     # -------------------------------------------------------------------------- summaries
 
@@ -251,7 +221,7 @@ class ResponsesEmitter:
         item = self._open
         if item is None or end.index != item.segment:
             return []
-        if item.kind != "reasoning" or not self.summaries:
+        if item.kind != "reasoning" or not self.waits_for_summaries:
             return self._close_open(end)
         item.ended = end
         return self._done_events(item, item.text)
@@ -263,12 +233,10 @@ class ResponsesEmitter:
         self._open = None
         end = end or item.ended
         status: ItemStatus = "completed" if end is not None and end.complete else "incomplete"
-        text = item.text
-        if item.kind == "custom_tool_call":
-            text = custom_input(text)
+        text = LIFECYCLES[item.kind].final(item.text)
         events = self._done_events(item, text) if item.ended is None else []
         events += summary_done(item, self._next) if item.summary is not None else []
-        done = output_item(item, status, text, raw=self._view.raw)
+        done = self._shape(item, status, text)
         self._output.append(done)
         events.append(
             OutputItemDone(sequence_number=self._next(), output_index=item.output_index, item=done)
@@ -276,65 +244,12 @@ class ResponsesEmitter:
         return events
 
     def _done_events(self, item: OpenItem, text: str) -> list[StreamEvent]:
-        item_id, index = item.id, item.output_index
-        if item.kind == "function_call":
-            name = item.target.name if item.target else ""
-            return [
-                FunctionCallArgumentsDone(
-                    sequence_number=self._next(),
-                    item_id=item_id,
-                    output_index=index,
-                    name=name,
-                    arguments=text,
-                )
-            ]
-        if item.kind == "custom_tool_call":
-            events: list[StreamEvent] = []
-            if text:
-                events.append(
-                    CustomToolCallInputDelta(
-                        sequence_number=self._next(),
-                        item_id=item_id,
-                        output_index=index,
-                        delta=text,
-                    )
-                )
-            events.append(
-                CustomToolCallInputDone(
-                    sequence_number=self._next(), item_id=item_id, output_index=index, input=text
-                )
-            )
-            return events
-        part: ReasoningTextPart | OutputTextPart
-        text_done: StreamEvent
-        if item.kind == "reasoning" and not self._view.raw:
+        if not self._shows_text(item):
             return []  # no content part was opened
-        if item.kind == "reasoning":
-            part = ReasoningTextPart(text=text)
-            text_done = ReasoningTextDone(
-                sequence_number=self._next(),
-                item_id=item_id,
-                output_index=index,
-                content_index=0,
-                text=text,
-            )
-        else:
-            part = OutputTextPart(text=text)
-            text_done = OutputTextDone(
-                sequence_number=self._next(),
-                item_id=item_id,
-                output_index=index,
-                content_index=0,
-                text=text,
-            )
-        part_done = ContentPartDone(
-            sequence_number=self._next(),
-            item_id=item_id,
-            output_index=index,
-            content_index=0,
-            part=part,
-        )
-        return [text_done, part_done]
+        return LIFECYCLES[item.kind].done(item, self._next, text)
+
+    def _shape(self, item: OpenItem, status: ItemStatus, text: str) -> OutputItem:
+        return LIFECYCLES[item.kind].shape(item, status, text, self._view.raw)
 
     # -------------------------------------------------------------------------- the end
 

@@ -1,9 +1,10 @@
-"""The shapes the Responses emitter builds: output items as they open and close, the events of
+"""The shapes the Responses emitter builds: each item kind's lifecycle (a table), the events of
 a reasoning item's summary part, and usage.
 
-Pure: what an item looks like in `output_item.added` (empty, in progress) and `.done` (final),
-given what was streamed into it and whether the raw reasoning may be shown. Sequence numbers
-come from the emitter, which owns them.
+Pure: what an item of each kind sends when it opens, with each text delta and when its text is
+done (`LIFECYCLES`), and what it looks like in `output_item.added` (empty, in progress) and
+`.done` (final), given what was streamed into it and whether the raw reasoning may be shown.
+Sequence numbers come from the emitter, which owns them.
 """
 
 from __future__ import annotations
@@ -12,13 +13,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from server.api.responses.adapter import custom_input
 from server.api.responses.schemas import (
+    ContentPartDone,
+    CustomToolCallInputDelta,
+    CustomToolCallInputDone,
     CustomToolCallItem,
+    FunctionCallArgumentsDelta,
+    FunctionCallArgumentsDone,
     FunctionCallItem,
     InputTokensDetails,
     ItemStatus,
     MessageItem,
     OutputItem,
+    OutputTextDelta,
+    OutputTextDone,
     OutputTextPart,
     OutputTokensDetails,
     ReasoningItem,
@@ -26,6 +35,8 @@ from server.api.responses.schemas import (
     ReasoningSummaryPartDone,
     ReasoningSummaryTextDelta,
     ReasoningSummaryTextDone,
+    ReasoningTextDelta,
+    ReasoningTextDone,
     ReasoningTextPart,
     ResponseUsage,
     StreamEvent,
@@ -35,12 +46,7 @@ from server.api.responses.schemas import (
 from server.contracts.events import SegmentEnd, SummaryReport, ToolTarget, Usage
 
 ItemKind = Literal["reasoning", "message", "function_call", "custom_tool_call"]
-ID_PREFIXES: dict[ItemKind, str] = {
-    "reasoning": "rs_",
-    "message": "msg_",
-    "function_call": "fc_",
-    "custom_tool_call": "ctc_",
-}
+NextSequence = Callable[[], int]  # the emitter's next sequence number
 
 
 @dataclass
@@ -64,48 +70,202 @@ class OpenItem:
         return "".join(self.parts)
 
 
-def output_item(item: OpenItem, status: ItemStatus, text: str, *, raw: bool) -> OutputItem:
-    """The item as `output_item.added` (empty, in progress) or `.done` (final) shows it.
+TextPart = ReasoningTextPart | OutputTextPart
 
-    `raw`: whether a reasoning item may carry its raw text as content.
+
+def _as_written(text: str) -> str:
+    return text
+
+
+@dataclass(frozen=True)
+class Lifecycle:
+    """How an output item of one kind streams, between `output_item.added` and `.done`.
+
+    - `prefix`: of its id;
+    - `part(raw)`: the content part it opens, if any (`raw`: the raw reasoning may be shown);
+    - `delta(item, sequence, text)`: the event of one text delta; None where the text is sent
+      whole when the item closes;
+    - `done(item, next_sequence, text)`: the events that close its text;
+    - `shape(item, status, text, raw)`: the item as `.added` (in progress, empty) and `.done`
+      (final) show it;
+    - `final(written)`: its final text, from what the model wrote.
     """
+
+    prefix: str
+    part: Callable[[bool], TextPart | None]
+    delta: Callable[[OpenItem, int, str], StreamEvent] | None
+    done: Callable[[OpenItem, NextSequence, str], list[StreamEvent]]
+    shape: Callable[[OpenItem, ItemStatus, str, bool], OutputItem]
+    final: Callable[[str], str] = _as_written
+
+
+# -------------------------------------------------------------------------- reasoning
+
+
+def _reasoning_part(raw: bool) -> TextPart | None:
+    return ReasoningTextPart() if raw else None
+
+
+def _reasoning_delta(item: OpenItem, sequence: int, text: str) -> StreamEvent:
+    return ReasoningTextDelta(
+        sequence_number=sequence,
+        item_id=item.id,
+        output_index=item.output_index,
+        content_index=0,
+        delta=text,
+    )
+
+
+def _reasoning_done(item: OpenItem, next_sequence: NextSequence, text: str) -> list[StreamEvent]:
+    done = ReasoningTextDone(
+        sequence_number=next_sequence(),
+        item_id=item.id,
+        output_index=item.output_index,
+        content_index=0,
+        text=text,
+    )
+    return [done, _part_done(item, next_sequence(), ReasoningTextPart(text=text))]
+
+
+def _reasoning_item(item: OpenItem, status: ItemStatus, text: str, raw: bool) -> OutputItem:
     final = status != "in_progress"
-    if item.kind == "reasoning":
-        content = [ReasoningTextPart(text=text)] if final and raw else []
-        opened = final and item.summary is not None
-        summary = [SummaryTextPart(text="".join(item.summary or []))] if opened else []
-        return ReasoningItem(id=item.id, content=content, summary=summary, status=status)
-    if item.kind == "message":
-        parts = [OutputTextPart(text=text)] if final else []
-        return MessageItem(id=item.id, status=status, content=parts, phase=item.phase)
+    content = [ReasoningTextPart(text=text)] if final and raw else []
+    opened = final and item.summary is not None
+    summary = [SummaryTextPart(text="".join(item.summary or []))] if opened else []
+    return ReasoningItem(id=item.id, content=content, summary=summary, status=status)
+
+
+# -------------------------------------------------------------------------- messages
+
+
+def _message_part(_: bool) -> TextPart | None:
+    return OutputTextPart()
+
+
+def _message_delta(item: OpenItem, sequence: int, text: str) -> StreamEvent:
+    return OutputTextDelta(
+        sequence_number=sequence,
+        item_id=item.id,
+        output_index=item.output_index,
+        content_index=0,
+        delta=text,
+    )
+
+
+def _message_done(item: OpenItem, next_sequence: NextSequence, text: str) -> list[StreamEvent]:
+    done = OutputTextDone(
+        sequence_number=next_sequence(),
+        item_id=item.id,
+        output_index=item.output_index,
+        content_index=0,
+        text=text,
+    )
+    return [done, _part_done(item, next_sequence(), OutputTextPart(text=text))]
+
+
+def _message_item(item: OpenItem, status: ItemStatus, text: str, _: bool) -> OutputItem:
+    parts = [OutputTextPart(text=text)] if status != "in_progress" else []
+    return MessageItem(id=item.id, status=status, content=parts, phase=item.phase)
+
+
+def _part_done(item: OpenItem, sequence: int, part: TextPart) -> StreamEvent:
+    return ContentPartDone(
+        sequence_number=sequence,
+        item_id=item.id,
+        output_index=item.output_index,
+        content_index=0,
+        part=part,
+    )
+
+
+# -------------------------------------------------------------------------- tool calls
+
+
+def _no_part(_: bool) -> TextPart | None:
+    return None
+
+
+def _arguments_delta(item: OpenItem, sequence: int, text: str) -> StreamEvent:
+    return FunctionCallArgumentsDelta(
+        sequence_number=sequence, item_id=item.id, output_index=item.output_index, delta=text
+    )
+
+
+def _arguments_done(item: OpenItem, next_sequence: NextSequence, text: str) -> list[StreamEvent]:
+    done = FunctionCallArgumentsDone(
+        sequence_number=next_sequence(),
+        item_id=item.id,
+        output_index=item.output_index,
+        name=item.target.name if item.target else "",
+        arguments=text,
+    )
+    return [done]
+
+
+def _function_call_item(item: OpenItem, status: ItemStatus, text: str, _: bool) -> OutputItem:
     target = item.target or ToolTarget("")
-    namespace = None if target.in_default_namespace else target.namespace  # not sent
-    if item.kind == "custom_tool_call":
-        return CustomToolCallItem(
-            id=item.id,
-            call_id=item.call_id,
-            name=target.name,
-            namespace=namespace,
-            input=text,
-            status=status,
-        )
     return FunctionCallItem(
         id=item.id,
         call_id=item.call_id,
         name=target.name,
-        namespace=namespace,
+        namespace=_namespace(target),
         arguments=text,
         status=status,
     )
 
 
-def empty_part(kind: ItemKind, raw_reasoning: bool) -> ReasoningTextPart | OutputTextPart | None:
-    """The content part an item opens with, if it has one."""
-    if kind == "reasoning":
-        return ReasoningTextPart() if raw_reasoning else None
-    if kind == "message":
-        return OutputTextPart()
-    return None
+def _custom_input_done(item: OpenItem, next_sequence: NextSequence, text: str) -> list[StreamEvent]:
+    """The raw input, as one delta (when there is any) and `.done`."""
+    events: list[StreamEvent] = []
+    if text:
+        events.append(
+            CustomToolCallInputDelta(
+                sequence_number=next_sequence(),
+                item_id=item.id,
+                output_index=item.output_index,
+                delta=text,
+            )
+        )
+    events.append(
+        CustomToolCallInputDone(
+            sequence_number=next_sequence(),
+            item_id=item.id,
+            output_index=item.output_index,
+            input=text,
+        )
+    )
+    return events
+
+
+def _custom_tool_call_item(item: OpenItem, status: ItemStatus, text: str, _: bool) -> OutputItem:
+    target = item.target or ToolTarget("")
+    return CustomToolCallItem(
+        id=item.id,
+        call_id=item.call_id,
+        name=target.name,
+        namespace=_namespace(target),
+        input=text,
+        status=status,
+    )
+
+
+def _namespace(target: ToolTarget) -> str | None:
+    return None if target.in_default_namespace else target.namespace  # not sent
+
+
+LIFECYCLES: dict[ItemKind, Lifecycle] = {
+    "reasoning": Lifecycle(
+        "rs_", _reasoning_part, _reasoning_delta, _reasoning_done, _reasoning_item
+    ),
+    "message": Lifecycle("msg_", _message_part, _message_delta, _message_done, _message_item),
+    "function_call": Lifecycle(
+        "fc_", _no_part, _arguments_delta, _arguments_done, _function_call_item
+    ),
+    # the raw input is known once the whole call is written: it is sent when the item closes
+    "custom_tool_call": Lifecycle(
+        "ctc_", _no_part, None, _custom_input_done, _custom_tool_call_item, final=custom_input
+    ),
+}
 
 
 def summary_part_added(item: OpenItem, sequence: int) -> ReasoningSummaryPartAdded:

@@ -10,14 +10,13 @@ from __future__ import annotations
 import datetime
 import logging
 from collections import OrderedDict
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from server.api.common import new_id, now
-from server.api.disconnect import ClientGone, consume_while_connected
 from server.api.responses.adapter import (
     WIRE_NAMES,
     generation_options,
@@ -34,8 +33,8 @@ from server.api.responses.schemas import (
     StreamEvent,
 )
 from server.api.responses.store import ResponseStore, StoredResponse
-from server.api.responses.streaming import ResponseRun
-from server.api.sse import sse_event, sse_response
+from server.api.sse import sse_typed
+from server.api.stream_run import StreamRun
 from server.contracts.errors import NotFound, ServerError
 from server.contracts.events import SegmentEnd
 from server.contracts.transcript import Item, Transcript
@@ -103,20 +102,12 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     base = _base_response(body, transcript, options, generator, request.app.state.model_name)
     emitter = ResponsesEmitter(base, view=shown)
     finisher = _Finisher(state, generator, conversation, date, store=base.store)
-    run = ResponseRun(prepared, emitter, finisher)
+    run: StreamRun[StreamEvent] = StreamRun(
+        prepared, emitter, name=f"response {base.id}", finish=finisher
+    )
     if body.stream:
-        stream = _sse(run.events(state.keepalive_s))
-        return sse_response(stream)
-    events: list[StreamEvent] = []
-    try:
-        await consume_while_connected(request, run.events(), events.append)
-    except ClientGone:
-        return Response(status_code=499)  # nobody is listening; the generation was cancelled
-    response = fold(events)
-    if response.status in ("failed", "cancelled"):
-        message = response.error.message if response.error else "generation failed"
-        raise ServerError(message)
-    return JSONResponse(response.model_dump(mode="json"))
+        return run.stream(sse_typed, state.keepalive_s)
+    return await run.respond(request, _body)
 
 
 @router.get("/v1/responses/{response_id}", response_model=None)
@@ -134,6 +125,15 @@ async def delete_response(response_id: str, request: Request) -> Response:
     if not await state.store.delete(response_id):
         raise _not_found(response_id)
     return JSONResponse(DeletedResponse(id=response_id).model_dump(mode="json"))
+
+
+def _body(events: list[StreamEvent]) -> dict[str, Any]:
+    """The non-streaming body: the stream's final response; a failed one raises."""
+    response = fold(events)
+    if response.status in ("failed", "cancelled"):
+        message = response.error.message if response.error else "generation failed"
+        raise ServerError(message)
+    return response.model_dump(mode="json")
 
 
 async def _earlier(state: ResponsesState, response_id: str | None) -> StoredResponse | None:
@@ -195,7 +195,8 @@ class _Finisher:
     date: str
     store: bool
 
-    async def __call__(self, response: ResponseObject, ended: list[SegmentEnd]) -> None:
+    async def __call__(self, last: list[StreamEvent], ended: list[SegmentEnd]) -> None:
+        response = fold(last)  # the response the terminal event carries
         usage = response.usage
         if usage is not None:
             log.info(
@@ -227,8 +228,3 @@ class _Finisher:
             conversation_date=self.date,
         )
         await self.state.store.put(record)
-
-
-async def _sse(events: AsyncIterator[StreamEvent]) -> AsyncIterator[bytes]:
-    async for event in events:
-        yield sse_event(event.type, event.model_dump(mode="json"))

@@ -1,0 +1,255 @@
+"""Stream run: one response's generation events -> its API's emitter -> wire events, streamed or
+folded. The one stream tail every API shares; an API supplies only its emitter (`Emitter`).
+
+- `with_keepalive` bridges a long wait (the prompt being evaluated, the engine busy with another
+  request) with the emitter's keepalive events, without cancelling the generation.
+- `SequentialItems` keeps items one after the other: what the generation writes after a
+  reasoning segment waits until that segment's summary is done (emitters whose reasoning items
+  hold their summary).
+- The stream always ends with the emitter's terminal: an exception from the generation becomes a
+  failed `Finished` event, and a generation that ends without one gets one. A client that went
+  away closes the run, and nothing more is sent.
+- An optional finish callback runs once the emitter is done, before its last events leave
+  (Responses stores the response there).
+- A non-streaming answer is the fold of the very same events: consumed while the client is
+  connected (499 when it left), then folded by the API, which raises its error for a failed
+  generation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
+from typing import Any, Generic, Protocol, TypeVar
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from server.api.disconnect import ClientGone, consume_while_connected
+from server.api.sse import sse_response
+from server.contracts.events import (
+    Finished,
+    FinishReason,
+    GenerationEvent,
+    SegmentEnd,
+    SegmentKind,
+    SummaryDelta,
+    SummaryEnd,
+    SummaryStart,
+)
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+W = TypeVar("W")  # one wire event of an API's stream
+
+
+class EventSource(Protocol):
+    """A prepared generation (server.core.generation.Prepared)."""
+
+    def events(self) -> AsyncIterator[GenerationEvent]: ...
+
+
+class Emitter(Protocol[W]):
+    """One response's translator: generation events in, the API's wire events out.
+
+    It owns every index and id of its response, and decides how the stream ends: once `done`,
+    it has sent its terminal events (or, for a cancelled generation, chose to send nothing).
+    """
+
+    @property
+    def waits_for_summaries(self) -> bool:
+        """Whether a reasoning item stays open for its summary (the run keeps later events
+        back meanwhile: SequentialItems)."""
+        ...
+
+    @property
+    def done(self) -> bool: ...
+
+    def start(self) -> list[W]:
+        """The events that open the stream."""
+        ...
+
+    def keepalive(self) -> list[W]:
+        """Events for an idle stretch (none where the API has no such event, or not now)."""
+        ...
+
+    def feed(self, event: GenerationEvent) -> list[W]: ...
+
+
+Finish = Callable[[list[W], list[SegmentEnd]], Awaitable[None]]
+"""Runs once the emitter is done, with its last events (the terminal ones) and every segment
+that ended, before those events leave."""
+
+
+class StreamRun(Generic[W]):
+    """A prepared generation and the emitter of its response."""
+
+    def __init__(
+        self,
+        source: EventSource,
+        emitter: Emitter[W],
+        *,
+        name: str,
+        finish: Finish[W] | None = None,
+    ) -> None:
+        self._source = source
+        self._emitter = emitter
+        self._name = name  # for the log: "response resp_...", "message msg_..."
+        self._finish = finish
+
+    def stream(self, encode: Callable[[W], bytes], keepalive_s: float | None) -> StreamingResponse:
+        """The streaming HTTP response: every wire event, encoded as SSE."""
+
+        async def encoded() -> AsyncIterator[bytes]:
+            async for event in self.events(keepalive_s):
+                yield encode(event)
+
+        return sse_response(encoded())
+
+    async def respond(self, request: Request, body: Callable[[list[W]], Any]) -> Response:
+        """The non-streaming HTTP response: the events folded by `body` into the JSON body.
+
+        `body` raises the API's error for a failed generation; a client that left before the
+        end gets 499 (nobody is listening; the generation was cancelled).
+        """
+        events: list[W] = []
+        try:
+            await consume_while_connected(request, self.events(), events.append)
+        except ClientGone:
+            return Response(status_code=499)
+        return JSONResponse(body(events))
+
+    async def events(self, keepalive_s: float | None = None) -> AsyncIterator[W]:
+        """Every wire event of the response; the emitter's terminal ones last."""
+        emitter = self._emitter
+        for started in emitter.start():
+            yield started
+        ended: list[SegmentEnd] = []
+        in_order = SequentialItems(emitter.waits_for_summaries)
+        try:
+            generation = with_keepalive(self._source.events(), keepalive_s)
+            async with aclosing(generation) as events:
+                async for event in events:
+                    if event is None:
+                        for tick in emitter.keepalive():
+                            yield tick
+                        continue
+                    if isinstance(event, SegmentEnd):
+                        ended.append(event)
+                    for ordered in in_order.feed(event):
+                        for out in await self._feed(ordered, ended):
+                            yield out
+        except Exception as exc:
+            log.exception("%s: generation raised", self._name)
+            failure = Finished(FinishReason.ERROR, error=f"internal error: {type(exc).__name__}")
+            for out in await self._feed(failure, ended):
+                yield out
+        if not emitter.done:
+            failure = Finished(FinishReason.ERROR, error="generation ended without a result")
+            for out in await self._feed(failure, ended):
+                yield out
+
+    async def _feed(self, event: GenerationEvent, ended: list[SegmentEnd]) -> list[W]:
+        """The emitter's events for `event`; the finish callback runs before the last ones."""
+        emitter = self._emitter
+        if emitter.done:
+            return []
+        out = emitter.feed(event)
+        if emitter.done and self._finish is not None:
+            try:
+                await self._finish(out, ended)
+            except Exception:  # the response stands even if finishing (storing) it failed
+                log.exception("%s: finishing (storing) failed", self._name)
+        return out
+
+
+async def with_keepalive(
+    events: AsyncIterator[T], interval_s: float | None
+) -> AsyncGenerator[T | None, None]:
+    """The events of `events`, and None whenever `interval_s` passed without one.
+
+    The pending `__anext__` runs in a task that a timeout never cancels; only leaving early
+    (the client went away) cancels it, which stops the generation.
+    """
+    pending: asyncio.Task[T] | None = None
+    try:
+        while interval_s is None:
+            try:
+                yield await _next(events)
+            except StopAsyncIteration:
+                return
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(_next(events))
+            done, _ = await asyncio.wait({pending}, timeout=interval_s)
+            if not done:
+                yield None
+                continue
+            task, pending = pending, None
+            try:
+                event = task.result()
+            except StopAsyncIteration:
+                return
+            yield event
+    finally:
+        if pending is not None:
+            pending.cancel()
+            pending.add_done_callback(_retrieve)
+        else:
+            await _aclose(events)
+
+
+async def _next(events: AsyncIterator[T]) -> T:
+    return await events.__anext__()
+
+
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.debug("generation task ended with %r after the client left", task.exception())
+
+
+async def _aclose(events: AsyncIterator[Any]) -> None:
+    aclose = getattr(events, "aclose", None)
+    if aclose is not None:
+        await aclose()
+
+
+class SequentialItems:
+    """Events in item order: after a reasoning segment, its summary before anything else.
+
+    A summary arrives after its segment ended, while the generation goes on with the next
+    message; those later events wait here until `SummaryEnd` of the segment, then follow in
+    their order. Summary runs come one at a time (server.core.summaries), so one gate suffices.
+    """
+
+    def __init__(self, summaries: bool) -> None:
+        self._summaries = summaries
+        self._waiting: int | None = None  # the reasoning segment whose summary is awaited
+        self._held: list[GenerationEvent] = []
+
+    def feed(self, event: GenerationEvent) -> list[GenerationEvent]:
+        if not self._summaries:
+            return [event]
+        if isinstance(event, Finished):  # last by contract; never held back
+            self._waiting, held, self._held = None, self._held, []
+            return [*held, event]
+        if self._waiting is None:
+            if isinstance(event, SegmentEnd) and event.kind is SegmentKind.REASONING:
+                self._waiting = event.index
+            return [event]
+        if (
+            not isinstance(event, (SummaryStart, SummaryDelta, SummaryEnd))
+            or event.segment != self._waiting
+        ):
+            self._held.append(event)
+            return []
+        if not isinstance(event, SummaryEnd):
+            return [event]
+        self._waiting, held, self._held = None, self._held, []
+        out: list[GenerationEvent] = [event]
+        for later in held:
+            out += self.feed(later)
+        return out

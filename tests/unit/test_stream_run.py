@@ -1,0 +1,149 @@
+"""The shared stream run with the chat and messages emitters: every stream ends with its API's
+terminal, also when the generation raises or ends without a `Finished` event; a cancelled chat
+stream just stops. (The Responses emitter's run: tests/unit/test_responses_streaming.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from server.api.chat.output import ChatEmitter, ChatEvent, ChunkFactory, encode, fold
+from server.api.messages.emitter import MessagesEmitter
+from server.api.messages.emitter import fold as fold_message
+from server.api.messages.schemas import ErrorEvent, MessageStop
+from server.api.messages.schemas import StreamEvent as MessageEvent
+from server.api.messages.signature import ThinkingSigner
+from server.api.stream_run import StreamRun
+from server.contracts.errors import ServerError
+from server.contracts.events import (
+    Finished,
+    FinishReason,
+    GenerationEvent,
+    SegmentDelta,
+    SegmentEnd,
+    SegmentKind,
+    SegmentStart,
+)
+from tests.support.chat_grammar import check_chat_stream
+from tests.support.sse import parse_sse
+
+ANSWER: list[GenerationEvent] = [
+    SegmentStart(0, SegmentKind.FINAL, "final"),
+    SegmentDelta(0, SegmentKind.FINAL, "Hi"),
+    SegmentDelta(0, SegmentKind.FINAL, " there"),
+    SegmentEnd(0, SegmentKind.FINAL, "Hi there", (1, 2, 3)),
+]
+
+
+class Generation:
+    """A producer of generation events that may fail after them (as a decoder bug would)."""
+
+    def __init__(self, events: list[GenerationEvent], error: Exception | None = None) -> None:
+        self._events = events
+        self._error = error
+
+    async def events(self) -> AsyncIterator[GenerationEvent]:
+        for event in self._events:
+            yield event
+        if self._error is not None:
+            raise self._error
+
+
+def run_all(run: StreamRun[Any]) -> list[Any]:
+    async def collect() -> list[Any]:
+        return [event async for event in run.events()]
+
+    return asyncio.run(collect())
+
+
+def chat_emitter() -> ChatEmitter:
+    factory = ChunkFactory("chatcmpl-1", 1, "gpt-oss-tiny")
+    return ChatEmitter(factory, include_reasoning=True, include_usage=True)
+
+
+def chat_payloads(events: list[ChatEvent]) -> list[str]:
+    raw = b"".join(encode(event) for event in events).decode()
+    return [event.data for event in parse_sse(raw.splitlines())]
+
+
+def test_a_chat_stream_ends_with_the_finish_usage_and_done() -> None:
+    emitter = chat_emitter()
+    events = run_all(
+        StreamRun(Generation([*ANSWER, Finished(FinishReason.STOP)]), emitter, name="c")
+    )
+    streamed = check_chat_stream(chat_payloads(events))
+    assert (streamed.content, streamed.finish_reason) == ("Hi there", "stop")
+    assert streamed.usage is not None
+    assert fold(events, emitter)["choices"][0]["message"]["content"] == "Hi there"
+
+
+def test_a_chat_generation_that_raises_ends_with_an_error_then_done() -> None:
+    emitter = chat_emitter()
+    events = run_all(StreamRun(Generation(ANSWER[:2], RuntimeError("bug")), emitter, name="c"))
+    payloads = chat_payloads(events)
+    assert payloads[-1] == "[DONE]"
+    streamed = check_chat_stream(payloads)
+    assert streamed.error is not None
+    assert streamed.error["message"] == "generation failed: internal error: RuntimeError"
+    assert streamed.error["type"] == "server_error"
+    assert streamed.content == "Hi"
+    with pytest.raises(ServerError, match="internal error: RuntimeError"):
+        fold(events, emitter)  # the non-streaming answer: the same failure, as an error
+
+
+def test_a_chat_generation_without_a_finished_event_still_ends() -> None:
+    events = run_all(StreamRun(Generation(ANSWER), chat_emitter(), name="c"))
+    streamed = check_chat_stream(chat_payloads(events))
+    assert streamed.error is not None
+    assert "ended without a result" in streamed.error["message"]
+
+
+def test_a_cancelled_chat_stream_just_stops() -> None:
+    generation = Generation([*ANSWER, Finished(FinishReason.CANCELLED)])
+    events = run_all(StreamRun(generation, chat_emitter(), name="c"))
+    payloads = chat_payloads(events)
+    check_chat_stream(payloads, cancelled=True)
+    assert "[DONE]" not in payloads
+    assert all("error" not in payload for payload in payloads)
+
+
+def messages_emitter() -> MessagesEmitter:
+    return MessagesEmitter(
+        "msg_1", "m", input_tokens=10, signer=ThinkingSigner(b"k" * 32), message_start=(1, 2)
+    )
+
+
+def test_a_message_generation_that_raises_ends_with_an_error_event() -> None:
+    emitter = messages_emitter()
+    run: StreamRun[MessageEvent] = StreamRun(
+        Generation(ANSWER[:2], RuntimeError("bug")), emitter, name="message msg_1"
+    )
+    events = run_all(run)
+    assert [event.type for event in events] == [
+        "message_start",
+        "ping",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_stop",
+        "error",
+    ]
+    assert isinstance(events[-1], ErrorEvent)
+    assert "internal error: RuntimeError" in events[-1].error.message
+    with pytest.raises(ServerError, match="RuntimeError"):
+        fold_message(events)
+
+
+def test_the_finish_callback_sees_the_last_events_once() -> None:
+    seen: list[tuple[list[str], int]] = []
+
+    async def finish(last: list[MessageEvent], ended: list[SegmentEnd]) -> None:
+        seen.append(([event.type for event in last], len(ended)))
+
+    emitter = messages_emitter()
+    generation = Generation([*ANSWER, Finished(FinishReason.STOP)])
+    events = run_all(StreamRun(generation, emitter, name="message msg_1", finish=finish))
+    assert isinstance(events[-1], MessageStop)
+    assert seen == [(["message_delta", "message_stop"], 1)]
