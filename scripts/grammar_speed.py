@@ -26,11 +26,11 @@ import numpy as np
 
 from server.contracts.directives import Constrain
 from server.contracts.transcript import ToolSpec
-from server.engine.banned import Banned
 from server.engine.base import EngineConfig, SamplingParams
-from server.engine.grammar_sampler import GrammarSampler
 from server.engine.llama_context import BatchPart, LlamaContext
-from server.engine.sampler import LogitSampler
+from server.engine.sampling.banned import Banned
+from server.engine.sampling.grammar_sampler import GrammarSampler
+from server.engine.sampling.logit_sampler import LogitSampler
 from server.grammars.tools import call_grammar
 from server.harmony.tokens import CALL, SPECIALS
 from server.testing.synthetic_gguf import cached_gguf

@@ -43,7 +43,7 @@ from server.bench.procs import ServerProcess
 from server.bench.prompts import WordPrompts, random_tokens
 from server.bench.runner import versions
 from server.bench.sse import stream_events
-from server.engine.gguf_meta import vocabulary_bytes
+from server.engine.loading.gguf_header import vocabulary_bytes
 from server.harmony.encoding import load_encoding
 from server.ops.config import default_cache_dir
 

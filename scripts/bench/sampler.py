@@ -34,11 +34,11 @@ from typing import Any
 import numpy as np
 
 from server.contracts.directives import Constrain
-from server.engine.banned import Banned
 from server.engine.base import EngineConfig, SamplingParams
 from server.engine.llama import LlamaEngine
 from server.engine.llama_context import BatchPart, LlamaContext
-from server.engine.sampler import LogitSampler
+from server.engine.sampling.banned import Banned
+from server.engine.sampling.logit_sampler import LogitSampler
 from server.harmony.tokens import RETURN, SPECIALS
 from server.testing.synthetic_gguf import cached_gguf
 

@@ -2,7 +2,8 @@
 
 Owned by exactly one thread (the engine's worker). Knows how to evaluate tokens at positions of
 sequence 0, trim the KV cache back to a prefix, and build sampler chains (for grammars). Logits
-never leave llama.cpp: numpy views (engine/sampler.py) and sampler chains read them in place.
+never leave llama.cpp: numpy views (sampling/logit_sampler.py) and sampler chains read them in
+place.
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ import llama_cpp.llama_cpp as lc
 import numpy as np
 
 from server.contracts.directives import Constrain
-from server.engine import offload
 from server.engine.base import EngineConfig, ModelInfo, SamplingParams
 from server.engine.batch import Batch, BatchPart
-from server.engine.sampler import Workspace
+from server.engine.loading import offload
+from server.engine.sampling.logit_sampler import Workspace
 
 __all__ = ["BatchPart", "DecodeError", "LlamaContext", "Sampler", "default_threads"]
 
@@ -80,7 +81,7 @@ class LlamaContext:
 
     @staticmethod
     def _load_model(config: EngineConfig) -> Any:
-        # GPU layers, experts kept on the CPU, load mode, progress bar: see engine/offload.py.
+        # GPU layers, experts kept on the CPU, load mode, progress bar: see loading/offload.py.
         with offload.model_params(config) as params:
             model = lc.llama_model_load_from_file(config.model_path.encode(), params)
         if not model:

@@ -2,9 +2,9 @@
 
 Forced tokens are emitted as they are; an allowed set is sampled from the logits in Python (only
 ever a handful of header tokens); a constraint with a grammar goes through a GrammarSampler
-(engine/grammar_sampler.py), one per distinct constraint, created on first use and kept for the
+(sampling/grammar_sampler.py), one per distinct constraint, created on first use and kept for the
 generation (a grammar keeps its state across the tokens sampled under it); everything else,
-banned tokens included, is drawn by the numpy sampler (engine/sampler.py) straight from the
+banned tokens included, is drawn by the numpy sampler (sampling/logit_sampler.py) straight from the
 logits buffer (or by llama.cpp's chain with EngineConfig.sampler "llama", for comparisons). A
 test hook may replace sampled tokens.
 """
@@ -14,11 +14,11 @@ from __future__ import annotations
 import numpy as np
 
 from server.contracts.directives import Allow, Constrain, Force, Steering
-from server.engine.banned import Banned
 from server.engine.base import SamplingParams, TokenChooser
-from server.engine.grammar_sampler import GrammarSampler
 from server.engine.llama_context import LlamaContext, Sampler
-from server.engine.sampler import LogitSampler
+from server.engine.sampling.banned import Banned
+from server.engine.sampling.grammar_sampler import GrammarSampler
+from server.engine.sampling.logit_sampler import LogitSampler
 
 
 class TokenPicker:

@@ -24,9 +24,9 @@ from server.contracts.directives import Steering
 from server.contracts.events import Timings, Usage
 from server.engine.base import EngineResult, SamplingHook, SamplingParams, StopReason
 from server.engine.channel import TokenChannel
+from server.engine.disk_cache.prompt_cache import Found, PromptCache
 from server.engine.llama_context import BatchPart, DecodeError, LlamaContext
 from server.engine.picker import TokenPicker
-from server.engine.prompt_cache import Found, PromptCache
 from server.engine.slots import Placement, Slot, eviction_order, longest_prefix, place
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""The rejection draw (engine/rejection.py) draws from exactly the softmax at the temperature.
+"""The rejection draw (sampling/rejection.py) draws from exactly the softmax at the temperature.
 
 Each scheme is driven on logits it takes (flat ones: uniform proposals; peaked ones: candidates
 within the gap of the top plus the rest by rejection) and its draws are tested by chi-square
@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from server.engine.banned import Banned
 from server.engine.base import SamplingParams
-from server.engine.rejection import RejectionDraw
-from server.engine.sampler import LogitSampler, Workspace
+from server.engine.sampling.banned import Banned
+from server.engine.sampling.logit_sampler import LogitSampler, Workspace
+from server.engine.sampling.rejection import RejectionDraw
 from tests.unit.test_sampler import exact_distribution, goodness_of_fit
 
 Floats = np.ndarray[Any, np.dtype[np.float32]]

@@ -14,7 +14,7 @@ import pytest
 from pydantic import ValidationError
 
 from server.contracts.errors import StartupError
-from server.engine.rpc_hosts import RpcError, is_loopback, reachable, split_endpoint, unreachable
+from server.engine.rpc.hosts import RpcError, is_loopback, reachable, split_endpoint, unreachable
 from server.ops.config import Settings
 from server.ops.rpc_worker import WorkerOptions, run_worker
 from server.ops.runtime import connect_rpc_hosts

@@ -19,10 +19,10 @@ import llama_cpp.llama_cpp as lc
 import numpy as np
 import pytest
 
-from server.engine.banned import Banned
 from server.engine.base import SamplingParams
 from server.engine.llama_context import _sampler_stages
-from server.engine.sampler import LogitSampler, Workspace
+from server.engine.sampling.banned import Banned
+from server.engine.sampling.logit_sampler import LogitSampler, Workspace
 
 Floats = np.ndarray[Any, np.dtype[np.float32]]
 Z_1E4 = 3.719016  # the standard normal's upper 1e-4 quantile

@@ -23,7 +23,7 @@ from pathlib import Path
 import llama_cpp
 
 from server.engine.base import EngineConfig, PromptCacheStats
-from server.engine.kv_files import Entry, KVFiles
+from server.engine.disk_cache.kv_files import Entry, KVFiles
 from server.engine.llama_context import LlamaContext
 
 log = logging.getLogger(__name__)

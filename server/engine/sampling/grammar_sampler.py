@@ -1,7 +1,7 @@
 """GrammarSampler: samples under a GBNF grammar, exactly from the grammar-masked distribution.
 
 Applying a llama.cpp grammar to all 201k candidates costs far more than a decode step of a small
-model. So the allowed set is found by walking the vocabulary's prefix tree (engine/vocab_trie.py):
+model. So the allowed set is found by walking the vocabulary's prefix tree (sampling/vocab_trie.py):
 where the grammar is restrictive (JSON structure, numbers, enums) the walk ends after a few
 hundred checks with every allowed token, and the token is drawn among them. Where it is
 permissive (inside a string) the walk would check most of the vocabulary, so with plain
@@ -31,11 +31,18 @@ import llama_cpp.llama_cpp as lc
 import numpy as np
 
 from server.contracts.directives import Constrain
-from server.engine.banned import Banned
 from server.engine.base import SamplingParams
-from server.engine.draws import BlockDraws
 from server.engine.llama_context import LlamaContext, Sampler
-from server.engine.vocab_trie import Descent, Ids, Mask, VocabTrie, negates_non_ascii, vocab_trie
+from server.engine.sampling.banned import Banned
+from server.engine.sampling.block_draws import BlockDraws
+from server.engine.sampling.vocab_trie import (
+    Descent,
+    Ids,
+    Mask,
+    VocabTrie,
+    negates_non_ascii,
+    vocab_trie,
+)
 
 _TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
 DRAWS = (4, 28)  # tokens drawn and checked, batch by batch, before the walk goes on to the end
