@@ -72,7 +72,7 @@ class EngineConfig:
     cpu_repack: bool = True  # llama.cpp's CPU weight repacking (extra buffer types); off: -nr
     flash_attn: str = "auto"  # auto | on | off
     swa_full: bool = True
-    sampler: str = "numpy"  # numpy (sampling/logit_sampler.py) | llama (llama.cpp's chain)
+    sampler: str = "numpy"  # numpy (sampling/numpy_sampler.py) | llama (llama.cpp's chain)
     # prompt cache on disk (see disk_cache/prompt_cache.py); None: off
     prompt_cache_dir: str | None = None
     prompt_cache_bytes: int = 8 * 1024**3  # LRU deletion beyond this

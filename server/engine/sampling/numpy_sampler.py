@@ -1,4 +1,4 @@
-"""LogitSampler: exact token sampling in numpy, straight from llama.cpp's logits buffer.
+"""NumpySampler: exact token sampling in numpy, straight from llama.cpp's logits buffer.
 
 llama.cpp's sampler chain (temperature, then the random draw) builds and normalises a candidate
 array of the whole vocabulary (201,088 entries for gpt-oss) on every token. This draws from the
@@ -79,7 +79,7 @@ class Workspace:
         return True
 
 
-class LogitSampler:
+class NumpySampler:
     """One generation's sampling from logits: params and a seeded generator, buffers borrowed."""
 
     def __init__(
