@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -77,6 +78,11 @@ class EngineConfig:
     prompt_cache_dir: str | None = None
     prompt_cache_bytes: int = 8 * 1024**3  # LRU deletion beyond this
     prompt_cache_min_tokens: int = 512  # shorter prefixes are not worth a file
+
+
+def default_threads() -> int:
+    """Every CPU this process may use (its affinity where the OS has one): n_threads's default."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 @dataclass

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,13 +17,13 @@ import llama_cpp.llama_cpp as lc
 import numpy as np
 
 from server.contracts.directives import Constrain
-from server.engine.base import EngineConfig, ModelInfo, SamplingParams
+from server.engine.base import EngineConfig, ModelInfo, SamplingParams, default_threads
 from server.engine.batch import Batch, BatchPart
 from server.engine.loading import offload
 from server.engine.sampling.llama_chain import LlamaSamplerChain
 from server.engine.sampling.numpy_sampler import Workspace
 
-__all__ = ["BatchPart", "DecodeError", "LlamaContext", "default_threads"]
+__all__ = ["BatchPart", "DecodeError", "LlamaContext"]
 
 log = logging.getLogger(__name__)
 llama_log = logging.getLogger("llama_cpp")
@@ -53,10 +52,6 @@ class DecodeError(RuntimeError):
     def __init__(self, code: int):
         super().__init__(f"llama_decode failed with code {code}")
         self.code = code
-
-
-def default_threads() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 class LlamaContext:

@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 from server.engine.base import SamplingParams
-from server.engine.llama_context import _sampler_stages
 from server.engine.sampling.banned import Banned
+from server.engine.sampling.llama_chain import _sampler_stages
 from server.engine.sampling.numpy_sampler import NumpySampler, Workspace
 
 Floats = np.ndarray[Any, np.dtype[np.float32]]

@@ -25,6 +25,7 @@ import ctypes
 import dataclasses
 import functools
 import math
+from collections.abc import Hashable
 from typing import Any, Protocol
 
 import llama_cpp.llama_cpp as lc
@@ -50,7 +51,7 @@ DRAWS = (4, 28)  # tokens drawn and checked, batch by batch, before the walk goe
 WALK_LIMIT = 3000  # checks the walk may spend before draws are tried (plain sampling)
 
 
-class SamplingContext(Protocol):
+class SamplingContext(Hashable, Protocol):
     """What a GrammarSampler uses of the loaded model and its context (a LlamaContext)."""
 
     @property
