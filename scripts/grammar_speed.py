@@ -26,11 +26,11 @@ import numpy as np
 
 from server.contracts.directives import Constrain
 from server.contracts.transcript import ToolSpec
-from server.engine.banned import Banned
 from server.engine.base import EngineConfig, SamplingParams
-from server.engine.grammar_sampler import GrammarSampler
 from server.engine.llama_context import BatchPart, LlamaContext
-from server.engine.sampler import LogitSampler
+from server.engine.sampling.banned import Banned
+from server.engine.sampling.grammar_sampler import GrammarSampler
+from server.engine.sampling.numpy_sampler import NumpySampler
 from server.grammars.tools import call_grammar
 from server.harmony.tokens import CALL, SPECIALS
 from server.testing.synthetic_gguf import cached_gguf
@@ -55,7 +55,7 @@ class _Unconstrained:
 
     def __init__(self, ctx: LlamaContext, params: SamplingParams, constraint: Constrain) -> None:
         self._ctx = ctx
-        self._sampler = LogitSampler(ctx.workspace, params, np.random.default_rng(params.seed))
+        self._sampler = NumpySampler(ctx.workspace, params, np.random.default_rng(params.seed))
         self._banned = Banned.of(constraint.banned, ctx.info.n_vocab) if constraint.banned else None
 
     def sample(self, index: int) -> int:

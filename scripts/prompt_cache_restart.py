@@ -38,7 +38,7 @@ import httpx
 from scripts.agent_loop.conversation import first_request
 from server.bench.http_path import free_port
 from server.bench.procs import ServerProcess, serve_command
-from server.engine.llama_context import default_threads
+from server.engine.base import default_threads
 
 log = logging.getLogger("prompt_cache_restart")
 

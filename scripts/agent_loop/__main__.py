@@ -13,7 +13,7 @@ from pathlib import Path
 from scripts.agent_loop.ours import Conversation, run_conversations, serving
 from scripts.agent_loop.report import chart, summarize
 from scripts.agent_loop.theirs import LlamaServer, Replay, replay
-from server.engine.llama_context import default_threads
+from server.engine.base import default_threads
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -19,8 +19,8 @@ from scripts.agent_loop.conversation import Turn, first_request, next_input, tur
 from server.app import create_app
 from server.bench.http_path import free_port
 from server.engine.base import EngineConfig
-from server.engine.gguf_meta import vocabulary_bytes
 from server.engine.llama import LlamaEngine
+from server.engine.loading.gguf_header import vocabulary_bytes
 from server.harmony.encoding import load_encoding
 from server.ops.config import Settings
 from server.ops.runtime import Runtime

@@ -38,12 +38,13 @@ import httpx
 
 from server.bench import http_path, llama_server
 from server.bench.machine import OtherLoad, machine_info, wait_for_memory
-from server.bench.plan import CTX_MARGIN, BenchError, Plan, default_threads
+from server.bench.plan import CTX_MARGIN, BenchError, Plan
 from server.bench.procs import ServerProcess
 from server.bench.prompts import WordPrompts, random_tokens
 from server.bench.runner import versions
 from server.bench.sse import stream_events
-from server.engine.gguf_meta import vocabulary_bytes
+from server.engine.base import default_threads
+from server.engine.loading.gguf_header import vocabulary_bytes
 from server.harmony.encoding import load_encoding
 from server.ops.config import default_cache_dir
 

@@ -34,11 +34,11 @@ from typing import Any
 import numpy as np
 
 from server.contracts.directives import Constrain
-from server.engine.banned import Banned
 from server.engine.base import EngineConfig, SamplingParams
 from server.engine.llama import LlamaEngine
 from server.engine.llama_context import BatchPart, LlamaContext
-from server.engine.sampler import LogitSampler
+from server.engine.sampling.banned import Banned
+from server.engine.sampling.numpy_sampler import NumpySampler
 from server.harmony.tokens import RETURN, SPECIALS
 from server.testing.synthetic_gguf import cached_gguf
 
@@ -70,11 +70,11 @@ def sampler_part(model: Path, threads: int, calls: int, repetitions: int) -> dic
         index = ctx.decode([BatchPart(0, prompt, 0, True)])[-1]
         results = {}
         for name, (params, constraint) in CASES.items():
-            chain = ctx.new_sampler(params, constraint)
+            chain = ctx.new_chain(params, constraint)
             banned = Banned.of(constraint.banned, ctx.info.n_vocab) if constraint else None
             rng = np.random.default_rng(params.seed)
-            ours = LogitSampler(ctx.workspace, params, rng)
-            full = LogitSampler(ctx.workspace, params, rng, rejection=False)
+            ours = NumpySampler(ctx.workspace, params, rng)
+            full = NumpySampler(ctx.workspace, params, rng, rejection=False)
             times: dict[str, list[float]] = {"chain": [], "full": [], "ours": []}
             for _ in range(repetitions):
                 times["chain"].append(per_call_ms(lambda: chain.sample(index), calls))  # noqa: B023

@@ -29,7 +29,7 @@ from server.bench.plan import BenchError, Measurement, PathRun, Plan, Step, pp_l
 from server.bench.procs import ServerProcess, serve_command
 from server.bench.prompts import WordPrompts
 from server.bench.sse import stream_events
-from server.engine.gguf_meta import vocabulary_bytes
+from server.engine.loading.gguf_header import vocabulary_bytes
 from server.harmony.encoding import load_encoding
 from server.ops.config import default_cache_dir
 

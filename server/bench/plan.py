@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -95,10 +94,6 @@ class Plan:
         values["model_path"] = Path(values["model_path"])
         values["prompt_sizes"] = tuple(values["prompt_sizes"])
         return cls(**values)
-
-
-def default_threads() -> int:
-    return len(os.sched_getaffinity(0))
 
 
 @dataclass

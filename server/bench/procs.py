@@ -21,7 +21,7 @@ import httpx
 
 from server.bench.machine import OtherLoad
 from server.bench.plan import BenchError
-from server.engine.rpc_hosts import RpcError, reachable
+from server.engine.rpc.hosts import RpcError, reachable
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from server.bench.llama_bench import run_llama_bench
 from server.bench.llama_server import run_llama_server
 from server.bench.machine import OtherLoad, machine_info, wait_for_memory
 from server.bench.options import BenchOptions, PathName
-from server.bench.plan import CTX_MARGIN, BenchError, PathRun, Plan, default_threads
+from server.bench.plan import CTX_MARGIN, BenchError, PathRun, Plan
 from server.bench.report import (
     QUIET_CPUS,
     markdown_table,
@@ -31,6 +31,7 @@ from server.bench.report import (
     ttft_http_overhead,
 )
 from server.contracts.errors import StartupError
+from server.engine.base import default_threads
 from server.ops.model_source import resolve_model
 
 log = logging.getLogger(__name__)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -67,16 +68,21 @@ class EngineConfig:
     n_gpu_layers: int = 0  # the last N layers (the output counting as one) on the GPU; -1: all
     cpu_tensor_patterns: tuple[str, ...] = ()  # tensor-name regexes kept on the CPU (MoE experts)
     tensor_split: tuple[float, ...] = ()  # share of the offloaded layers per device (several)
-    rpc_servers: tuple[str, ...] = ()  # HOST:PORT of RPC hosts, connected (server.engine.rpc)
+    rpc_servers: tuple[str, ...] = ()  # HOST:PORT of RPC hosts, connected (rpc/backend.py)
     use_mmap: bool = False
     cpu_repack: bool = True  # llama.cpp's CPU weight repacking (extra buffer types); off: -nr
     flash_attn: str = "auto"  # auto | on | off
     swa_full: bool = True
-    sampler: str = "numpy"  # numpy (engine/sampler.py) | llama (llama.cpp's chain, to compare)
-    # prompt cache on disk (see prompt_cache.py); None: off
+    sampler: str = "numpy"  # numpy (sampling/numpy_sampler.py) | llama (llama.cpp's chain)
+    # prompt cache on disk (see disk_cache/prompt_cache.py); None: off
     prompt_cache_dir: str | None = None
     prompt_cache_bytes: int = 8 * 1024**3  # LRU deletion beyond this
     prompt_cache_min_tokens: int = 512  # shorter prefixes are not worth a file
+
+
+def default_threads() -> int:
+    """Every CPU this process may use (its affinity where the OS has one): n_threads's default."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 @dataclass

@@ -15,7 +15,6 @@ from collections.abc import Sequence
 
 from server.contracts.directives import Steering
 from server.contracts.errors import EngineUnavailable
-from server.engine import rpc, rpc_hosts
 from server.engine.base import (
     EngineConfig,
     EngineLoad,
@@ -26,8 +25,10 @@ from server.engine.base import (
     StopReason,
 )
 from server.engine.channel import TokenChannel
+from server.engine.disk_cache.prompt_cache import PromptCache
 from server.engine.llama_context import LlamaContext
-from server.engine.prompt_cache import PromptCache
+from server.engine.rpc.backend import AbortWatch, abort_reason
+from server.engine.rpc.hosts import RpcError, unreachable
 from server.engine.scheduler import Job, Scheduler
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,7 @@ class LlamaEngine:
         self._scheduler: Scheduler | None = None
         self._cache: PromptCache | None = None
         self._failure: str | None = None
-        self._watch = rpc.AbortWatch(self._fail) if config.rpc_servers else None
+        self._watch = AbortWatch(self._fail) if config.rpc_servers else None
         if self._watch is not None:
             self._watch.install()
         self._thread = threading.Thread(target=self._run, name="llama-engine", daemon=True)
@@ -134,15 +135,15 @@ class LlamaEngine:
         The engine thread stays blocked in the decode that needed the host; nothing else runs
         on it again, so its jobs are ended from here.
         """
-        down = rpc_hosts.unreachable(self._config.rpc_servers, attempts=5)
+        down = unreachable(self._config.rpc_servers, attempts=5)
         hosts = "RPC host " + ", ".join(down) if down else "an RPC host"
         self._failure = (
-            f"{hosts} stopped answering while the model was running ({rpc.abort_reason(message)}); "
+            f"{hosts} stopped answering while the model was running ({abort_reason(message)}); "
             "restart the server once every RPC host is back"
         )
         log.error("%s", self._failure)
         if not self._ready.is_set():  # it dropped while the model was loading
-            self._load_error = rpc_hosts.RpcError(self._failure)
+            self._load_error = RpcError(self._failure)
             self._ready.set()
         while True:
             try:

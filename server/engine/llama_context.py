@@ -1,16 +1,15 @@
 """LlamaContext: a loaded gpt-oss model and its llama.cpp context, driven through the C API.
 
 Owned by exactly one thread (the engine's worker). Knows how to evaluate tokens at positions of
-sequence 0, trim the KV cache back to a prefix, and build sampler chains (for grammars). Logits
-never leave llama.cpp: numpy views (engine/sampler.py) and sampler chains read them in place.
+sequence 0, trim the KV cache back to a prefix, and build llama.cpp's sampler chains. Logits
+never leave llama.cpp: numpy views (sampling/numpy_sampler.py) and sampler chains read them in
+place.
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
-import math
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,12 +17,13 @@ import llama_cpp.llama_cpp as lc
 import numpy as np
 
 from server.contracts.directives import Constrain
-from server.engine import offload
-from server.engine.base import EngineConfig, ModelInfo, SamplingParams
+from server.engine.base import EngineConfig, ModelInfo, SamplingParams, default_threads
 from server.engine.batch import Batch, BatchPart
-from server.engine.sampler import Workspace
+from server.engine.loading import offload
+from server.engine.sampling.llama_chain import LlamaSamplerChain
+from server.engine.sampling.numpy_sampler import Workspace
 
-__all__ = ["BatchPart", "DecodeError", "LlamaContext", "Sampler", "default_threads"]
+__all__ = ["BatchPart", "DecodeError", "LlamaContext"]
 
 log = logging.getLogger(__name__)
 llama_log = logging.getLogger("llama_cpp")
@@ -54,10 +54,6 @@ class DecodeError(RuntimeError):
         self.code = code
 
 
-def default_threads() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
 class LlamaContext:
     """One model, one context with `n_seq` sequences sharing a unified KV cache."""
 
@@ -80,7 +76,7 @@ class LlamaContext:
 
     @staticmethod
     def _load_model(config: EngineConfig) -> Any:
-        # GPU layers, experts kept on the CPU, load mode, progress bar: see engine/offload.py.
+        # GPU layers, experts kept on the CPU, load mode, progress bar: see loading/offload.py.
         with offload.model_params(config) as params:
             model = lc.llama_model_load_from_file(config.model_path.encode(), params)
         if not model:
@@ -191,8 +187,11 @@ class LlamaContext:
             raise DecodeError(int(code))
         return indices
 
-    def new_sampler(self, params: SamplingParams, constraint: Constrain | None = None) -> Sampler:
-        return Sampler(self._ctx, self._vocab, params, constraint)
+    def new_chain(
+        self, params: SamplingParams, constraint: Constrain | None = None
+    ) -> LlamaSamplerChain:
+        """llama.cpp's sampler chain for these settings, reading this context's logits."""
+        return LlamaSamplerChain(self._ctx, self._vocab, params, constraint)
 
     def logits(self, index: int) -> np.ndarray[Any, np.dtype[np.float32]]:
         """The logits of batch position `index`, as a view (no copy).
@@ -236,64 +235,3 @@ class LlamaContext:
             probs = np.zeros_like(probs)
             probs[keep] = weights[keep] / weights[keep].sum()
         return int(candidates[rng.choice(len(candidates), p=probs)])
-
-
-class Sampler:
-    """A llama.cpp sampler chain; `sample()` picks from the last evaluated logits."""
-
-    def __init__(
-        self, ctx: Any, vocab: Any, params: SamplingParams, constraint: Constrain | None
-    ) -> None:
-        self._ctx = ctx
-        stages = _constraint_stages(vocab, constraint) + _sampler_stages(params)
-        self._chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
-        for stage in stages:
-            lc.llama_sampler_chain_add(self._chain, stage)  # the chain owns its stages
-
-    def sample(self, index: int) -> int:
-        """Sample (and accept) a token from the logits of batch position `index`."""
-        return int(lc.llama_sampler_sample(self._chain, self._ctx, index))
-
-    def apply(self, candidates: Any) -> None:
-        """Run the chain on a llama_token_data_array pointer (sets its `selected`)."""
-        lc.llama_sampler_apply(self._chain, candidates)
-
-    def free(self) -> None:
-        lc.llama_sampler_free(self._chain)
-
-
-def _constraint_stages(vocab: Any, constraint: Constrain | None) -> list[Any]:
-    if constraint is None:
-        return []
-    stages: list[Any] = []
-    if constraint.banned:
-        n_vocab = int(lc.llama_vocab_n_tokens(vocab))
-        banned = sorted(constraint.banned)
-        biases = (lc.llama_logit_bias * len(banned))(
-            *(lc.llama_logit_bias(token, -math.inf) for token in banned)
-        )
-        stages.append(lc.llama_sampler_init_logit_bias(n_vocab, len(banned), biases))
-    if constraint.grammar is not None:
-        grammar = lc.llama_sampler_init_grammar(vocab, constraint.grammar.encode(), b"root")
-        if not grammar:
-            for stage in stages:
-                lc.llama_sampler_free(stage)
-            raise ValueError("llama.cpp rejected the grammar")
-        stages.append(grammar)
-    return stages
-
-
-def _sampler_stages(params: SamplingParams) -> list[Any]:
-    if params.temperature <= 0:
-        return [lc.llama_sampler_init_greedy()]
-    stages = []
-    if params.top_k > 0:
-        stages.append(lc.llama_sampler_init_top_k(params.top_k))
-    if params.top_p < 1.0:
-        stages.append(lc.llama_sampler_init_top_p(params.top_p, 1))
-    if params.min_p > 0.0:
-        stages.append(lc.llama_sampler_init_min_p(params.min_p, 1))
-    stages.append(lc.llama_sampler_init_temp(params.temperature))
-    seed = lc.LLAMA_DEFAULT_SEED if params.seed is None else params.seed & 0xFFFFFFFF
-    stages.append(lc.llama_sampler_init_dist(seed))
-    return stages

@@ -2,9 +2,9 @@
 
 Forced tokens are emitted as they are; an allowed set is sampled from the logits in Python (only
 ever a handful of header tokens); a constraint with a grammar goes through a GrammarSampler
-(engine/grammar_sampler.py), one per distinct constraint, created on first use and kept for the
+(sampling/grammar_sampler.py), one per distinct constraint, created on first use and kept for the
 generation (a grammar keeps its state across the tokens sampled under it); everything else,
-banned tokens included, is drawn by the numpy sampler (engine/sampler.py) straight from the
+banned tokens included, is drawn by the numpy sampler (sampling/numpy_sampler.py) straight from the
 logits buffer (or by llama.cpp's chain with EngineConfig.sampler "llama", for comparisons). A
 test hook may replace sampled tokens.
 """
@@ -14,11 +14,12 @@ from __future__ import annotations
 import numpy as np
 
 from server.contracts.directives import Allow, Constrain, Force, Steering
-from server.engine.banned import Banned
 from server.engine.base import SamplingParams, TokenChooser
-from server.engine.grammar_sampler import GrammarSampler
-from server.engine.llama_context import LlamaContext, Sampler
-from server.engine.sampler import LogitSampler
+from server.engine.llama_context import LlamaContext
+from server.engine.sampling.banned import Banned
+from server.engine.sampling.grammar_sampler import GrammarSampler
+from server.engine.sampling.llama_chain import LlamaSamplerChain
+from server.engine.sampling.numpy_sampler import NumpySampler
 
 
 class TokenPicker:
@@ -37,9 +38,9 @@ class TokenPicker:
         self._chooser = chooser
         self._grammars: dict[Constrain, GrammarSampler] = {}
         self._rng = np.random.default_rng(params.seed)
-        self._sampler = LogitSampler(ctx.workspace, params, self._rng)
+        self._sampler = NumpySampler(ctx.workspace, params, self._rng)
         self._banned: dict[Constrain, Banned] = {}
-        self._chains: dict[Constrain | None, Sampler] = {}
+        self._chains: dict[Constrain | None, LlamaSamplerChain] = {}
 
     def next_tokens(self, index: int) -> tuple[int, ...]:
         """The forced tokens, or one token picked from the logits at batch position `index`."""
@@ -78,10 +79,10 @@ class TokenPicker:
             self._banned[constraint] = banned
         return banned
 
-    def _chain_for(self, constraint: Constrain | None) -> Sampler:
+    def _chain_for(self, constraint: Constrain | None) -> LlamaSamplerChain:
         chain = self._chains.get(constraint)
         if chain is None:
-            chain = self._ctx.new_sampler(self._params, constraint)
+            chain = self._ctx.new_chain(self._params, constraint)
             self._chains[constraint] = chain
         return chain
 

@@ -24,10 +24,10 @@ from server.contracts.directives import Steering
 from server.contracts.events import Timings, Usage
 from server.engine.base import EngineResult, SamplingHook, SamplingParams, StopReason
 from server.engine.channel import TokenChannel
+from server.engine.disk_cache.prompt_cache import Found, PromptCache
 from server.engine.llama_context import BatchPart, DecodeError, LlamaContext
 from server.engine.picker import TokenPicker
-from server.engine.prompt_cache import Found, PromptCache
-from server.engine.slots import Placement, Slot, eviction_order, longest_prefix, place
+from server.engine.slots import Slot, SlotChoice, choose_slot, eviction_order, longest_prefix
 
 log = logging.getLogger(__name__)
 
@@ -185,28 +185,28 @@ class Scheduler:
                 if future is not None:  # read off the engine thread; admitted once read
                     self._loading.append((self._waiting.popleft(), future))
                     continue
-            placement = place(self.slots, job.prompt_tokens)
-            if placement is None:
+            choice = choose_slot(self.slots, job.prompt_tokens)
+            if choice is None:
                 return
             self._waiting.popleft()
             try:
-                self._start(job, placement)
+                self._start(job, choice)
             except Exception as exc:  # one bad request must not stop the engine thread
                 log.exception("could not start a generation")
                 if job.slot is not None:
                     self._forget(job.slot)
                 self._finish(job, StopReason.ERROR, f"{type(exc).__name__}: {exc}")
 
-    def _start(self, job: Job, placement: Placement) -> None:
-        ctx, slot = self._ctx, placement.slot
+    def _start(self, job: Job, choice: SlotChoice) -> None:
+        ctx, slot = self._ctx, choice.slot
         slot.busy = True
         job.slot = slot
-        keep = ctx.truncate(slot.seq_id, ctx.reusable_prefix(slot.seq_id, placement.keep))
+        keep = ctx.truncate(slot.seq_id, ctx.reusable_prefix(slot.seq_id, choice.keep))
         del slot.tokens[keep:]
-        if placement.donor is not None:
-            shared = ctx.reusable_prefix(placement.donor.seq_id, placement.shared)
+        if choice.donor is not None:
+            shared = ctx.reusable_prefix(choice.donor.seq_id, choice.shared)
             if shared > keep:
-                ctx.share_prefix(placement.donor.seq_id, slot.seq_id, shared)
+                ctx.share_prefix(choice.donor.seq_id, slot.seq_id, shared)
                 slot.tokens[:] = job.prompt_tokens[:shared]
                 keep = shared
         keep = self._restore(job, slot, keep)

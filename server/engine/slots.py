@@ -31,14 +31,16 @@ class Slot:
 
 
 @dataclass(frozen=True, slots=True)
-class Placement:
+class SlotChoice:
+    """Where a prompt runs: its slot, what of the slot's cache it keeps, a prefix to share."""
+
     slot: Slot
     keep: int  # tokens of the slot's own cache that the prompt starts with
     donor: Slot | None = None  # a slot sharing a longer prefix
     shared: int = 0  # how many tokens to take from the donor
 
 
-def place(slots: Sequence[Slot], prompt: Sequence[int]) -> Placement | None:
+def choose_slot(slots: Sequence[Slot], prompt: Sequence[int]) -> SlotChoice | None:
     """Where `prompt` should run, or None when every slot is busy.
 
     A conversation that continues goes back to its slot. Anything else goes to an empty slot (or
@@ -54,14 +56,14 @@ def place(slots: Sequence[Slot], prompt: Sequence[int]) -> Placement | None:
     continuing = [s for s in idle if s.tokens and prefix[s.seq_id] == min(len(s.tokens), limit)]
     if continuing:
         slot = max(continuing, key=lambda s: prefix[s.seq_id])
-        return Placement(slot, prefix[slot.seq_id])
+        return SlotChoice(slot, prefix[slot.seq_id])
     empty = [slot for slot in idle if not slot.tokens]
     slot = empty[0] if empty else min(idle, key=lambda s: s.last_used)
     keep = prefix[slot.seq_id]
     donor = max(slots, key=lambda s: prefix[s.seq_id])
     if donor is not slot and prefix[donor.seq_id] > keep:
-        return Placement(slot, keep, donor, prefix[donor.seq_id])
-    return Placement(slot, keep)
+        return SlotChoice(slot, keep, donor, prefix[donor.seq_id])
+    return SlotChoice(slot, keep)
 
 
 def longest_prefix(slots: Sequence[Slot], prompt: Sequence[int]) -> int:

@@ -18,7 +18,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from server.engine.rpc_hosts import is_loopback, split_endpoint
+from server.engine.rpc.hosts import is_loopback, split_endpoint
 from server.ops.config_file import ConfigFileSource
 
 

@@ -28,7 +28,7 @@ from huggingface_hub.errors import (
 )
 
 from server.contracts.errors import ModelSourceError
-from server.engine.gguf_meta import GGUFFormatError, read_metadata, split_paths
+from server.engine.loading.gguf_header import GGUFFormatError, read_metadata, split_paths
 
 log = logging.getLogger(__name__)
 

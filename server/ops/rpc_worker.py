@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from server.contracts.errors import StartupError
-from server.engine.rpc_hosts import RpcError, is_loopback
+from server.engine.rpc.hosts import RpcError, is_loopback
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ def _exec_binary(options: WorkerOptions) -> None:
 
 
 def _serve_library(options: WorkerOptions) -> None:
-    from server.engine import rpc  # loads llama.cpp only for this path
+    from server.engine.rpc import backend as rpc  # loads llama.cpp only for this path
 
     try:
         rpc.require_rpc()

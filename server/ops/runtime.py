@@ -9,12 +9,13 @@ from pathlib import Path
 from openai_harmony import HarmonyEncoding
 
 from server.contracts.errors import PlacementError, StartupError
-from server.engine import offload, rpc
 from server.engine.base import Engine, EngineConfig, SamplingHook
-from server.engine.gguf_meta import GGUFFormatError, vocabulary_bytes
 from server.engine.llama import LlamaEngine
-from server.engine.placement import Placement, PlacementOptions
-from server.engine.rpc_hosts import RpcError
+from server.engine.loading import offload
+from server.engine.loading.gguf_header import GGUFFormatError, vocabulary_bytes
+from server.engine.loading.placement import Placement, PlacementOptions
+from server.engine.rpc import backend as rpc
+from server.engine.rpc.hosts import RpcError
 from server.harmony import tokens
 from server.harmony.encoding import load_encoding
 from server.ops.config import Settings
@@ -102,7 +103,7 @@ def start_engine(
 
 
 def place_model(config: EngineConfig, settings: Settings) -> Placement:
-    """Decide what goes on the GPU (server.engine.placement) and log the plan."""
+    """Decide what goes on the GPU (server.engine.loading.placement) and log the plan."""
     options = PlacementOptions(
         n_gpu_layers=-1 if settings.n_gpu_layers == "all" else settings.n_gpu_layers,
         cpu_moe=settings.cpu_moe,

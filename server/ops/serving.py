@@ -10,7 +10,6 @@ re-raises the signal it caught once it is done; the handlers installed here abso
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import math
 import signal
@@ -23,6 +22,7 @@ from typing import Any
 
 import uvicorn
 
+from server.engine.rpc.hosts import is_loopback
 from server.ops.config import Settings
 from server.ops.healthcheck import ALL_INTERFACES, client_url
 from server.ops.runtime import Runtime
@@ -86,15 +86,6 @@ def exposure_warning(host: str, has_api_key: bool) -> str | None:
             rule,
         ]
     )
-
-
-def is_loopback(host: str) -> bool:
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:  # a host name: it may resolve to anything
-        return False
 
 
 def serve(app: Any, settings: Settings, runtime: Runtime, on_started: Callable[[], None]) -> None:

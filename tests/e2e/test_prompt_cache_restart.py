@@ -18,7 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from server.bench.procs import ServerProcess
-from server.engine.kv_files import SUFFIX
+from server.engine.disk_cache.kv_files import SUFFIX
 from tests.e2e.conftest import server_process
 
 CAPTURE = Path(__file__).resolve().parents[1] / "data" / "codex" / "exec_round2.json"

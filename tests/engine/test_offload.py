@@ -1,4 +1,4 @@
-"""llama_model_params built by server.engine.offload reach llama.cpp: the expert overrides,
+"""llama_model_params built by server.engine.loading.offload reach llama.cpp: the expert overrides,
 the load mode and the progress callback, on the real library and the tiny GGUF."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import llama_cpp.llama_cpp as lc
 import pytest
 from tqdm import tqdm
 
-from server.engine import offload
 from server.engine.base import EngineConfig
 from server.engine.llama_context import LlamaContext
-from server.engine.placement import ContextShape, expert_patterns
+from server.engine.loading import offload
+from server.engine.loading.placement import ContextShape, expert_patterns
 from server.ops.model_source import resolve_model
 from tests.support.split_gguf import split_gguf
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from server.engine.base import EngineConfig, EngineResult
-from server.engine.kv_files import MAGIC, SUFFIX
+from server.engine.disk_cache.kv_files import MAGIC, SUFFIX
 from server.engine.llama import LlamaEngine
 from tests.engine.test_llama_engine import GREEDY
 
@@ -195,7 +195,7 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 def test_a_full_disk_stops_saving_with_one_warning(
     tiny_gguf: Path, small_disk: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="server.engine.kv_files")
+    caplog.set_level(logging.WARNING, logger="server.engine.disk_cache.kv_files")
     with running(config(tiny_gguf, small_disk)) as engine:
         for seed in (18, 19, 20):
             _, result = run(engine, tokens(seed, 1700), save_points=range(300, 1700, 300))

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from server.engine.gguf_meta import (  # the header layout, not re-implemented
+from server.engine.loading.gguf_header import (  # the header layout, not re-implemented
     _read_counts,
     _skip_metadata,
 )

@@ -10,7 +10,7 @@ import pytest
 
 import server.harmony.encoding as encoding_module
 from server.contracts.errors import VocabularyNotFound
-from server.engine.gguf_meta import vocabulary_bytes
+from server.engine.loading.gguf_header import vocabulary_bytes
 from server.harmony.encoding import ENV_VAR, VOCAB_FILE, VOCAB_SHA256, ensure_vocab_dir
 
 

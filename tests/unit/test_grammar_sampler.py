@@ -25,11 +25,11 @@ from openai_harmony import HarmonyEncoding
 
 from server.contracts.directives import Constrain
 from server.contracts.transcript import ToolSpec
-from server.engine import grammar_sampler
 from server.engine.base import EngineConfig, SamplingParams
-from server.engine.grammar_sampler import GrammarSampler
 from server.engine.llama_context import BatchPart, LlamaContext
-from server.engine.vocab_trie import Descent, VocabTrie, negates_non_ascii, vocab_trie
+from server.engine.sampling import grammar_sampler
+from server.engine.sampling.grammar_sampler import GrammarSampler
+from server.engine.sampling.vocab_trie import Descent, VocabTrie, negates_non_ascii, vocab_trie
 from server.grammars.tools import call_grammar, custom_grammar
 from server.harmony.tokens import CALL, SPECIALS
 from tests.api.test_tool_grammars import REGEX, STRICT_SCHEMA, codex_apply_patch

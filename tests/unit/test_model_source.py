@@ -11,7 +11,12 @@ import pytest
 
 from server.cli import main
 from server.contracts.errors import ModelSourceError
-from server.engine.gguf_meta import read_metadata, read_tensor_infos, split_paths, vocabulary_bytes
+from server.engine.loading.gguf_header import (
+    read_metadata,
+    read_tensor_infos,
+    split_paths,
+    vocabulary_bytes,
+)
 from server.ops import model_source
 from server.ops.model_source import (
     catalog,

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from server.engine.offload import model_footprint
-from server.engine.placement import (
+from server.engine.loading.offload import model_footprint
+from server.engine.loading.placement import (
     EXPERTS_REGEX,
     ContextShape,
     GpuMemory,

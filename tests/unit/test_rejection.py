@@ -1,4 +1,4 @@
-"""The rejection draw (engine/rejection.py) draws from exactly the softmax at the temperature.
+"""The rejection draw (sampling/rejection.py) draws from exactly the softmax at the temperature.
 
 Each scheme is driven on logits it takes (flat ones: uniform proposals; peaked ones: candidates
 within the gap of the top plus the rest by rejection) and its draws are tested by chi-square
@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from server.engine.banned import Banned
 from server.engine.base import SamplingParams
-from server.engine.rejection import RejectionDraw
-from server.engine.sampler import LogitSampler, Workspace
+from server.engine.sampling.banned import Banned
+from server.engine.sampling.numpy_sampler import NumpySampler, Workspace
+from server.engine.sampling.rejection import RejectionDraw
 from tests.unit.test_sampler import exact_distribution, goodness_of_fit
 
 Floats = np.ndarray[Any, np.dtype[np.float32]]
@@ -113,7 +113,7 @@ def test_the_sampler_with_both_schemes_and_the_full_draw_stays_exact() -> None:
     banned = frozenset(range(first_special, n_vocab)) - {200_002}
     mask = Banned.of(banned, n_vocab)
     params = SamplingParams(max_tokens=1, temperature=1.0, seed=9)
-    sampler = LogitSampler(Workspace(n_vocab), params, np.random.default_rng(9))
+    sampler = NumpySampler(Workspace(n_vocab), params, np.random.default_rng(9))
     vectors = [flat, peaked, wide]
     drawn: list[list[int]] = [[], [], []]
     for i in range(9_000):

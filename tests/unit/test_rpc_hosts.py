@@ -14,7 +14,7 @@ import pytest
 from pydantic import ValidationError
 
 from server.contracts.errors import StartupError
-from server.engine.rpc_hosts import RpcError, is_loopback, reachable, split_endpoint, unreachable
+from server.engine.rpc.hosts import RpcError, is_loopback, reachable, split_endpoint, unreachable
 from server.ops.config import Settings
 from server.ops.rpc_worker import WorkerOptions, run_worker
 from server.ops.runtime import connect_rpc_hosts
@@ -38,8 +38,10 @@ def test_other_endpoints_are_refused(endpoint: str) -> None:
 
 @pytest.mark.parametrize(
     ("host", "loopback"),
-    [("127.0.0.1", True), ("127.3.2.1", True), ("localhost", True), ("10.1.2.3", False),
-     ("0.0.0.0", False), ("192.168.1.20", False), ("no-such-host.invalid", False)],
+    [("127.0.0.1", True), ("127.3.2.1", True), ("localhost", True), ("LocalHost", True),
+     ("::1", True), ("[::1]", True), ("10.1.2.3", False), ("0.0.0.0", False), ("::", False),
+     ("192.168.1.20", False), ("no-such-host.invalid", False),
+     ("ip6-localhost", False)],  # names are not resolved, even those that would be loopback
 )  # fmt: skip
 def test_loopback_hosts(host: str, loopback: bool) -> None:
     assert is_loopback(host) is loopback

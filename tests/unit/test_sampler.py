@@ -19,10 +19,10 @@ import llama_cpp.llama_cpp as lc
 import numpy as np
 import pytest
 
-from server.engine.banned import Banned
 from server.engine.base import SamplingParams
-from server.engine.llama_context import _sampler_stages
-from server.engine.sampler import LogitSampler, Workspace
+from server.engine.sampling.banned import Banned
+from server.engine.sampling.llama_chain import _sampler_stages
+from server.engine.sampling.numpy_sampler import NumpySampler, Workspace
 
 Floats = np.ndarray[Any, np.dtype[np.float32]]
 Z_1E4 = 3.719016  # the standard normal's upper 1e-4 quantile
@@ -112,7 +112,7 @@ def homogeneity(a: Sequence[int], b: Sequence[int], probs: Any) -> tuple[float, 
 def our_draws(
     logits: Floats, params: SamplingParams, banned: frozenset[int], n: int, block: int = BLOCK
 ) -> list[int]:
-    sampler = LogitSampler(
+    sampler = NumpySampler(
         Workspace(len(logits), block), params, np.random.default_rng(params.seed)
     )
     mask = Banned.of(banned, len(logits)) if banned else None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from server.engine.placement import Placement
+from server.engine.loading.placement import Placement
 from server.ops.config import Settings
 from server.ops.healthcheck import client_url
 from server.ops.runtime import Runtime

@@ -1,32 +1,32 @@
-"""Slot placement: longest cached prefix first, shared prefixes, least recently used reuse."""
+"""Slot choice: longest cached prefix first, shared prefixes, least recently used reuse."""
 
 from __future__ import annotations
 
-from server.engine.slots import Slot, eviction_order, place
+from server.engine.slots import Slot, choose_slot, eviction_order
 
 
 def test_prompt_goes_to_the_slot_with_its_prefix() -> None:
     slots = [Slot(0, [1, 2, 3], 1.0), Slot(1, [7, 8, 9, 10], 2.0), Slot(2, [], 0.0)]
-    placement = place(slots, [7, 8, 9, 10, 11])
-    assert placement is not None
-    assert placement.slot.seq_id == 1
-    assert placement.keep == 4
-    assert placement.donor is None
+    choice = choose_slot(slots, [7, 8, 9, 10, 11])
+    assert choice is not None
+    assert choice.slot.seq_id == 1
+    assert choice.keep == 4
+    assert choice.donor is None
 
 
 def test_at_least_one_token_is_left_to_evaluate() -> None:
-    placement = place([Slot(0, [1, 2, 3])], [1, 2, 3])
-    assert placement is not None
-    assert placement.keep == 2
+    choice = choose_slot([Slot(0, [1, 2, 3])], [1, 2, 3])
+    assert choice is not None
+    assert choice.keep == 2
 
 
 def test_new_conversation_prefers_an_empty_slot_then_the_least_recent() -> None:
     slots = [Slot(0, [1, 2], 5.0), Slot(1, [], 9.0), Slot(2, [3, 4], 1.0)]
-    first = place(slots, [9, 9, 9])
+    first = choose_slot(slots, [9, 9, 9])
     assert first is not None
     assert first.slot.seq_id == 1
     slots[1].tokens = [5, 6]
-    second = place(slots, [9, 9, 9])
+    second = choose_slot(slots, [9, 9, 9])
     assert second is not None
     assert second.slot.seq_id == 2
 
@@ -34,16 +34,16 @@ def test_new_conversation_prefers_an_empty_slot_then_the_least_recent() -> None:
 def test_a_longer_prefix_elsewhere_is_shared() -> None:
     busy = Slot(0, [1, 2, 3, 4, 5, 6], 3.0, busy=True)
     idle = Slot(1, [1, 2, 9], 1.0)
-    placement = place([busy, idle], [1, 2, 3, 4, 5, 7])
-    assert placement is not None
-    assert placement.slot is idle
-    assert placement.keep == 2
-    assert placement.donor is busy
-    assert placement.shared == 5
+    choice = choose_slot([busy, idle], [1, 2, 3, 4, 5, 7])
+    assert choice is not None
+    assert choice.slot is idle
+    assert choice.keep == 2
+    assert choice.donor is busy
+    assert choice.shared == 5
 
 
 def test_no_idle_slot() -> None:
-    assert place([Slot(0, [], busy=True)], [1, 2]) is None
+    assert choose_slot([Slot(0, [], busy=True)], [1, 2]) is None
 
 
 def test_eviction_order_is_least_recently_used_idle_caches() -> None:

@@ -5,7 +5,7 @@ TCP. ggml's RPC client aborts the whole process when a host cannot be reached, r
 handshake (a protocol version mismatch) or drops while a graph is computed. So:
 
 - `connect()` checks every endpoint before llama.cpp touches it: a TCP connect with a bounded
-  timeout here, then ggml's own handshake in a child process (`python -m server.engine.rpc_probe`)
+  timeout here, then ggml's own handshake in a child process (`python -m server.engine.rpc.probe`)
   that may abort without taking the server down; only then are the endpoints' devices registered
   in ggml's backend registry (`ggml_backend_rpc_add_server`, `ggml_backend_register`), where
   llama.cpp and the placement see them as GPUs.
@@ -31,7 +31,7 @@ from typing import Any
 import llama_cpp.llama_cpp as lc
 
 from server.engine.ggml import functions as ggml_functions
-from server.engine.rpc_hosts import RpcError, reachable
+from server.engine.rpc.hosts import RpcError, reachable
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ def connect(endpoints: Sequence[str], timeout_s: float) -> list[RemoteDevice]:
 
 def handshake(endpoint: str, timeout_s: float) -> list[dict[str, Any]]:
     """ggml's own handshake with `endpoint`, in a child process; its devices' memory."""
-    command = [sys.executable, "-m", "server.engine.rpc_probe", endpoint]
+    command = [sys.executable, "-m", "server.engine.rpc.probe", endpoint]
     try:
         # the child loads llama.cpp first: allow for that beyond the host's own timeout
         done = subprocess.run(

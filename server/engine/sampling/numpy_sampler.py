@@ -1,9 +1,9 @@
-"""LogitSampler: exact token sampling in numpy, straight from llama.cpp's logits buffer.
+"""NumpySampler: exact token sampling in numpy, straight from llama.cpp's logits buffer.
 
 llama.cpp's sampler chain (temperature, then the random draw) builds and normalises a candidate
 array of the whole vocabulary (201,088 entries for gpt-oss) on every token. This draws from the
 same distribution, most often without reading more than a few hundred logits: a rejection draw
-(engine/rejection.py) proposes tokens and accepts them by their weight. When it gives up, the
+(sampling/rejection.py) proposes tokens and accepts them by their weight. When it gives up, the
 full draw takes a few vectorised passes over preallocated buffers and no sort: the logits are
 scaled into a work buffer, banned tokens set to -inf, the maximum subtracted and the exponential
 taken in place; one uniform draw then picks a block of the vocabulary by its block sums, and
@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from server.engine.banned import Banned
 from server.engine.base import SamplingParams
-from server.engine.rejection import Outcomes, RejectionDraw
+from server.engine.sampling.banned import Banned
+from server.engine.sampling.rejection import Outcomes, RejectionDraw
 
 Floats = np.ndarray[Any, np.dtype[np.float32]]
 Doubles = np.ndarray[Any, np.dtype[np.float64]]
@@ -79,7 +79,7 @@ class Workspace:
         return True
 
 
-class LogitSampler:
+class NumpySampler:
     """One generation's sampling from logits: params and a seeded generator, buffers borrowed."""
 
     def __init__(

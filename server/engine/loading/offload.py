@@ -1,10 +1,10 @@
 """GPU offload through llama.cpp: measure the GPUs and the model, build llama_model_params.
 
-The decision itself is server.engine.placement's pure plan_placement(); this module gathers its
-inputs (free memory of each GPU from the ggml backend device API, tensor sizes from the GGUF
-header) and turns a decision into llama_model_params: n_gpu_layers, tensor buffer-type overrides
-to the CPU buffer type (as llama.cpp's `--cpu-moe` / `--n-cpu-moe` do), the load mode, and a
-progress bar (tqdm, like huggingface-hub's downloads) fed by llama.cpp's progress callback.
+The decision itself is placement.py's pure plan_placement(); this module gathers its inputs
+(free memory of each GPU from the ggml backend device API, tensor sizes from the GGUF header)
+and turns a decision into llama_model_params: n_gpu_layers, tensor buffer-type overrides to the
+CPU buffer type (as llama.cpp's `--cpu-moe` / `--n-cpu-moe` do), the load mode, and a progress
+bar (tqdm, like huggingface-hub's downloads) fed by llama.cpp's progress callback.
 """
 
 from __future__ import annotations
@@ -23,14 +23,14 @@ from tqdm.std import tqdm as std_tqdm
 
 from server.engine.base import EngineConfig
 from server.engine.ggml import functions as ggml_functions
-from server.engine.gguf_meta import (
+from server.engine.loading.gguf_header import (
     GGUFFormatError,
     TensorInfo,
     read_metadata,
     read_tensor_infos,
     split_paths,
 )
-from server.engine.placement import (
+from server.engine.loading.placement import (
     ContextShape,
     GpuMemory,
     Hyperparameters,
@@ -76,7 +76,7 @@ def plan(config: EngineConfig, options: PlacementOptions) -> Placement:
 def gpu_devices() -> list[GpuMemory]:
     """The GPUs llama.cpp can offload to, with their free memory now; [] on a CPU-only build.
 
-    Devices of RPC hosts (server.engine.rpc) count as GPUs and come first, as in llama.cpp's
+    Devices of RPC hosts (server.engine.rpc.backend) count as GPUs and come first, as in llama.cpp's
     own device order (fewer transfers over the network).
     """
     return [memory for _, memory in _offload_devices()]

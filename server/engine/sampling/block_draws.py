@@ -1,7 +1,7 @@
 """Many independent draws from one token distribution, on the sampling workspace's block sums.
 
 The distribution is the logits at a temperature with banned tokens removed, as the numpy
-sampler's (engine/sampler.py) full draw: the weights are exponentiated in place in the
+sampler's (sampling/numpy_sampler.py) full draw: the weights are exponentiated in place in the
 workspace, summed per block of the vocabulary, and each draw picks a block by the running block
 sums and a token inside it by the cumulative sum of that block alone; the blocks that several
 draws need are summed once, together.
@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from server.engine.banned import Banned
-from server.engine.sampler import Workspace
+from server.engine.sampling.banned import Banned
+from server.engine.sampling.numpy_sampler import Workspace
 
 Tokens = np.ndarray[Any, np.dtype[np.int64]]
 

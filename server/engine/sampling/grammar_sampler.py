@@ -1,7 +1,7 @@
 """GrammarSampler: samples under a GBNF grammar, exactly from the grammar-masked distribution.
 
 Applying a llama.cpp grammar to all 201k candidates costs far more than a decode step of a small
-model. So the allowed set is found by walking the vocabulary's prefix tree (engine/vocab_trie.py):
+model. So the allowed set is found by walking the vocabulary's prefix tree (sampling/vocab_trie.py):
 where the grammar is restrictive (JSON structure, numbers, enums) the walk ends after a few
 hundred checks with every allowed token, and the token is drawn among them. Where it is
 permissive (inside a string) the walk would check most of the vocabulary, so with plain
@@ -25,21 +25,53 @@ import ctypes
 import dataclasses
 import functools
 import math
-from typing import Any
+from collections.abc import Hashable
+from typing import Any, Protocol
 
 import llama_cpp.llama_cpp as lc
 import numpy as np
 
 from server.contracts.directives import Constrain
-from server.engine.banned import Banned
-from server.engine.base import SamplingParams
-from server.engine.draws import BlockDraws
-from server.engine.llama_context import LlamaContext, Sampler
-from server.engine.vocab_trie import Descent, Ids, Mask, VocabTrie, negates_non_ascii, vocab_trie
+from server.engine.base import ModelInfo, SamplingParams
+from server.engine.sampling.banned import Banned
+from server.engine.sampling.block_draws import BlockDraws
+from server.engine.sampling.llama_chain import LlamaSamplerChain
+from server.engine.sampling.numpy_sampler import Workspace
+from server.engine.sampling.vocab_trie import (
+    Descent,
+    Ids,
+    Mask,
+    VocabTrie,
+    negates_non_ascii,
+    vocab_trie,
+)
 
 _TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
 DRAWS = (4, 28)  # tokens drawn and checked, batch by batch, before the walk goes on to the end
 WALK_LIMIT = 3000  # checks the walk may spend before draws are tried (plain sampling)
+
+
+class SamplingContext(Hashable, Protocol):
+    """What a GrammarSampler uses of the loaded model and its context (a LlamaContext)."""
+
+    @property
+    def vocab(self) -> Any:
+        """The llama_vocab pointer."""
+
+    @property
+    def info(self) -> ModelInfo: ...
+
+    @property
+    def workspace(self) -> Workspace:
+        """The sampling buffers of the engine thread."""
+
+    def logits(self, index: int) -> np.ndarray[Any, np.dtype[np.float32]]:
+        """The logits of batch position `index`, as a view."""
+
+    def new_chain(
+        self, params: SamplingParams, constraint: Constrain | None = None
+    ) -> LlamaSamplerChain:
+        """llama.cpp's sampler chain for these settings."""
 
 
 class _Candidates:
@@ -75,7 +107,7 @@ class _Utf8:
     which also breaks a `maxLength`).
     """
 
-    def __init__(self, ctx: LlamaContext) -> None:
+    def __init__(self, ctx: SamplingContext) -> None:
         self._ctx = ctx
         self._decoder = codecs.getincrementaldecoder("utf-8")("strict")
         self._pieces: dict[int, bytes] = {}
@@ -123,7 +155,7 @@ def _banned(banned: frozenset[int], n_vocab: int) -> Banned | None:
 class GrammarSampler:
     """The sampler of one grammar-constrained stretch of a generation (engine thread only)."""
 
-    def __init__(self, ctx: LlamaContext, params: SamplingParams, constraint: Constrain) -> None:
+    def __init__(self, ctx: SamplingContext, params: SamplingParams, constraint: Constrain) -> None:
         assert constraint.grammar is not None
         self._ctx = ctx
         self._params = params
@@ -143,7 +175,8 @@ class GrammarSampler:
         self._draws = (
             BlockDraws(ctx.workspace, params.temperature, self._rng) if self._plain else None
         )
-        self._chains: tuple[Sampler, Sampler] | None = None  # llama.cpp's, for other settings
+        # llama.cpp's chains, for settings other than plain temperature
+        self._chains: tuple[LlamaSamplerChain, LlamaSamplerChain] | None = None
         self._checks = _Candidates(1024)
         self._text = _Utf8(ctx)
         self.drawn = 0  # tokens taken from the draws
@@ -248,13 +281,13 @@ class GrammarSampler:
                 return token
             logits[allowed == token] = -np.inf
 
-    def _llama_chains(self) -> tuple[Sampler, Sampler]:
+    def _llama_chains(self) -> tuple[LlamaSamplerChain, LlamaSamplerChain]:
         if self._chains is None:
             params = self._params
             seed = None if params.seed is None else params.seed + 1
             self._chains = (
-                self._ctx.new_sampler(params, Constrain(banned=self._constraint.banned)),
-                self._ctx.new_sampler(dataclasses.replace(params, seed=seed)),
+                self._ctx.new_chain(params, Constrain(banned=self._constraint.banned)),
+                self._ctx.new_chain(dataclasses.replace(params, seed=seed)),
             )
         return self._chains
 

@@ -1,7 +1,8 @@
 """RPC hosts as addresses: parsing HOST:PORT, the loopback rule, a bounded TCP reachability check.
 
 Pure socket code (no llama.cpp), so the settings can validate `--rpc` and the engine can name a
-host that stopped answering.
+host that stopped answering. The loopback rule is the server's one rule for "this machine only":
+RPC endpoints, the RPC worker's bind address and the HTTP server's bind address all use it.
 """
 
 from __future__ import annotations
@@ -32,12 +33,19 @@ def split_endpoint(endpoint: str) -> tuple[str, int]:
 
 
 def is_loopback(host: str) -> bool:
-    """True when every address `host` resolves to is a loopback address (127/8, ::1)."""
+    """True when `host` names this machine by its spelling: `localhost`, or a loopback address
+    literal (127/8, ::1, with or without brackets).
+
+    Names are never resolved: what a name resolves to may change between this check and the
+    connection or bind, and a check must not wait on DNS. Any other name counts as another
+    machine (the RPC options then ask for --rpc-trust-network / --trust-network).
+    """
+    if host.strip().lower() == "localhost":
+        return True
     try:
-        infos = socket.getaddrinfo(host, None)
-    except OSError:
+        return ipaddress.ip_address(host.strip().strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve to anything
         return False
-    return bool(infos) and all(ipaddress.ip_address(info[4][0]).is_loopback for info in infos)
 
 
 def reachable(endpoint: str, timeout_s: float) -> None:

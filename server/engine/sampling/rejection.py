@@ -1,6 +1,6 @@
 """RejectionDraw: an exact draw from softmax(logits / temperature) without touching every logit.
 
-The numpy sampler's full draw (engine/sampler.py) exponentiates and sums the whole vocabulary —
+The numpy sampler's full draw (numpy_sampler.py) exponentiates and sums the whole vocabulary —
 201,088 logits, ≈ 0.18 ms on a 2-core CPU, as much as a GPU spends on a tenth of a token. Most
 tokens need far less. With `top` a bound of the allowed logits, every token's weight
 a_i = exp((x_i - top) / T) is at most 1, and two exact schemes need only a few of them:
@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from server.engine.banned import Banned
+from server.engine.sampling.banned import Banned
 
 Floats = np.ndarray[Any, np.dtype[np.float32]]
 

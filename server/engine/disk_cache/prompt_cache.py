@@ -19,18 +19,32 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 import llama_cpp
+import numpy as np
 
 from server.engine.base import EngineConfig, PromptCacheStats
-from server.engine.kv_files import Entry, KVFiles
-from server.engine.llama_context import LlamaContext
+from server.engine.disk_cache.kv_files import Entry, KVFiles
 
 log = logging.getLogger(__name__)
 
 HEADER_HASH_BYTES = 1 << 20  # the model file's first MiB: GGUF header and metadata
 KV_TYPE = "f16"  # the context's type_k / type_v (llama.cpp's default; not configurable here)
 MAX_PENDING_BYTES = 2 * 1024**3  # memory held by states waiting for the writer
+
+
+class SequenceStates(Protocol):
+    """The sequences' KV state of a llama.cpp context, copied out and back (a LlamaContext)."""
+
+    @property
+    def n_ctx(self) -> int: ...
+
+    def seq_state_size(self, seq_id: int) -> int: ...
+
+    def seq_state(self, seq_id: int) -> np.ndarray[Any, np.dtype[np.uint8]]: ...
+
+    def load_seq_state(self, seq_id: int, data: bytearray, offset: int) -> bool: ...
 
 
 def identity(config: EngineConfig, n_ctx: int) -> str:
@@ -68,9 +82,9 @@ class Found:
 
 
 class PromptCache:
-    """Saves and restores sequences of one LlamaContext; engine thread only (but `stats`)."""
+    """Saves and restores the sequences of one context; engine thread only (but `stats`)."""
 
-    def __init__(self, ctx: LlamaContext, config: EngineConfig) -> None:
+    def __init__(self, ctx: SequenceStates, config: EngineConfig) -> None:
         assert config.prompt_cache_dir is not None
         self._ctx = ctx
         self.min_tokens = max(1, config.prompt_cache_min_tokens)

@@ -1,4 +1,4 @@
-"""`python -m server.engine.rpc_probe HOST:PORT`: ggml's RPC handshake in a throwaway process.
+"""`python -m server.engine.rpc.probe HOST:PORT`: ggml's RPC handshake in a throwaway process.
 
 ggml aborts the process that fails to connect or whose protocol version the host refuses; run
 here, that abort costs nothing and its message reaches the server through stderr. On success it
@@ -12,11 +12,11 @@ import json
 import os
 import sys
 
-from server.engine import rpc
 from server.engine.ggml import functions as ggml_functions
+from server.engine.rpc import backend
 
 
-@rpc.ABORT_CALLBACK  # type: ignore[untyped-decorator]
+@backend.ABORT_CALLBACK  # type: ignore[untyped-decorator]
 def _abort(message: bytes | None) -> None:
     """ggml's message on stderr and a plain exit (no backtrace: the parent wants one line)."""
     sys.stderr.write((message or b"").decode("utf-8", errors="replace") + "\n")
@@ -28,7 +28,7 @@ def main(endpoint: str) -> None:
     ggml = ggml_functions()
     ggml.ggml_set_abort_callback(ctypes.cast(_abort, ctypes.c_void_p))
     devices = []
-    for device in rpc.register(endpoint):
+    for device in backend.register(endpoint):
         free, total = ctypes.c_size_t(), ctypes.c_size_t()
         ggml.ggml_backend_dev_memory(device.handle, ctypes.byref(free), ctypes.byref(total))
         devices.append({"name": device.name, "free": free.value, "total": total.value})

@@ -1,0 +1,5 @@
+"""Disk cache: the prompt cache on disk.
+
+Saving sequences' KV state and restoring it into a sequence (prompt_cache.py), the entry files,
+their format, writer thread and budget (kv_files.py).
+"""
