@@ -328,34 +328,30 @@ class Prepared:
     async def _events(self) -> AsyncGenerator[GenerationEvent, None]:
         steering = self.steering.start()
         stream, decoder = self._submit(steering)
-        stops = StopStrings(self.stop)
-        ended: list[SegmentEnd] = []
+        client = ClientEvents(decoder, StopStrings(self.stop), self.names)
         consumed = False
         try:
             async for chunk in stream.paced(self.generator.stream_interval_s):
-                for event in _decoded(decoder, stops, chunk):
-                    if isinstance(event, SegmentEnd):
-                        ended.append(event)
-                    yield self._for_client(event)
-                if stops.hit:
+                for event in client.feed(chunk):
+                    yield event
+                if client.stopped:
                     break
             consumed = True
         finally:
             stream.cancel()  # no-op once finished; stops the engine if the consumer left
-            if not consumed and not stops.hit:
+            if not consumed and not client.stopped:
                 stream.on_close(
                     lambda result: self._report(result, decoder, steering, stopped=None)
                 )
-        if stops.hit:
+        if client.stopped:
             async for _ in stream:  # the engine stops within a token; wait for its result
                 pass
         else:
-            for event in decoder.finish():
-                for passed in stops.filter(event):
-                    yield self._for_client(passed)
+            for event in client.finish():
+                yield event
         if self.record:
-            self.generator.history.record(ended)
-        yield self._report(stream.result, decoder, steering, stopped=stops.matched)
+            self.generator.history.record(client.ended)
+        yield self._report(stream.result, decoder, steering, stopped=client.stop_sequence)
 
     def _submit(self, steering: HarmonySteering) -> tuple[TokenStream, HarmonyDecoder]:
         """The engine's stream, and the decoder for it (built while the prompt is evaluated)."""
@@ -368,9 +364,6 @@ class Prepared:
             stream.cancel()
             raise
 
-    def _for_client(self, event: GenerationEvent) -> GenerationEvent:
-        return self.names.to_client(event) if self.names is not None else event
-
     def _report(
         self,
         result: EngineResult,
@@ -379,7 +372,7 @@ class Prepared:
         *,
         stopped: str | None,
     ) -> Finished:
-        finished = _finished(result, decoder.reasoning_tokens, stopped=stopped)
+        finished = finished_event(result, decoder.reasoning_tokens, stopped=stopped)
         if decoder.left_grammar or steering.left_grammar:  # logged without the model's text
             log.warning(
                 "the model's output left the harmony grammar (%s); the response ends with what "
@@ -404,36 +397,71 @@ async def _releasing(
         ticket.release()
 
 
-def _decoded(
-    decoder: HarmonyDecoder, stops: StopStrings, tokens: list[int]
-) -> Iterator[GenerationEvent]:
-    """The events of a chunk of tokens, up to a stop string; consecutive deltas of one segment
-    are joined (one delta per segment and chunk goes out, not one per token)."""
-    texts: list[str] = []
-    pending: SegmentDelta | None = None
-    for event in _filtered(decoder, stops, tokens):
-        if isinstance(event, SegmentDelta) and pending is not None and event.index == pending.index:
-            texts.append(event.text)
-            continue
+class ClientEvents:
+    """Sampled token ids -> the events a client sees, one engine chunk at a time.
+
+    The decoder parses the tokens, stop strings cut the final answer, and tool names go back to
+    the client's names; consecutive deltas of one segment in a chunk are joined (one delta per
+    segment and chunk goes out, not one per token). Once a stop string matched, nothing more
+    is decoded.
+    """
+
+    def __init__(
+        self, decoder: HarmonyDecoder, stops: StopStrings, names: ToolNames | None
+    ) -> None:
+        self._decoder = decoder
+        self._stops = stops
+        self._names = names
+        self.ended: list[SegmentEnd] = []  # messages completed while sampling (the history's)
+
+    @property
+    def stopped(self) -> bool:
+        """A stop string matched: the generation must end."""
+        return self._stops.hit
+
+    @property
+    def stop_sequence(self) -> str | None:
+        return self._stops.matched
+
+    def feed(self, tokens: list[int]) -> Iterator[GenerationEvent]:
+        texts: list[str] = []
+        pending: SegmentDelta | None = None
+        for event in self._filtered(tokens):
+            if (
+                isinstance(event, SegmentDelta)
+                and pending is not None
+                and event.index == pending.index
+            ):
+                texts.append(event.text)
+                continue
+            if pending is not None:
+                yield self._for_client(_joined(pending, texts))
+                pending = None
+            if isinstance(event, SegmentDelta):
+                pending, texts = event, [event.text]
+            else:
+                yield self._for_client(event)
         if pending is not None:
-            yield _joined(pending, texts)
-            pending = None
-        if isinstance(event, SegmentDelta):
-            pending, texts = event, [event.text]
-        else:
-            yield event
-    if pending is not None:
-        yield _joined(pending, texts)
+            yield self._for_client(_joined(pending, texts))
 
+    def finish(self) -> Iterator[GenerationEvent]:
+        """What the decoder still holds once the engine stopped (not after a stop string)."""
+        for event in self._decoder.finish():
+            for passed in self._stops.filter(event):
+                yield self._for_client(passed)
 
-def _filtered(
-    decoder: HarmonyDecoder, stops: StopStrings, tokens: list[int]
-) -> Iterator[GenerationEvent]:
-    for token in tokens:
-        for event in decoder.feed(token):
-            yield from stops.filter(event)
-            if stops.hit:
-                return
+    def _filtered(self, tokens: list[int]) -> Iterator[GenerationEvent]:
+        for token in tokens:
+            for event in self._decoder.feed(token):
+                for passed in self._stops.filter(event):
+                    if isinstance(passed, SegmentEnd):  # complete messages only: the history
+                        self.ended.append(passed)
+                    yield passed
+                if self._stops.hit:
+                    return
+
+    def _for_client(self, event: GenerationEvent) -> GenerationEvent:
+        return self._names.to_client(event) if self._names is not None else event
 
 
 def _joined(first: SegmentDelta, texts: list[str]) -> SegmentDelta:
@@ -448,8 +476,9 @@ def _find(tokens: list[int], token: int, start: int = 0) -> int:
         return -1
 
 
-def _finished(result: EngineResult, reasoning_tokens: int, *, stopped: str | None) -> Finished:
-    """`stopped`: the stop string that ended the answer, if one did."""
+def finished_event(result: EngineResult, reasoning_tokens: int, *, stopped: str | None) -> Finished:
+    """The generation's last event. `stopped`: the stop string that ended the answer, if one
+    did."""
     return Finished(
         reason=FinishReason.STOP if stopped is not None else finish_reason(result),
         usage=dataclasses.replace(result.usage, reasoning_tokens=reasoning_tokens),

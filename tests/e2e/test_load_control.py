@@ -103,9 +103,14 @@ def test_non_streaming_client_that_leaves_cancels_its_generation(
     one_slot_server: tuple[str, LlamaEngine],
 ) -> None:
     base, engine = one_slot_server
+    cancelled = 'gpt_oss_generations_total{reason="cancelled"}'
+    cancelled_before = metric(base, cancelled)
     body = {**LONG, "stream": False}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{base}/v1/chat/completions", json=body, timeout=1.5)
+    # The generation itself was cancelled (it could not have finished: up to 100k tokens in an
+    # 8k context ends only at the context's end, never as "cancelled").
+    wait_for(lambda: metric(base, cancelled) == cancelled_before + 1)
     wait_for(lambda: engine.load.running == 0)
 
 

@@ -2,11 +2,14 @@
 
 Sequences are random token ids (every id up to 201087, reserved specials included) or real
 harmony outputs with specials inserted, tokens deleted or replaced, spans spliced in from other
-outputs, and truncations. Each goes the way the generation core sends sampled tokens: the
-HarmonyDecoder, stop strings, the tool-name mapping, then one `Finished` event; the events then
+outputs, and truncations. Each goes through the generation core's own code
+(server.core.generation's ClientEvents: the HarmonyDecoder, stop strings, the tool-name
+mapping; then finished_event), fed in engine-sized chunks; the events then
 run through the Chat Completions stream (chunks, checked by tests/support/chat_grammar.py) and
-its non-streaming fold, and through the Responses run (events checked by
-tests/support/event_grammar.py against the openai SDK's types), its fold and the store's items.
+its non-streaming fold, through the Responses run (events checked by
+tests/support/event_grammar.py against the openai SDK's types), its fold and the store's items,
+and through the Messages run (events checked by tests/support/anthropic.py against the anthropic
+SDK's types) and its fold.
 Nothing may raise; every stream must be grammatical and end with its terminal event.
 
 hypothesis drives it (failures shrink to a minimal sequence), derandomized so CI runs the same
@@ -28,11 +31,16 @@ from hypothesis import strategies as st
 from openai_harmony import HarmonyEncoding
 
 from server.api.chat.output import ChatEmitter, ChatEvent, ChunkFactory, encode, fold
+from server.api.messages.emitter import MessagesEmitter
+from server.api.messages.emitter import fold as fold_message
+from server.api.messages.schemas import StreamEvent as MessageEvent
+from server.api.messages.signature import ThinkingSigner
 from server.api.responses.adapter import output_items
 from server.api.responses.emitter import ResponsesEmitter
 from server.api.responses.emitter import fold as fold_response
 from server.api.responses.schemas import ResponseObject, StreamEvent
 from server.api.responses.store import item_from_json, item_to_json
+from server.api.sse import sse_typed
 from server.api.stream_run import StreamRun
 from server.contracts.errors import ServerError
 from server.contracts.events import (
@@ -44,13 +52,18 @@ from server.contracts.events import (
     SegmentEnd,
     SegmentKind,
     SegmentStart,
+    Timings,
     Usage,
 )
 from server.contracts.transcript import ToolSpec
+from server.core.generation import ClientEvents, finished_event
 from server.core.stop_strings import StopStrings
+from server.core.summaries import ReasoningView
 from server.core.tool_names import ToolNames
+from server.engine.base import EngineResult, StopReason
 from server.harmony.decoder import HarmonyDecoder
 from server.harmony.render import assistant_start_tokens
+from tests.support.anthropic import check_messages_sse
 from tests.support.chat_grammar import check_chat_body, check_chat_stream
 from tests.support.event_grammar import check_stream
 from tests.support.sse import parse_sse
@@ -188,44 +201,46 @@ class _Events:
             yield event
 
 
+ENGINE_STOPS = {  # why the engine stopped when no stop token ended the output
+    FinishReason.LENGTH: StopReason.MAX_TOKENS,
+    FinishReason.CANCELLED: StopReason.CANCELLED,
+    FinishReason.ERROR: StopReason.ERROR,
+}
+CHUNK = 3  # tokens per engine chunk: deltas of one segment within a chunk are joined
+
+
 def generate(
     encoding: HarmonyEncoding,
     tokens: Sequence[int],
     stops: Sequence[str],
     otherwise: FinishReason,
 ) -> list[GenerationEvent]:
-    """What the generation core makes of these sampled tokens (the engine stops at a stop
-    token; `otherwise` is why it stopped if there is none)."""
-    names = ToolNames(TOOLS)
+    """What the generation core (server.core.generation: ClientEvents, finished_event) makes of
+    these sampled tokens. The engine's part is played as the engine plays it: it ends the
+    output at a stop token, hands tokens over in chunks, and stops when a stop string matched;
+    `otherwise` is why it stopped if there is no stop token."""
+    end = next((i + 1 for i, token in enumerate(tokens) if token in STOP_TOKENS), len(tokens))
+    sampled = list(tokens[:end])
     decoder = HarmonyDecoder(encoding)
-    filter_ = StopStrings(stops)
+    client = ClientEvents(decoder, StopStrings(stops), ToolNames(TOOLS))
     events: list[GenerationEvent] = []
-    sampled: list[int] = []
-    for token in tokens:
-        sampled.append(token)
-        for event in decoder.feed(token):
-            events.extend(names.to_client(e) for e in filter_.filter(event))
-            if filter_.hit:
-                break
-        if filter_.hit or token in STOP_TOKENS:
+    for at in range(0, len(sampled), CHUNK):
+        events.extend(client.feed(sampled[at : at + CHUNK]))
+        if client.stopped:
             break
-    if not filter_.hit:
-        for event in decoder.finish():
-            events.extend(names.to_client(e) for e in filter_.filter(event))
-    reason = otherwise
-    if filter_.hit or sampled[-1:] == [RETURN]:
-        reason = FinishReason.STOP
-    elif sampled[-1:] == [CALL]:
-        reason = FinishReason.TOOL_CALL
-    usage = Usage(
-        prompt_tokens=42,
-        cached_tokens=7,
-        evaluated_tokens=35,
-        completion_tokens=len(sampled),
-        reasoning_tokens=decoder.reasoning_tokens,
-    )
-    error = "the engine failed" if reason is FinishReason.ERROR else None
-    events.append(Finished(reason, usage, error=error))
+    if not client.stopped:
+        events.extend(client.finish())
+    stop_token = sampled[-1] if sampled and sampled[-1] in STOP_TOKENS else None
+    result = EngineResult(
+        StopReason.STOP_TOKEN if stop_token is not None else ENGINE_STOPS[otherwise],
+        Usage(prompt_tokens=42, cached_tokens=7, evaluated_tokens=35,
+              completion_tokens=len(sampled)),
+        Timings(),
+        stop_token=stop_token,
+        error="the engine failed" if stop_token is None and otherwise is FinishReason.ERROR
+        else None,
+    )  # fmt: skip
+    events.append(finished_event(result, decoder.reasoning_tokens, stopped=client.stop_sequence))
     return events
 
 
@@ -323,6 +338,46 @@ def check_responses(
         assert item_from_json(json.loads(json.dumps(item_to_json(item)))) == item
 
 
+SIGNER = ThinkingSigner(b"f" * 32)
+
+
+def check_messages(
+    loop: asyncio.AbstractEventLoop,
+    encoding: HarmonyEncoding,
+    events: Sequence[GenerationEvent],
+    include_reasoning: bool,
+) -> None:
+    finished = events[-1]
+    assert isinstance(finished, Finished)
+    emitter = MessagesEmitter(
+        "msg_fuzz",
+        "gpt-oss-tiny",
+        input_tokens=42,
+        signer=SIGNER,
+        message_start=assistant_start_tokens(encoding),
+        view=ReasoningView(raw=include_reasoning, summary=None),
+    )
+
+    async def collect() -> list[MessageEvent]:
+        run = StreamRun(_Events(events), emitter, name="message msg_fuzz")
+        return [event async for event in run.events()]
+
+    streamed = loop.run_until_complete(collect())
+    raw = b"".join(sse_typed(event) for event in streamed)
+    checked = check_messages_sse(raw.decode().splitlines())
+    failed = checked.types()[-1] == "error"  # a cancelled message ends with an error too
+    assert failed == (finished.reason in (FinishReason.ERROR, FinishReason.CANCELLED))
+    if failed:
+        with pytest.raises(ServerError):
+            fold_message(streamed)
+        return
+    message = fold_message(streamed)
+    kinds = [block["type"] for block in checked.blocks()]
+    assert [block.type for block in message.content] == kinds
+    if not include_reasoning:
+        assert all(block.type != "thinking" or not block.thinking for block in message.content)
+
+
 @pytest.fixture(scope="module")
 def loop() -> Iterator[asyncio.AbstractEventLoop]:
     event_loop = asyncio.new_event_loop()
@@ -348,6 +403,7 @@ def run_all(
     check_segments(events)
     check_chat(loop, events, include_reasoning)
     check_responses(loop, encoding, events)
+    check_messages(loop, encoding, events, include_reasoning)
 
 
 def test_samples_are_well_formed(
