@@ -14,11 +14,14 @@ import pytest
 from tqdm import tqdm
 
 from server.engine.base import EngineConfig
+from server.engine.ggml import functions as ggml_functions
 from server.engine.llama_context import LlamaContext
 from server.engine.loading import offload
 from server.engine.loading.placement import ContextShape, expert_patterns
 from server.ops.model_source import resolve_model
 from tests.support.split_gguf import split_gguf
+
+CPU_DEVICE, GPU_DEVICE, IGPU_DEVICE = 0, 1, 2  # enum ggml_backend_dev_type
 
 
 def test_expert_overrides_and_progress_reach_llama_cpp(
@@ -59,14 +62,44 @@ def test_progress_callback_moves_the_bar() -> None:
     assert bar.n == 100
 
 
-def test_gpu_devices_on_this_build() -> None:
-    """A CPU-only build lists no GPU, so `auto` means 0 layers; a CUDA build lists its GPUs.
-    An RPC build can offload (to RPC hosts) but lists none until hosts are registered."""
+def registry() -> list[tuple[str, int, str]]:
+    """Every device in ggml's registry, read here independently: (name, type, backend)."""
+    ggml = ggml_functions()
+    found = []
+    for i in range(ggml.ggml_backend_dev_count()):
+        device = ggml.ggml_backend_dev_get(i)
+        backend = ggml.ggml_backend_reg_name(ggml.ggml_backend_dev_backend_reg(device))
+        name = ggml.ggml_backend_dev_name(device).decode()
+        found.append((name, int(ggml.ggml_backend_dev_type(device)), backend.decode()))
+    return found
+
+
+def test_gpu_devices_are_the_registrys_gpus() -> None:
+    """The GPUs offload lists are exactly the registry's discrete and integrated GPUs (none of an
+    RPC host: this process registered none), with sane memory figures; on a build that cannot
+    offload, none. The CPU is always there and never listed."""
+    devices = registry()
+    assert any(kind == CPU_DEVICE for _, kind, _ in devices), devices
     gpus = offload.gpu_devices()
     assert all(gpu.total >= gpu.free >= 0 for gpu in gpus)
-    if not gpus:
-        assert lc.llama_supports_rpc() or not lc.llama_supports_gpu_offload()
-    assert not any(gpu.host for gpu in gpus)  # this process registered no RPC host
+    assert not any(gpu.host for gpu in gpus)
+    expected = [name for name, kind, _ in devices if kind in (GPU_DEVICE, IGPU_DEVICE)]
+    if not lc.llama_supports_gpu_offload():
+        expected = []
+    assert sorted(gpu.name for gpu in gpus) == sorted(expected)
+
+
+def test_an_rpc_build_offloads_but_lists_no_device_before_hosts_are_registered() -> None:
+    """What CI's CPU + RPC build reports: offload is supported (to RPC hosts), the RPC backend
+    is registered, and it has no device until --rpc hosts are added."""
+    if not lc.llama_supports_rpc():
+        pytest.skip("this llama-cpp-python build has no RPC backend")
+    assert lc.llama_supports_gpu_offload()
+    ggml = ggml_functions()
+    rpc = ggml.ggml_backend_reg_by_name(b"RPC")
+    assert rpc
+    assert ggml.ggml_backend_reg_dev_count(rpc) == 0
+    assert not [name for name, _, backend in registry() if backend == "RPC"]
 
 
 def test_a_split_model_resolves_is_measured_across_parts_and_loads(
