@@ -16,7 +16,7 @@ from server.contracts.transcript import (
     ResponseFormat,
     ToolChoice,
 )
-from server.core.summaries import SummaryStyle
+from server.core.visibility import SummaryStyle
 
 _EFFORTS: dict[str, ReasoningEffort] = {
     "none": "low",

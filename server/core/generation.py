@@ -36,8 +36,9 @@ from server.contracts.transcript import ResponseFormat, ToolChoice, Transcript
 from server.core.admission import Admission, Ticket
 from server.core.history import History
 from server.core.stop_strings import StopStrings
-from server.core.summaries import SummaryConfig, SummaryMerge, SummaryStyle, summary_transcript
+from server.core.summaries import SummaryConfig, SummaryMerge, summary_transcript
 from server.core.tool_names import ToolNames
+from server.core.visibility import SummaryStyle
 from server.engine.base import Engine, EngineResult, SamplingParams, StopReason, TokenStream
 from server.grammars.response_format import answer_grammar
 from server.grammars.tools import call_grammar

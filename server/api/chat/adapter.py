@@ -29,7 +29,7 @@ from server.contracts.transcript import (
     UserMessage,
 )
 from server.core.generation import GenerationOptions
-from server.core.summaries import ReasoningView, ReasoningVisibility, SummaryStyle, resolve_view
+from server.core.visibility import ReasoningView, ReasoningVisibility, SummaryStyle, resolve_view
 
 TEXT_PARTS = ("text", "input_text", "output_text")
 WIRE_NAMES = {

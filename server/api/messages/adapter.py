@@ -54,7 +54,7 @@ from server.contracts.transcript import (
     UserMessage,
 )
 from server.core.generation import GenerationOptions
-from server.core.summaries import ReasoningView, ReasoningVisibility, SummaryStyle, resolve_view
+from server.core.visibility import ReasoningView, ReasoningVisibility, SummaryStyle, resolve_view
 
 log = logging.getLogger(__name__)
 

@@ -63,7 +63,7 @@ from server.contracts.transcript import (
 )
 from server.core.generation import GenerationOptions
 from server.core.history import prompt_tokens
-from server.core.summaries import ReasoningView, ReasoningVisibility, SummaryStyle, resolve_view
+from server.core.visibility import ReasoningView, ReasoningVisibility, SummaryStyle, resolve_view
 
 log = logging.getLogger(__name__)
 

@@ -73,7 +73,7 @@ from server.contracts.events import (
     SummaryStart,
     ToolTarget,
 )
-from server.core.summaries import ReasoningView
+from server.core.visibility import ReasoningView
 
 log = logging.getLogger(__name__)
 
