@@ -22,7 +22,7 @@ from server.api.chat.schemas import (
     ToolCallOut,
     UsageOut,
 )
-from server.api.common import summary_timings_out, timings_out
+from server.api.response_fields import summary_timings_out, timings_out
 from server.contracts.events import (
     DecodeWarning,
     Finished,

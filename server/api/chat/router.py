@@ -17,8 +17,8 @@ from server.api.chat.adapter import (
 )
 from server.api.chat.output import ChatEmitter, ChunkFactory, fold
 from server.api.chat.schemas import ChatCompletionRequest, Delta
-from server.api.common import new_id, now
 from server.api.disconnect import ClientGone, consume_while_connected
+from server.api.response_fields import new_id, now
 from server.api.sse import DONE, sse_data, sse_response
 from server.contracts.errors import ServerError, error_envelope
 from server.contracts.events import FinishReason

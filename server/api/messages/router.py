@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from server.api.common import new_id
 from server.api.disconnect import ClientGone, consume_while_connected
 from server.api.messages.adapter import (
     WIRE_NAMES,
@@ -36,6 +35,7 @@ from server.api.messages.schemas import (
 )
 from server.api.messages.signature import ThinkingSigner
 from server.api.messages.streaming import MessageRun
+from server.api.response_fields import new_id
 from server.api.sse import sse_event, sse_response
 from server.contracts.errors import ServerError
 from server.contracts.transcript import Transcript

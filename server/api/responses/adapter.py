@@ -22,7 +22,7 @@ from typing import Any, cast
 
 from pydantic import BaseModel
 
-from server.api.common import (
+from server.api.request_fields import (
     clamp_effort,
     effort_for_budget,
     parse_as,

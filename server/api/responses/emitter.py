@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
-from server.api.common import new_id, now
+from server.api.response_fields import new_id, now
 from server.api.responses.adapter import custom_input
 from server.api.responses.items import (
     ID_PREFIXES,

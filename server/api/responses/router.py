@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from server.api.common import new_id, now
 from server.api.disconnect import ClientGone, consume_while_connected
+from server.api.response_fields import new_id, now
 from server.api.responses.adapter import (
     WIRE_NAMES,
     generation_options,
