@@ -45,7 +45,7 @@ from server.bench.runner import versions
 from server.bench.sse import stream_events
 from server.engine.gguf_meta import vocabulary_bytes
 from server.harmony.encoding import load_encoding
-from server.ops.config import default_cache_dir
+from server.ops.settings import default_cache_dir
 
 log = logging.getLogger(__name__)
 

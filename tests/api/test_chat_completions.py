@@ -10,8 +10,8 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai_harmony import HarmonyEncoding
 
 from server.app import create_app
-from server.ops.config import Settings
 from server.ops.runtime import Runtime
+from server.ops.settings import Settings
 from server.testing.forced import ForcedScript
 from tests.support.sse import parse_sse
 

@@ -23,7 +23,7 @@ from server.api.sse import DONE, sse_data, sse_response
 from server.contracts.errors import ServerError, error_envelope
 from server.contracts.events import FinishReason
 from server.core.generation import Generator, Prepared
-from server.ops.config import Settings
+from server.ops.settings import Settings
 
 log = logging.getLogger(__name__)
 router = APIRouter()

@@ -40,7 +40,7 @@ from server.api.sse import sse_event, sse_response
 from server.contracts.errors import ServerError
 from server.contracts.transcript import Transcript
 from server.core.generation import Generator
-from server.ops.config import Settings
+from server.ops.settings import Settings
 
 log = logging.getLogger(__name__)
 router = APIRouter()

@@ -40,7 +40,7 @@ from server.contracts.errors import NotFound, ServerError
 from server.contracts.events import SegmentEnd
 from server.contracts.transcript import Item, Transcript
 from server.core.generation import GenerationOptions, Generator
-from server.ops.config import Settings
+from server.ops.settings import Settings
 
 log = logging.getLogger(__name__)
 router = APIRouter()
