@@ -52,7 +52,11 @@ def function_grammar(name: str, schema_json: str, strict: bool | None, default: 
         return json_schema.any_object()
     if strict is not True and not default:
         return json_schema.any_object()
-    converted = json_schema.convert(schema)
+    try:
+        converted = json_schema.convert(schema)
+    except RecursionError:
+        log.warning("tool %s: its parameters are nested too deeply; any object is allowed", name)
+        return json_schema.any_object()
     if converted.exact:
         return converted.gbnf
     unsupported = "; ".join(converted.unsupported)

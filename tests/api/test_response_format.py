@@ -167,3 +167,14 @@ def test_non_strict_schemas_enforce_what_they_can(client: TestClient, forced: Fo
         if choice["finish_reason"] == "stop":  # any JSON value under `ids` may still be open
             assert set(json.loads(text)) == {"digit", "ids"}
     assert forced.pending == 0
+
+
+def test_a_schema_nested_too_deeply_is_a_400_not_a_500(client: TestClient) -> None:
+    deep: dict[str, Any] = {"type": "string"}
+    for _ in range(300):
+        deep = {"type": "object", "properties": {"a": deep}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": deep}}
+    response = post(client, messages=USER_HI, response_format=fmt)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "response_format"
+    assert "nested too deeply" in response.json()["error"]["message"]
