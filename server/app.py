@@ -27,8 +27,9 @@ from server.core.generation import Generator, SamplingDefaults
 from server.core.history import History
 from server.core.summaries import SummaryConfig
 from server.harmony.render import assistant_start_tokens
-from server.ops.config import Settings
-from server.ops.runtime import Runtime, load_runtime
+from server.ops.runtime import Runtime
+from server.ops.settings import Settings
+from server.ops.startup import load_runtime
 
 
 def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:

@@ -21,11 +21,12 @@ from server.app import create_app
 from server.bench.options import BenchOptions
 from server.contracts.errors import StartupError
 from server.ops import codex_config
-from server.ops.config import Settings, default_cache_dir
 from server.ops.model_source import resolve_model
 from server.ops.rpc_worker import WorkerOptions, run_worker
-from server.ops.runtime import Runtime, load_runtime
+from server.ops.runtime import Runtime
 from server.ops.serving import banner, serve
+from server.ops.settings import Settings, default_cache_dir
+from server.ops.startup import load_runtime
 
 log = logging.getLogger("gpt_oss_server")
 

@@ -22,8 +22,8 @@ from server.engine.base import EngineConfig
 from server.engine.llama import LlamaEngine
 from server.engine.loading.gguf_header import vocabulary_bytes
 from server.harmony.encoding import load_encoding
-from server.ops.config import Settings
 from server.ops.runtime import Runtime
+from server.ops.settings import Settings
 from server.testing.forced import ForcedScript
 
 

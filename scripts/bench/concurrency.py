@@ -46,7 +46,7 @@ from server.bench.sse import stream_events
 from server.engine.base import default_threads
 from server.engine.loading.gguf_header import vocabulary_bytes
 from server.harmony.encoding import load_encoding
-from server.ops.config import default_cache_dir
+from server.ops.settings import default_cache_dir
 
 log = logging.getLogger(__name__)
 

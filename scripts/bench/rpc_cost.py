@@ -32,8 +32,8 @@ import numpy as np
 from server.bench.procs import start_rpc_worker
 from server.engine.base import SamplingParams
 from server.engine.llama import LlamaEngine
-from server.ops.config import Settings
-from server.ops.runtime import engine_config, start_engine
+from server.ops.settings import Settings
+from server.ops.startup import engine_config, start_engine
 from server.testing.synthetic_gguf import cached_gguf
 
 

@@ -11,7 +11,7 @@ import hmac
 from fastapi import Request
 
 from server.contracts.errors import ServerError
-from server.ops.config import Settings
+from server.ops.settings import Settings
 
 
 class AuthenticationError(ServerError):

@@ -8,8 +8,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from server import __version__
-from server.ops.config import Settings
 from server.ops.runtime import Runtime
+from server.ops.settings import Settings
 
 router = APIRouter()
 health_router = APIRouter()

@@ -31,7 +31,7 @@ from server.bench.prompts import WordPrompts
 from server.bench.sse import stream_events
 from server.engine.loading.gguf_header import vocabulary_bytes
 from server.harmony.encoding import load_encoding
-from server.ops.config import default_cache_dir
+from server.ops.settings import default_cache_dir
 
 log = logging.getLogger(__name__)
 

@@ -24,8 +24,8 @@ from server.bench.procs import log_tail, run_to_end
 from server.bench.prompts import random_tokens
 from server.engine.base import EngineResult, SamplingParams, StopReason
 from server.engine.llama import LlamaEngine
-from server.ops.config import Settings
-from server.ops.runtime import engine_config
+from server.ops.settings import Settings
+from server.ops.startup import engine_config
 
 log = logging.getLogger(__name__)
 PACE_S = Settings.model_fields["stream_interval_ms"].default / 1000  # as `serve` takes tokens

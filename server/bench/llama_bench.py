@@ -15,7 +15,7 @@ from typing import Any
 
 from server.bench.plan import BenchError, PathRun, Plan, pp_label, tg_label
 from server.bench.procs import log_tail, run_to_end
-from server.ops.config import Settings
+from server.ops.settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from server.bench.plan import BenchError, Measurement, PathRun, Plan, Step, pp_l
 from server.bench.procs import ServerProcess
 from server.bench.prompts import random_tokens
 from server.bench.sse import stream_events
-from server.ops.config import Settings
+from server.ops.settings import Settings
 
 
 def server_command(plan: Plan, port: int) -> list[str]:

@@ -36,10 +36,11 @@ from server.contracts.transcript import ResponseFormat, ToolChoice, Transcript
 from server.core.admission import Admission, Ticket
 from server.core.history import History
 from server.core.stop_strings import StopStrings
-from server.core.summaries import SummaryConfig, SummaryMerge, SummaryStyle, summary_transcript
+from server.core.summaries import SummaryConfig, SummaryMerge, summary_transcript
 from server.core.tool_names import ToolNames
+from server.core.visibility import SummaryStyle
 from server.engine.base import Engine, EngineResult, SamplingParams, StopReason, TokenStream
-from server.engine.grammar import json_grammar
+from server.grammars.response_format import answer_grammar
 from server.grammars.tools import call_grammar
 from server.harmony.decoder import HarmonyDecoder
 from server.harmony.renderer import Renderer
@@ -274,9 +275,8 @@ class Generator:
     def _final_grammar(self, response_format: ResponseFormat | None) -> str | None:
         if response_format is None:
             return None
-        schema = response_format.schema if response_format.kind == "json_schema" else None
         try:
-            grammar = json_grammar(schema)
+            grammar = answer_grammar(response_format)
             self.engine.validate_grammar(grammar)
         except ValueError as exc:
             raise InvalidRequest(

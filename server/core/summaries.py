@@ -12,8 +12,8 @@ answer undelayed.
 API emitters: each reasoning `SegmentEnd` (index i) is followed, later, by exactly one run
 `SummaryStart(i) SummaryDelta(i)* SummaryEnd(i)`; runs come in segment order and never interleave
 with one another (only with main events); `Finished` comes last, after every summary, carrying
-their cost apart from the main generation's. `resolve_view` is the one place that decides what
-of the reasoning a response may show (server policy, request, per-request exclude).
+their cost apart from the main generation's. Whether a response gets summaries at all is
+server.core.visibility's decision.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import time
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from server.contracts.events import (
     Finished,
@@ -42,11 +42,9 @@ from server.contracts.events import (
     Usage,
 )
 from server.contracts.transcript import Transcript, UserMessage
+from server.core.visibility import SummaryStyle
 
 log = logging.getLogger(__name__)
-
-SummaryStyle = Literal["auto", "concise", "detailed"]
-ReasoningVisibility = Literal["raw", "summary", "none"]
 
 SUMMARY_INSTRUCTIONS = (
     "You summarize the private reasoning of an AI assistant for the person it is working for, "
@@ -76,34 +74,6 @@ class SummaryConfig:
     def reasoning_budget(self) -> int:
         """Analysis tokens of the summary generation before its answer is forced to start."""
         return max(1, self.max_tokens // 2)
-
-
-@dataclass(frozen=True, slots=True)
-class ReasoningView:
-    """What of the model's reasoning one response shows."""
-
-    raw: bool  # the raw chain of thought
-    summary: SummaryStyle | None  # summaries are generated and shown in this style
-
-    @property
-    def any(self) -> bool:
-        return self.raw or self.summary is not None
-
-
-def resolve_view(
-    visibility: ReasoningVisibility, requested: SummaryStyle | None, *, exclude: bool = False
-) -> ReasoningView:
-    """The server policy applied to a request.
-
-    `raw` shows the chain of thought, plus summaries when asked; `summary` never shows it and
-    summarizes every reasoning segment (there is nothing else to show); `none` shows nothing.
-    A request's `exclude` hides all reasoning and so generates no summaries.
-    """
-    if visibility == "none" or exclude:
-        return ReasoningView(raw=False, summary=None)
-    if visibility == "summary":
-        return ReasoningView(raw=False, summary=requested or "auto")
-    return ReasoningView(raw=True, summary=requested)
 
 
 def summary_transcript(reasoning: str, style: SummaryStyle, config: SummaryConfig) -> Transcript:

@@ -1,4 +1,4 @@
-"""JSON schema -> GBNF for tool arguments, honouring the bounds that keep sampling finite.
+"""JSON schema -> GBNF for tool arguments and response formats, honouring the schema's bounds.
 
 Supported (enforced exactly): `type` (one or a list), `properties`, `required`,
 `additionalProperties` (only the declared properties are written unless it is a schema and
@@ -77,6 +77,11 @@ def convert(schema: dict[str, Any]) -> SchemaGrammar:
     builder.rules["root"] = root
     body = "\n".join(f"{name} ::= {rule}" for name, rule in builder.rules.items())
     return SchemaGrammar(body + "\n", tuple(builder.unsupported))
+
+
+def canonical(schema: object) -> str:
+    """A schema as compact JSON text in its declared order (the key of the grammar caches)."""
+    return json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
 
 
 def any_object() -> str:

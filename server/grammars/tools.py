@@ -33,12 +33,8 @@ def call_grammar(spec: ToolSpec, strict_default: bool = True) -> str | None:
         if spec.grammar is None:
             return None
         return custom_grammar(spec.name, spec.grammar.syntax, spec.grammar.definition)
-    schema = _NO_ARGUMENTS if spec.parameters is None else _canonical(spec.parameters)
+    schema = _NO_ARGUMENTS if spec.parameters is None else json_schema.canonical(spec.parameters)
     return function_grammar(spec.name, schema, spec.strict, strict_default)
-
-
-def _canonical(schema: object) -> str:
-    return json.dumps(schema, separators=(",", ":"), ensure_ascii=False)  # keeps declared order
 
 
 @functools.lru_cache(maxsize=512)
@@ -56,7 +52,11 @@ def function_grammar(name: str, schema_json: str, strict: bool | None, default: 
         return json_schema.any_object()
     if strict is not True and not default:
         return json_schema.any_object()
-    converted = json_schema.convert(schema)
+    try:
+        converted = json_schema.convert(schema)
+    except RecursionError:
+        log.warning("tool %s: its parameters are nested too deeply; any object is allowed", name)
+        return json_schema.any_object()
     if converted.exact:
         return converted.gbnf
     unsupported = "; ".join(converted.unsupported)

@@ -10,7 +10,7 @@ import sys
 import urllib.error
 import urllib.request
 
-from server.ops.config import Settings
+from server.ops.settings import Settings
 
 TIMEOUT_S = 4.0
 ALL_INTERFACES = ("0.0.0.0", "::", "")

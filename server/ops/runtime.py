@@ -1,29 +1,17 @@
-"""Runtime: the loaded model, its engine and the harmony encoding, built from Settings."""
+"""Runtime: the handle on what serves requests (the engine, the harmony encoding, the model name).
+
+Built at start-up by server.ops.startup; the app keeps it on `app.state.runtime`, where the API
+reads it. Importing it loads nothing.
+"""
 
 from __future__ import annotations
 
-import logging
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import dataclass
 
 from openai_harmony import HarmonyEncoding
 
-from server.contracts.errors import PlacementError, StartupError
-from server.engine.base import Engine, EngineConfig, SamplingHook
-from server.engine.llama import LlamaEngine
-from server.engine.loading import offload
-from server.engine.loading.gguf_header import GGUFFormatError, vocabulary_bytes
-from server.engine.loading.placement import Placement, PlacementOptions
-from server.engine.rpc import backend as rpc
-from server.engine.rpc.hosts import RpcError
-from server.harmony import tokens
-from server.harmony.encoding import load_encoding
-from server.ops.config import Settings
-from server.ops.model_source import resolve_model
-
-log = logging.getLogger(__name__)
-
-HARMONY_SPECIALS = {t: tokens.NAMES[t] for t in (tokens.RETURN, tokens.START, tokens.CALL)}
+from server.engine.base import Engine
+from server.engine.loading.placement import Placement
 
 
 @dataclass
@@ -35,97 +23,3 @@ class Runtime:
 
     def close(self) -> None:
         self.engine.close()
-
-
-def engine_config(settings: Settings, model_path: Path) -> EngineConfig:
-    return EngineConfig(
-        model_path=str(model_path),
-        n_ctx=settings.n_ctx,
-        n_slots=settings.n_slots,
-        prefill_chunk=settings.prefill_chunk,
-        max_waiting=settings.max_waiting,
-        n_batch=settings.n_batch,
-        n_ubatch=settings.n_ubatch,
-        n_threads=settings.n_threads,
-        n_threads_batch=settings.n_threads_batch,
-        use_mmap=settings.use_mmap,
-        flash_attn=settings.flash_attn,
-        swa_full=settings.swa_full,
-        prompt_cache_dir=str(settings.prompt_cache_dir) if settings.prompt_cache else None,
-        prompt_cache_bytes=int(settings.prompt_cache_gb * 1024**3),
-        prompt_cache_min_tokens=settings.prompt_cache_min_tokens,
-        rpc_servers=settings.rpc,
-    )
-
-
-def connect_rpc_hosts(settings: Settings) -> None:
-    """Check the --rpc hosts and register their devices, where llama.cpp and placement see them."""
-    if not settings.rpc:
-        return
-    try:
-        devices = rpc.connect(settings.rpc, settings.rpc_timeout_s)
-    except RpcError as exc:
-        raise StartupError(str(exc)) from exc
-    for device in devices:
-        log.info("RPC host %s: device %s", device.endpoint, device.name)
-
-
-def load_runtime(settings: Settings, sampling_hook: SamplingHook | None = None) -> Runtime:
-    """Resolve (and download) the model, load the vocabulary and the engine."""
-    model = resolve_model(settings.model, settings.download_dir)
-    encoding = load_encoding(settings.cache_dir / "vocab", lambda: vocabulary_bytes(model.path))
-    config = engine_config(settings, model.path)
-    engine, placement = start_engine(settings, config, sampling_hook)
-    check_token_ids(engine, encoding)
-    name = settings.served_model_name or model.name
-    return Runtime(engine=engine, encoding=encoding, model_name=name, placement=placement)
-
-
-def start_engine(
-    settings: Settings, config: EngineConfig, sampling_hook: SamplingHook | None = None
-) -> tuple[LlamaEngine, Placement]:
-    """Connect the --rpc hosts, place the model on the devices and load it (StartupError when
-    it cannot)."""
-    connect_rpc_hosts(settings)
-    placement = place_model(config, settings)
-    config = replace(
-        config,
-        n_gpu_layers=placement.n_gpu_layers,
-        cpu_tensor_patterns=placement.cpu_patterns,
-        tensor_split=placement.tensor_split,
-    )
-    log.info("loading %s", config.model_path)
-    try:
-        engine = LlamaEngine(config, sampling_hook)
-    except (RuntimeError, RpcError) as exc:  # RpcError: a host dropped while loading
-        raise StartupError(f"could not load {config.model_path}: {exc}") from exc
-    return engine, placement
-
-
-def place_model(config: EngineConfig, settings: Settings) -> Placement:
-    """Decide what goes on the GPU (server.engine.loading.placement) and log the plan."""
-    options = PlacementOptions(
-        n_gpu_layers=-1 if settings.n_gpu_layers == "all" else settings.n_gpu_layers,
-        cpu_moe=settings.cpu_moe,
-        n_cpu_moe=settings.n_cpu_moe,
-        margin=settings.gpu_margin_mb * 1024**2,
-    )
-    try:
-        placement = offload.plan(config, options)
-    except (OSError, GGUFFormatError) as exc:
-        raise PlacementError(f"cannot measure {config.model_path} to place it: {exc}") from exc
-    for line in placement.lines:
-        log.log(logging.INFO if placement.fits else logging.WARNING, "%s", line)
-    return placement
-
-
-def check_token_ids(engine: Engine, encoding: HarmonyEncoding) -> None:
-    """The model's vocabulary must give harmony's special tokens harmony's ids."""
-    for token_id, text in HARMONY_SPECIALS.items():
-        in_model = engine.token_text(token_id) if token_id < engine.info.n_vocab else None
-        in_harmony = encoding.decode_utf8([token_id])
-        if in_model != text or in_harmony != text:
-            raise StartupError(
-                f"token {token_id} is {in_model!r} in the model and {in_harmony!r} in harmony, "
-                f"expected {text!r}: the file is not a gpt-oss (o200k_harmony) model"
-            )

@@ -23,9 +23,9 @@ from typing import Any
 import uvicorn
 
 from server.engine.rpc.hosts import is_loopback
-from server.ops.config import Settings
 from server.ops.healthcheck import ALL_INTERFACES, client_url
 from server.ops.runtime import Runtime
+from server.ops.settings import Settings
 
 log = logging.getLogger("gpt_oss_server")
 

@@ -8,8 +8,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from server.app import create_app
-from server.ops.config import Settings
 from server.ops.runtime import Runtime
+from server.ops.settings import Settings
 
 
 @pytest.fixture(scope="session")

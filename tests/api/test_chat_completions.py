@@ -12,8 +12,8 @@ from openai_harmony import HarmonyEncoding
 
 from server.app import create_app
 from server.contracts.events import Finished
-from server.ops.config import Settings
 from server.ops.runtime import Runtime
+from server.ops.settings import Settings
 from server.testing.forced import ForcedScript
 from tests.support.chat_grammar import check_chat_stream
 from tests.support.sse import parse_sse

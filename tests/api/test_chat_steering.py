@@ -13,8 +13,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from server.app import create_app
-from server.ops.config import Settings
 from server.ops.runtime import Runtime
+from server.ops.settings import Settings
 from server.testing.forced import ForcedScript
 from tests.api.test_chat_completions import USER_HI, chunks_of, joined, post, stream
 

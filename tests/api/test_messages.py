@@ -15,8 +15,8 @@ from fastapi.testclient import TestClient
 from openai_harmony import HarmonyEncoding
 
 from server.app import create_app
-from server.ops.config import Settings
 from server.ops.runtime import Runtime
+from server.ops.settings import Settings
 from server.testing.forced import ForcedScript
 from tests.support.anthropic import CheckedMessageStream, check_messages_sse
 

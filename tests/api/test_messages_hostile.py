@@ -11,8 +11,8 @@ from anthropic.types.shared import ErrorResponse
 from fastapi.testclient import TestClient
 
 from server.app import create_app
-from server.ops.config import Settings
 from server.ops.runtime import Runtime
+from server.ops.settings import Settings
 from server.testing.forced import ForcedScript
 
 MODEL = "gpt-oss-tiny"

@@ -6,8 +6,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from server.app import create_app
-from server.ops.config import Settings
 from server.ops.runtime import Runtime
+from server.ops.settings import Settings
 
 STATIC = ("app.js", "api.js", "dialog.js", "dom.js", "markdown.js", "messages.js", "server.js")
 

@@ -13,8 +13,8 @@ import uvicorn
 
 from server.app import create_app
 from server.bench.procs import ServerProcess, serve_command
-from server.ops.config import Settings
 from server.ops.runtime import Runtime
+from server.ops.settings import Settings
 
 
 def server_process(model: Path, tmp_path: Path, *options: str) -> ServerProcess:

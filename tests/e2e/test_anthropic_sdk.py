@@ -18,8 +18,8 @@ from anthropic.types import Message, MessageParam, ToolParam, ToolUseBlock
 from openai_harmony import HarmonyEncoding
 
 from server.app import create_app
-from server.ops.config import Settings
 from server.ops.runtime import Runtime
+from server.ops.settings import Settings
 from server.testing.forced import ForcedScript
 from tests.support.anthropic import CheckedMessageStream, check_messages_sse
 from tests.support.responses import served

@@ -24,8 +24,8 @@ from server.app import create_app
 from server.engine.base import EngineConfig
 from server.engine.llama import LlamaEngine
 from server.ops.codex_config import CodexSetup, served_model, write
-from server.ops.config import Settings
 from server.ops.runtime import Runtime
+from server.ops.settings import Settings
 from server.testing.forced import ForcedScript
 from tests.support.event_grammar import CheckedStream
 from tests.support.npm_cli import cache_dir, pinned

@@ -21,8 +21,8 @@ from server.app import create_app
 from server.engine.base import EngineConfig
 from server.engine.llama import LlamaEngine
 from server.ops.codex_config import CodexSetup, write
-from server.ops.config import Settings
 from server.ops.runtime import Runtime
+from server.ops.settings import Settings
 from server.testing.forced import ForcedScript
 from tests.e2e import test_codex
 from tests.e2e.test_codex import MODEL, N_CTX, SANDBOX, Codex, CodexRun

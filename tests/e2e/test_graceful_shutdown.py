@@ -22,8 +22,8 @@ from typing import Any
 import httpx
 import pytest
 
-from server.ops.config import Settings
 from server.ops.healthcheck import healthy
+from server.ops.settings import Settings
 from tests.e2e.conftest import free_port
 
 pytestmark = pytest.mark.slow  # server processes and signals

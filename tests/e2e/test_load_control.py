@@ -16,8 +16,8 @@ import uvicorn
 from server.app import create_app
 from server.engine.base import EngineConfig
 from server.engine.llama import LlamaEngine
-from server.ops.config import Settings
 from server.ops.runtime import Runtime
+from server.ops.settings import Settings
 from tests.e2e.conftest import free_port
 
 LONG = {"messages": [{"role": "user", "content": "Go on."}], "max_tokens": 100000, "stream": True}

@@ -16,8 +16,8 @@ from server.app import create_app
 from server.engine.base import EngineConfig
 from server.engine.channel import TokenChannel
 from server.engine.llama import LlamaEngine
-from server.ops.config import Settings
 from server.ops.runtime import Runtime
+from server.ops.settings import Settings
 from server.testing.forced import ForcedScript
 from tests.support.responses import MODEL, served
 

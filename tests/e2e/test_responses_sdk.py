@@ -16,8 +16,8 @@ from openai.types.responses import (
 )
 
 from server.app import create_app
-from server.ops.config import Settings
 from server.ops.runtime import Runtime
+from server.ops.settings import Settings
 from server.testing.forced import ForcedScript
 from tests.support.event_grammar import check_stream
 from tests.support.responses import MODEL, served, sse_payloads

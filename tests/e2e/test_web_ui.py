@@ -28,8 +28,8 @@ from selenium.webdriver.remote.webelement import WebElement
 from server.app import create_app
 from server.engine.base import EngineConfig
 from server.engine.llama import LlamaEngine
-from server.ops.config import Settings
 from server.ops.runtime import Runtime
+from server.ops.settings import Settings
 from server.testing.forced import ForcedScript
 from tests.support.browser import ARTIFACTS, chromium, console_log, wait_until
 from tests.support.responses import served

@@ -21,8 +21,8 @@ from server.api.responses.schemas import ResponsesRequest
 from server.app import create_app
 from server.contracts.transcript import Item, Transcript
 from server.core.generation import GenerationOptions
-from server.ops.config import Settings
 from server.ops.runtime import Runtime
+from server.ops.settings import Settings
 from tests.support.event_grammar import CheckedStream, check_stream
 from tests.support.sse import parse_sse
 

@@ -19,8 +19,8 @@ from pathlib import Path
 from server.engine.base import SamplingParams
 from server.engine.llama import LlamaEngine
 from server.harmony.tokens import END, MESSAGE, START
-from server.ops.config import Settings
-from server.ops.runtime import engine_config, start_engine
+from server.ops.settings import Settings
+from server.ops.startup import engine_config, start_engine
 
 # <|start|>system<|message|>You are a helpful model.<|end|><|start|>user<|message|>
 PROMPT = [START, 17360, MESSAGE, 3575, 553, 261, 10297, 2359, 13, END, START, 1428, MESSAGE]

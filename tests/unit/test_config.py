@@ -10,7 +10,7 @@ from pydantic_settings import CliApp
 
 from server.cli import Command, Serve, main
 from server.contracts.errors import ConfigFileError
-from server.ops.config import Settings
+from server.ops.settings import Settings
 
 
 @pytest.fixture(autouse=True)

@@ -58,8 +58,8 @@ from server.contracts.events import (
 from server.contracts.transcript import ToolSpec
 from server.core.generation import ClientEvents, finished_event
 from server.core.stop_strings import StopStrings
-from server.core.summaries import ReasoningView
 from server.core.tool_names import ToolNames
+from server.core.visibility import ReasoningView
 from server.engine.base import EngineResult, StopReason
 from server.harmony.decoder import HarmonyDecoder
 from server.harmony.render import assistant_start_tokens

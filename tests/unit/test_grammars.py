@@ -19,11 +19,12 @@ import llama_cpp.llama_cpp as lc
 import pytest
 from openai_harmony import HarmonyEncoding
 
-from server.contracts.transcript import ToolGrammar, ToolSpec
+from server.contracts.transcript import ResponseFormat, ToolGrammar, ToolSpec
 from server.grammars import json_schema
 from server.grammars.gbnf import GrammarError
 from server.grammars.lark import parse_lark
 from server.grammars.regex import parse_regex
+from server.grammars.response_format import answer_grammar
 from server.grammars.tools import call_grammar, custom_grammar
 from server.harmony.tokens import CALL
 from tests.api.test_tool_grammars import REGEX, STRICT_SCHEMA, codex_apply_patch
@@ -203,3 +204,56 @@ def test_server_default_enforces_schemas_of_tools_marked_not_strict() -> None:
         json_schema.any_object()
     )
     assert call_grammar(ToolSpec("view_image", parameters=schema, strict=True), False) == exact
+
+
+ANSWER_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "digit": {"type": "integer", "minimum": 1, "maximum": 9},
+        "word": {"type": "string"},
+    },
+    "required": ["digit", "word"],
+    "additionalProperties": False,
+}
+
+
+def test_response_format_enforces_what_tool_arguments_enforce(
+    vocab: Any, encoding: HarmonyEncoding
+) -> None:
+    strict = answer_grammar(ResponseFormat("json_schema", schema=ANSWER_SCHEMA, strict=True))
+    loose = answer_grammar(ResponseFormat("json_schema", schema=ANSWER_SCHEMA))
+    as_tool = call_grammar(ToolSpec("answer", parameters=ANSWER_SCHEMA, strict=True))
+    assert strict == loose == as_tool  # one schema, one grammar, wherever the client put it
+    assert accepts(vocab, encoding, strict, '{"digit":9,"word":"tab\\there \\u0001"}')
+    for digit in ("0", "10", "-1", "1.5"):
+        assert not accepts(vocab, encoding, strict, f'{{"digit":{digit},"word":"a"}}'), digit
+    for control in ("\t", "\n", "\x01", "\x1f"):  # raw, unescaped, inside the string
+        assert not accepts(vocab, encoding, strict, f'{{"digit":1,"word":"a{control}b"}}')
+
+
+def test_response_format_json_object_and_unsupported_schemas(
+    vocab: Any, encoding: HarmonyEncoding, caplog: pytest.LogCaptureFixture
+) -> None:
+    any_object = answer_grammar(ResponseFormat("json_object"))
+    assert accepts(vocab, encoding, any_object, '{"a":[1,{"b":null}],"c":"d"}')
+    assert not accepts(vocab, encoding, any_object, "[1]")
+    assert not accepts(vocab, encoding, any_object, '{"c":"a\nb"}')  # a raw newline
+    schema = {**ANSWER_SCHEMA, "properties": {**ANSWER_SCHEMA["properties"], "x": {"not": {}}}}
+    with pytest.raises(GrammarError, match=r"#/properties/x \(keywords \['not'\]\)"):
+        answer_grammar(ResponseFormat("json_schema", schema=schema, strict=True))
+    with caplog.at_level(logging.INFO, logger="server.grammars.response_format"):
+        loose = answer_grammar(ResponseFormat("json_schema", schema=schema))
+    assert "#/properties/x" in caplog.text
+    assert accepts(vocab, encoding, loose, '{"digit":3,"word":"w","x":[true]}')
+    assert not accepts(vocab, encoding, loose, '{"digit":30,"word":"w","x":1}')
+
+
+def test_schemas_nested_too_deeply_are_refused_or_loosened() -> None:
+    deep: dict[str, Any] = {"type": "string"}
+    for _ in range(300):  # within what an HTTP body's JSON parser takes, beyond the converter
+        deep = {"type": "object", "properties": {"a": deep}}
+    with pytest.raises(GrammarError, match="nested too deeply"):
+        answer_grammar(ResponseFormat("json_schema", schema=deep))
+    assert call_grammar(ToolSpec("deep", parameters=deep, strict=True)) == (
+        json_schema.any_object()
+    )

@@ -25,7 +25,7 @@ from server.contracts.events import (
     ToolTarget,
     Usage,
 )
-from server.core.summaries import ReasoningView
+from server.core.visibility import ReasoningView
 from tests.support.anthropic import CheckedMessageStream, check_messages_sse
 from tests.support.sse import SSEEvent
 

@@ -12,8 +12,8 @@ from server.core.generation import Generator
 from server.engine.llama import LlamaEngine
 from server.harmony.render import render
 from server.harmony.tokens import END, START
-from server.ops.config import Settings
-from server.ops.runtime import engine_config
+from server.ops.settings import Settings
+from server.ops.startup import engine_config
 
 TOOLS = (ToolSpec("ls", "List files.", {"type": "object", "properties": {}}),)
 

@@ -27,8 +27,8 @@ from server.contracts.events import (
     Usage,
 )
 from server.contracts.transcript import ToolSpec
-from server.core.summaries import ReasoningView
 from server.core.tool_names import ToolNames
+from server.core.visibility import ReasoningView
 from tests.support.event_grammar import CheckedStream, check_stream
 
 RAW = "SECRET raw chain of thought"

@@ -15,9 +15,9 @@ from pydantic import ValidationError
 
 from server.contracts.errors import StartupError
 from server.engine.rpc.hosts import RpcError, is_loopback, reachable, split_endpoint, unreachable
-from server.ops.config import Settings
 from server.ops.rpc_worker import WorkerOptions, run_worker
-from server.ops.runtime import connect_rpc_hosts
+from server.ops.settings import Settings
+from server.ops.startup import connect_rpc_hosts
 from tests.e2e.conftest import free_port
 
 

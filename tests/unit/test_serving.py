@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from server.engine.loading.placement import Placement
-from server.ops.config import Settings
 from server.ops.healthcheck import client_url
 from server.ops.runtime import Runtime
 from server.ops.serving import banner, exposure_warning
+from server.ops.settings import Settings
 
 
 def test_client_url_for_each_kind_of_bind_address() -> None:

@@ -24,14 +24,8 @@ from server.contracts.events import (
     Usage,
 )
 from server.contracts.transcript import UserMessage
-from server.core.summaries import (
-    ReasoningView,
-    SummaryConfig,
-    SummaryMerge,
-    SummaryRunner,
-    resolve_view,
-    summary_transcript,
-)
+from server.core.summaries import SummaryConfig, SummaryMerge, SummaryRunner, summary_transcript
+from server.core.visibility import ReasoningView, resolve_view
 
 REASONING, FINAL = SegmentKind.REASONING, SegmentKind.FINAL
 

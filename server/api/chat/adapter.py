@@ -7,7 +7,7 @@ The steps every API adapter has, by the same names: `reasoning_view`, `to_transc
 from __future__ import annotations
 
 from server.api.chat.schemas import ChatCompletionRequest, ChatMessageIn, ToolIn
-from server.api.common import (
+from server.api.request_fields import (
     clamp_effort,
     effort_for_budget,
     text_of_parts,
@@ -29,7 +29,7 @@ from server.contracts.transcript import (
     UserMessage,
 )
 from server.core.generation import GenerationOptions
-from server.core.summaries import ReasoningView, ReasoningVisibility, SummaryStyle, resolve_view
+from server.core.visibility import ReasoningView, ReasoningVisibility, SummaryStyle, resolve_view
 
 TEXT_PARTS = ("text", "input_text", "output_text")
 WIRE_NAMES = {

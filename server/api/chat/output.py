@@ -29,7 +29,7 @@ from server.api.chat.schemas import (
     ToolCallOut,
     UsageOut,
 )
-from server.api.common import summary_timings_out, timings_out
+from server.api.response_fields import summary_timings_out, timings_out
 from server.api.sse import DONE, sse_data
 from server.contracts.errors import ServerError, error_envelope
 from server.contracts.events import (

@@ -16,11 +16,11 @@ from server.api.chat.adapter import (
 )
 from server.api.chat.output import ChatEmitter, ChatEvent, ChunkFactory, encode, fold
 from server.api.chat.schemas import ChatCompletionRequest
-from server.api.common import new_id, now
+from server.api.response_fields import new_id, now
 from server.api.stream_run import StreamRun
 from server.contracts.errors import ServerError
 from server.core.generation import Generator
-from server.ops.config import Settings
+from server.ops.settings import Settings
 
 log = logging.getLogger(__name__)
 router = APIRouter()

@@ -24,7 +24,6 @@ from typing import Any, Literal, cast
 
 from pydantic import BaseModel
 
-from server.api.common import clamp_effort, effort_for_budget, parse_as, to_response_format
 from server.api.messages.schemas import (
     BlockIn,
     CountTokensRequest,
@@ -38,6 +37,7 @@ from server.api.messages.schemas import (
     ToolUseBlockIn,
 )
 from server.api.messages.signature import ThinkingSigner
+from server.api.request_fields import clamp_effort, effort_for_budget, parse_as, to_response_format
 from server.contracts.errors import InvalidRequest, RequestField
 from server.contracts.transcript import (
     AssistantChannel,
@@ -54,7 +54,7 @@ from server.contracts.transcript import (
     UserMessage,
 )
 from server.core.generation import GenerationOptions
-from server.core.summaries import ReasoningView, ReasoningVisibility, SummaryStyle, resolve_view
+from server.core.visibility import ReasoningView, ReasoningVisibility, SummaryStyle, resolve_view
 
 log = logging.getLogger(__name__)
 

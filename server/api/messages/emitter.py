@@ -70,7 +70,7 @@ from server.contracts.events import (
     Usage,
 )
 from server.core.history import prompt_tokens
-from server.core.summaries import ReasoningView
+from server.core.visibility import ReasoningView
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,6 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from server.api.common import new_id
 from server.api.messages.adapter import (
     WIRE_NAMES,
     generation_options,
@@ -35,13 +34,14 @@ from server.api.messages.schemas import (
     TokenCount,
 )
 from server.api.messages.signature import ThinkingSigner
+from server.api.response_fields import new_id
 from server.api.sse import sse_typed
 from server.api.stream_run import StreamRun
 from server.contracts.errors import ServerError
 from server.contracts.events import SegmentEnd
 from server.contracts.transcript import Transcript
 from server.core.generation import Generator
-from server.ops.config import Settings
+from server.ops.settings import Settings
 
 log = logging.getLogger(__name__)
 router = APIRouter()

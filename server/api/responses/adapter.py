@@ -22,7 +22,7 @@ from typing import Any, cast
 
 from pydantic import BaseModel
 
-from server.api.common import (
+from server.api.request_fields import (
     clamp_effort,
     effort_for_budget,
     parse_as,
@@ -63,7 +63,7 @@ from server.contracts.transcript import (
 )
 from server.core.generation import GenerationOptions
 from server.core.history import prompt_tokens
-from server.core.summaries import ReasoningView, ReasoningVisibility, SummaryStyle, resolve_view
+from server.core.visibility import ReasoningView, ReasoningVisibility, SummaryStyle, resolve_view
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
-from server.api.common import new_id, now
+from server.api.response_fields import new_id, now
 from server.api.responses.items import (
     LIFECYCLES,
     ItemKind,
@@ -60,7 +60,7 @@ from server.contracts.events import (
     SummaryStart,
     ToolTarget,
 )
-from server.core.summaries import ReasoningView
+from server.core.visibility import ReasoningView
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from server.api.common import new_id, now
+from server.api.response_fields import new_id, now
 from server.api.responses.adapter import (
     WIRE_NAMES,
     generation_options,
@@ -39,7 +39,7 @@ from server.contracts.errors import NotFound, ServerError
 from server.contracts.events import SegmentEnd
 from server.contracts.transcript import Item, Transcript
 from server.core.generation import GenerationOptions, Generator
-from server.ops.config import Settings
+from server.ops.settings import Settings
 
 log = logging.getLogger(__name__)
 router = APIRouter()

@@ -1,22 +1,23 @@
-"""Request-side helpers shared by the Chat Completions and Responses adapters."""
+"""Request fields: parts of a request every adapter reads, parsed to the core's types or a 400.
+
+Reasoning effort and summary style, tool choice, response format, text content parts, and any
+part of a body as a pydantic model (`parse_as`); each error names where in the request it is.
+"""
 
 from __future__ import annotations
 
-import time
-import uuid
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
 from server.contracts.errors import InvalidRequest
-from server.contracts.events import SummaryReport, Timings, Usage
 from server.contracts.transcript import (
     FUNCTIONS_NAMESPACE,
     ReasoningEffort,
     ResponseFormat,
     ToolChoice,
 )
-from server.core.summaries import SummaryStyle
+from server.core.visibility import SummaryStyle
 
 _EFFORTS: dict[str, ReasoningEffort] = {
     "none": "low",
@@ -81,45 +82,6 @@ def parse_as(model: type[ModelT], raw: dict[str, Any], param: str) -> ModelT:
         where = ".".join(str(part) for part in error["loc"])
         location = f"{param}.{where}" if where else param
         raise InvalidRequest(f"{location}: {error['msg']}", param=location) from exc
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}{uuid.uuid4().hex}"
-
-
-def now() -> int:
-    return int(time.time())
-
-
-def timings_out(timings: Timings, usage: Usage) -> dict[str, float]:
-    """llama-server style timings, so existing benchmark tooling can read them."""
-    return {
-        "cache_n": usage.cached_tokens,
-        "prompt_n": timings.evaluated_tokens,
-        "prompt_ms": round(timings.prefill_s * 1000, 3),
-        "prompt_per_second": round(timings.prefill_tokens_per_s, 3),
-        "predicted_n": timings.completion_tokens,
-        "predicted_ms": round(timings.decode_s * 1000, 3),
-        "predicted_per_second": round(timings.decode_tokens_per_s, 3),
-        "ttft_ms": round(timings.ttft_s * 1000, 3),
-        "queue_ms": round(timings.queue_s * 1000, 3),
-    }
-
-
-def summary_timings_out(report: SummaryReport) -> dict[str, float]:
-    """The summaries' own timings (summed over them), beside the generation's `timings_out`.
-
-    `summary_wait_ms` is how long the response waited for them after its own generation ended.
-    """
-    timings = report.timings
-    return {
-        "summary_n": report.count,
-        "summary_prompt_n": timings.evaluated_tokens,
-        "summary_prompt_ms": round(timings.prefill_s * 1000, 3),
-        "summary_predicted_n": timings.completion_tokens,
-        "summary_predicted_ms": round(timings.decode_s * 1000, 3),
-        "summary_wait_ms": round(report.wait_s * 1000, 3),
-    }
 
 
 def text_of_parts(parts: list[Any], allowed: tuple[str, ...], param: str) -> str:
