@@ -16,12 +16,10 @@ from server.ops.runtime import Runtime
 from server.ops.settings import Settings
 from server.testing.forced import ForcedScript
 from tests.support.chat_grammar import check_chat_stream
+from tests.support.scripts import GREETING
 from tests.support.sse import parse_sse
 
-REASON_THEN_ANSWER = (
-    "<|channel|>analysis<|message|>User greets. Reply briefly.<|end|>"
-    "<|start|>assistant<|channel|>final<|message|>Hello! 👋 How can I help?<|return|>"
-)
+REASON_THEN_ANSWER = GREETING
 USER_HI = [{"role": "user", "content": "Hi"}]
 
 

@@ -19,13 +19,11 @@ from server.ops.runtime import Runtime
 from server.ops.settings import Settings
 from server.testing.forced import ForcedScript
 from tests.support.anthropic import CheckedMessageStream, check_messages_sse
+from tests.support.scripts import WEATHER_CALL, reason_then_answer
 
 MODEL = "gpt-oss-tiny"
 RAW = "SECRET-COT-42 the user greets."
-REASON_THEN_ANSWER = (
-    f"<|channel|>analysis<|message|>{RAW}<|end|>"
-    "<|start|>assistant<|channel|>final<|message|>Hello!<|return|>"
-)
+REASON_THEN_ANSWER = reason_then_answer(RAW, "Hello!")
 SUMMARY_TEXT = "**Greeting** The user says hello."
 SUMMARY = f"<|channel|>final<|message|>{SUMMARY_TEXT}<|return|>"
 HI = [{"role": "user", "content": "Hi"}]
@@ -34,11 +32,6 @@ TOOL = {
     "name": "get_weather",
     "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}},
 }
-WEATHER_CALL = (
-    "<|channel|>analysis<|message|>Need weather.<|end|>"
-    "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
-    '<|message|>{"city":"Paris"}<|call|>'
-)
 
 
 def app_client(runtime: Runtime, **settings: Any) -> Iterator[TestClient]:

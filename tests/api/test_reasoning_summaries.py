@@ -25,24 +25,18 @@ from server.testing.forced import ForcedScript
 from tests.support.chat_grammar import check_chat_stream
 from tests.support.event_grammar import check_stream
 from tests.support.responses import MODEL, create, responses_client, sse_payloads, stream
+from tests.support.scripts import reason_then_answer, reason_then_call
 from tests.support.sse import parse_sse
 
 RAW = "SECRET-COT-7f3a the user greets; reply briefly."
-REASON_THEN_ANSWER = (
-    f"<|channel|>analysis<|message|>{RAW}<|end|>"
-    "<|start|>assistant<|channel|>final<|message|>Hello!<|return|>"
-)
+REASON_THEN_ANSWER = reason_then_answer(RAW, "Hello!")
 SUMMARY_TEXT = "**Greeting** The user says hello."
 SUMMARY = (
     "<|channel|>analysis<|message|>Summarize.<|end|>"
     f"<|start|>assistant<|channel|>final<|message|>{SUMMARY_TEXT}<|return|>"
 )
 RAW_CALL = "SECRET-COT-91bc need to list the files."
-EXEC_CALL = (
-    f"<|channel|>analysis<|message|>{RAW_CALL}<|end|>"
-    "<|start|>assistant<|channel|>commentary to=functions.exec_command <|constrain|>json"
-    '<|message|>{"cmd":"ls"}<|call|>'
-)
+EXEC_CALL = reason_then_call(RAW_CALL, "exec_command", '{"cmd":"ls"}')
 CALL_SUMMARY_TEXT = "**Listing** Runs ls."
 CALL_SUMMARY = f"<|channel|>final<|message|>{CALL_SUMMARY_TEXT}<|return|>"
 ANSWER = "<|channel|>final<|message|>Two files.<|return|>"

@@ -18,22 +18,16 @@ from openai_harmony import HarmonyEncoding
 from server.ops.runtime import Runtime
 from server.testing.forced import ForcedScript
 from tests.support.responses import MODEL, create, responses_client, stream
+from tests.support.scripts import GREETING, LIST_FILES_CALL
 
-REASON_THEN_ANSWER = (
-    "<|channel|>analysis<|message|>User greets. Reply briefly.<|end|>"
-    "<|start|>assistant<|channel|>final<|message|>Hello! 👋 How can I help?<|return|>"
-)
+REASON_THEN_ANSWER = GREETING
 EXEC_TOOL = {
     "type": "function",
     "name": "exec_command",
     "description": "Runs a command.",
     "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}},
 }
-EXEC_CALL = (
-    "<|channel|>analysis<|message|>Need to list files.<|end|>"
-    "<|start|>assistant<|channel|>commentary to=functions.exec_command <|constrain|>json"
-    '<|message|>{"cmd":"ls"}<|call|>'
-)
+EXEC_CALL = LIST_FILES_CALL
 
 
 @pytest.fixture(scope="module")

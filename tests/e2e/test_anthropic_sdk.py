@@ -23,13 +23,11 @@ from server.ops.settings import Settings
 from server.testing.forced import ForcedScript
 from tests.support.anthropic import CheckedMessageStream, check_messages_sse
 from tests.support.responses import served
+from tests.support.scripts import ARITHMETIC, WEATHER_CALL
 
 MODEL = "gpt-oss-tiny"
 THINKING: Any = {"type": "enabled", "budget_tokens": 1024}
-REASON_THEN_ANSWER = (
-    "<|channel|>analysis<|message|>Math.<|end|>"
-    "<|start|>assistant<|channel|>final<|message|>2 + 2 = 4.<|return|>"
-)
+REASON_THEN_ANSWER = ARITHMETIC
 TOOLS: list[ToolParam] = [
     {
         "name": "get_weather",
@@ -37,11 +35,6 @@ TOOLS: list[ToolParam] = [
         "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}},
     }
 ]
-WEATHER_CALL = (
-    "<|channel|>analysis<|message|>Need weather.<|end|>"
-    "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
-    '<|message|>{"city":"Paris"}<|call|>'
-)
 WEATHER_ANSWER = "<|channel|>final<|message|>Sunny in Paris.<|return|>"
 ASK: list[MessageParam] = [{"role": "user", "content": "Weather in Paris?"}]
 

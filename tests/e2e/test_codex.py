@@ -30,6 +30,7 @@ from server.testing.forced import ForcedScript
 from tests.support.event_grammar import CheckedStream
 from tests.support.npm_cli import cache_dir, pinned
 from tests.support.responses import StreamRecorder, check_sse, served
+from tests.support.scripts import reason_then_call
 
 pytestmark = pytest.mark.slow  # the real Codex CLI (installed from npm once per machine)
 
@@ -172,10 +173,8 @@ class UsageLog(logging.Handler):
             self.usages.append((int(match[3]), int(match[4]), int(match[5])))
 
 
-EXEC_CALL = (
-    "<|channel|>analysis<|message|>THOUGHT-ONE: run the command.<|end|>"
-    "<|start|>assistant<|channel|>commentary to=functions.exec_command <|constrain|>json"
-    '<|message|>{"cmd":"echo hello-from-tool"}<|call|>'
+EXEC_CALL = reason_then_call(
+    "THOUGHT-ONE: run the command.", "exec_command", '{"cmd":"echo hello-from-tool"}'
 )
 EXEC_ANSWER = (
     "<|channel|>analysis<|message|>THOUGHT-TWO: it printed.<|end|>"

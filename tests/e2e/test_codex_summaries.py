@@ -27,6 +27,7 @@ from server.testing.forced import ForcedScript
 from tests.e2e import test_codex
 from tests.e2e.test_codex import MODEL, N_CTX, SANDBOX, Codex, CodexRun
 from tests.support.responses import StreamRecorder, served
+from tests.support.scripts import reason_then_call
 
 pytestmark = pytest.mark.slow  # the real Codex CLI
 
@@ -34,11 +35,7 @@ codex_binary = test_codex.codex_binary  # the fixture: Codex installed once, ver
 
 THOUGHT_CALL = "RAW-THOUGHT-ONE: I should run the command."
 THOUGHT_ANSWER = "RAW-THOUGHT-TWO: it printed, tell the user."
-EXEC_CALL = (
-    f"<|channel|>analysis<|message|>{THOUGHT_CALL}<|end|>"
-    "<|start|>assistant<|channel|>commentary to=functions.exec_command <|constrain|>json"
-    '<|message|>{"cmd":"echo hello-from-tool"}<|call|>'
-)
+EXEC_CALL = reason_then_call(THOUGHT_CALL, "exec_command", '{"cmd":"echo hello-from-tool"}')
 EXEC_ANSWER = (
     f"<|channel|>analysis<|message|>{THOUGHT_ANSWER}<|end|>"
     "<|start|>assistant<|channel|>final<|message|>The command printed hello-from-tool.<|return|>"

@@ -21,11 +21,9 @@ from server.ops.settings import Settings
 from server.testing.forced import ForcedScript
 from tests.support.event_grammar import check_stream
 from tests.support.responses import MODEL, served, sse_payloads
+from tests.support.scripts import ARITHMETIC, WEATHER_CALL
 
-REASON_THEN_ANSWER = (
-    "<|channel|>analysis<|message|>Math.<|end|>"
-    "<|start|>assistant<|channel|>final<|message|>2 + 2 = 4.<|return|>"
-)
+REASON_THEN_ANSWER = ARITHMETIC
 TOOLS: list[FunctionToolParam] = [
     {
         "type": "function",
@@ -34,11 +32,6 @@ TOOLS: list[FunctionToolParam] = [
         "strict": False,
     }
 ]
-WEATHER_CALL = (
-    "<|channel|>analysis<|message|>Need weather.<|end|>"
-    "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
-    '<|message|>{"city":"Paris"}<|call|>'
-)
 
 
 @pytest.fixture(scope="module")
