@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from openai.types.chat import ChatCompletion
 from openai_harmony import HarmonyEncoding
 
 from server.app import create_app
@@ -15,41 +15,11 @@ from server.contracts.events import Finished
 from server.ops.runtime import Runtime
 from server.ops.settings import Settings
 from server.testing.forced import ForcedScript
+from tests.support.chat import USER_HI, chunks_of, joined, post, stream
 from tests.support.chat_grammar import check_chat_stream
 from tests.support.scripts import GREETING
-from tests.support.sse import parse_sse
 
 REASON_THEN_ANSWER = GREETING
-USER_HI = [{"role": "user", "content": "Hi"}]
-
-
-def post(client: TestClient, **body: Any) -> Any:
-    return client.post("/v1/chat/completions", json={"model": "gpt-oss-tiny", **body})
-
-
-def stream(client: TestClient, **body: Any) -> list[str]:
-    with client.stream(
-        "POST", "/v1/chat/completions", json={"model": "gpt-oss-tiny", "stream": True, **body}
-    ) as response:
-        assert response.status_code == 200
-        assert response.headers["content-type"].startswith("text/event-stream")
-        return [event.data for event in parse_sse(response.iter_lines())]
-
-
-def chunks_of(datas: list[str]) -> list[ChatCompletionChunk]:
-    assert datas[-1] == "[DONE]"
-    return [ChatCompletionChunk.model_validate_json(d) for d in datas[:-1]]
-
-
-def joined(chunks: list[ChatCompletionChunk], field: str) -> str:
-    parts = []
-    for chunk in chunks:
-        for choice in chunk.choices:
-            value = getattr(choice.delta, field, None)
-            if value is None and choice.delta.model_extra:
-                value = choice.delta.model_extra.get(field)
-            parts.append(value or "")
-    return "".join(parts)
 
 
 def test_stream_splits_reasoning_and_answer(client: TestClient, forced: ForcedScript) -> None:

@@ -16,7 +16,7 @@ from server.app import create_app
 from server.ops.runtime import Runtime
 from server.ops.settings import Settings
 from server.testing.forced import ForcedScript
-from tests.api.test_chat_completions import USER_HI, chunks_of, joined, post, stream
+from tests.support.chat import USER_HI, chunks_of, joined, post, stream
 
 TOOLS: list[dict[str, Any]] = [
     {

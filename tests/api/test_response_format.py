@@ -18,7 +18,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from server.testing.forced import ForcedScript
-from tests.api.test_chat_completions import USER_HI, chunks_of, joined, post, stream
+from tests.support.chat import USER_HI, chunks_of, joined, post, stream
 from tests.support.responses import create
 from tests.support.responses import stream as responses_stream
 

@@ -12,7 +12,6 @@ import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -21,52 +20,19 @@ import pytest
 from fastapi.testclient import TestClient
 
 from server.testing.forced import ForcedScript
-from tests.api.test_chat_completions import post
-from tests.api.test_chat_completions import stream as chat_stream
+from tests.support.chat import post
+from tests.support.chat import stream as chat_stream
 from tests.support.responses import create
 from tests.support.responses import stream as responses_stream
+from tests.support.tool_schemas import REGEX, STRICT_SCHEMA, codex_apply_patch
 
 CALLS = 100
 PARALLEL = 4
-STRICT_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "maxLength": 12},
-        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-        "days": {"type": "integer", "minimum": 1, "maximum": 14},
-        "offset": {"type": "integer", "minimum": -40, "maximum": 250},
-        "tags": {"type": "array", "items": {"type": "string", "maxLength": 6}, "maxItems": 3},
-        "where": {
-            "type": "object",
-            "properties": {
-                "lat": {"type": "number"},
-                "precise": {"type": "boolean"},
-                "note": {"anyOf": [{"type": "string", "maxLength": 5}, {"type": "null"}]},
-            },
-            "required": ["lat", "precise"],
-            "additionalProperties": False,
-        },
-        "points": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 9}},
-                "required": ["x"],
-                "additionalProperties": False,
-            },
-            "maxItems": 2,
-        },
-    },
-    "required": ["city", "unit", "days", "where"],
-    "additionalProperties": False,
-}
 LOOSE_SCHEMA: dict[str, Any] = {  # minProperties is not enforced: any JSON object is sampled
     "type": "object",
     "properties": {"q": {"type": "string"}},
     "minProperties": 1,
 }
-REGEX = r'(get|put) [a-z0-9_/]{1,16}( "[^"\\\n]{0,8}")?( \\[nt])?\n?'
-CODEX_REQUEST = Path(__file__).parents[1] / "data" / "codex" / "apply_patch_round2.json"
 
 
 @dataclass(frozen=True)
@@ -195,13 +161,6 @@ def test_loose_tool_calls_are_one_json_object(client: TestClient, forced: Forced
 
     complete, total = _report(calls, check)
     assert complete >= total // 4  # random weights do close most objects
-
-
-def codex_apply_patch() -> dict[str, Any]:
-    body = json.loads(CODEX_REQUEST.read_text())
-    body = body.get("body", body)
-    tool: dict[str, Any] = next(t for t in body["tools"] if t.get("type") == "custom")
-    return tool
 
 
 def lark_parser(definition: str) -> lark.Lark:

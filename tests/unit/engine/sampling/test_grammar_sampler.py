@@ -4,7 +4,8 @@ The vocabulary's prefix tree: walking it finds exactly the tokens a real llama.c
 accepts over the whole vocabulary, at every state along valid texts (JSON schema, Codex's
 apply_patch Lark grammar, a regex, partial UTF-8 characters between tokens, and a negated
 class with a non-ASCII member, where an unfinished character must not prune). The sampler: a
-chi-square test on fixed logits (fixed seeds, significance 1e-4, as tests/unit/test_sampler.py)
+chi-square test on fixed logits (fixed seeds, significance
+1e-4, tests/support/chi_square.py)
 of its tokens against the masked distribution computed here over the whole vocabulary, with
 the allowed set found by the walk, by rejection draws, and by both mixed; each case also shows
 that it can fail (the same tokens against another temperature are rejected).
@@ -32,9 +33,8 @@ from server.engine.sampling.grammar_sampler import GrammarSampler
 from server.engine.sampling.vocab_trie import Descent, VocabTrie, negates_non_ascii, vocab_trie
 from server.grammars.tools import call_grammar, custom_grammar
 from server.harmony.tokens import CALL, SPECIALS
-from tests.api.test_tool_grammars import REGEX, STRICT_SCHEMA, codex_apply_patch
-from tests.unit.test_grammars import VALID_TRIP
-from tests.unit.test_sampler import goodness_of_fit
+from tests.support.chi_square import goodness_of_fit
+from tests.support.tool_schemas import REGEX, STRICT_SCHEMA, VALID_TRIP, codex_apply_patch
 
 Ids = np.ndarray[Any, np.dtype[np.int32]]
 PATCH = (

@@ -12,7 +12,6 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import math
-from collections.abc import Sequence
 from typing import Any
 
 import llama_cpp.llama_cpp as lc
@@ -23,18 +22,16 @@ from server.engine.base import SamplingParams
 from server.engine.sampling.banned import Banned
 from server.engine.sampling.llama_chain import _sampler_stages
 from server.engine.sampling.numpy_sampler import NumpySampler, Workspace
+from tests.support.chi_square import (
+    exact_distribution,
+    goodness_of_fit,
+    homogeneity,
+)
 
 Floats = np.ndarray[Any, np.dtype[np.float32]]
-Z_1E4 = 3.719016  # the standard normal's upper 1e-4 quantile
 VOCAB = 3000
 BLOCK = 64  # small blocks: the draw crosses many of them
 BANNED = frozenset(range(2900, 3000)) | {5, 17, 18, 19}
-
-
-def critical_value(df: int, z: float = Z_1E4) -> float:
-    """Chi-square upper quantile by the Wilson-Hilferty approximation."""
-    h = 2.0 / (9.0 * df)
-    return df * (1.0 - h + z * math.sqrt(h)) ** 3
 
 
 def fixed_logits(n: int = VOCAB, seed: int = 7) -> Floats:
@@ -43,70 +40,6 @@ def fixed_logits(n: int = VOCAB, seed: int = 7) -> Floats:
     logits[rng.choice(n, 20, replace=False)] += 6.0  # a few likely tokens, as a model has
     logits[5], logits[17] = 12.0, 11.0  # banned tokens that would otherwise take most mass
     return logits.astype(np.float32)
-
-
-def exact_distribution(logits: Floats, params: SamplingParams, banned: frozenset[int]) -> Any:
-    """llama.cpp's chain in float64: bias, top-k, top-p and min-p at temperature 1, temperature."""
-    x = logits.astype(np.float64)
-    x[list(banned)] = -np.inf
-    keep = np.isfinite(x)
-    order = np.argsort(-x, kind="stable")
-    if params.top_k > 0:
-        keep[order[params.top_k :]] = False
-    if params.top_p < 1.0:
-        ranked = [i for i in order if keep[i]]
-        probs = np.exp(x[ranked] - x[ranked[0]])
-        cumsum = np.cumsum(probs / probs.sum())
-        cut = int(np.searchsorted(cumsum, params.top_p, side="left")) + 1
-        keep[:] = False
-        keep[ranked[:cut]] = True
-    if params.min_p > 0.0:
-        keep &= x >= x[keep].max() + math.log(params.min_p)
-    weights = np.where(keep, np.exp((x - x[keep].max()) / params.temperature), 0.0)
-    return weights / weights.sum()
-
-
-def bins_for(probs: Any, n_draws: int, min_expected: float = 20.0) -> list[np.ndarray[Any, Any]]:
-    """Tokens grouped (likeliest first) so that every group expects at least `min_expected`."""
-    order = [int(i) for i in np.argsort(-probs) if probs[i] > 0]
-    groups: list[list[int]] = [[]]
-    mass = 0.0
-    for token in order:
-        groups[-1].append(token)
-        mass += probs[token]
-        if mass * n_draws >= min_expected:
-            groups.append([])
-            mass = 0.0
-    if not groups[-1] or mass * n_draws < min_expected:  # fold the short tail into the last
-        tail = groups.pop()
-        groups[-1].extend(tail)
-    return [np.array(g) for g in groups]
-
-
-def counts(draws: Sequence[int], n_vocab: int) -> Any:
-    return np.bincount(np.asarray(draws), minlength=n_vocab)
-
-
-def goodness_of_fit(draws: Sequence[int], probs: Any) -> tuple[float, float]:
-    """(statistic, critical value) of the draws against the exact probabilities."""
-    n = len(draws)
-    observed = counts(draws, len(probs))
-    groups = bins_for(probs, n)
-    stat = sum((observed[g].sum() - n * probs[g].sum()) ** 2 / (n * probs[g].sum()) for g in groups)
-    return float(stat), critical_value(len(groups) - 1)
-
-
-def homogeneity(a: Sequence[int], b: Sequence[int], probs: Any) -> tuple[float, float]:
-    """(statistic, critical value): do two samples come from one distribution?"""
-    ca, cb = counts(a, len(probs)), counts(b, len(probs))
-    groups = bins_for(probs, min(len(a), len(b)))
-    stat = 0.0
-    for g in groups:
-        both = ca[g].sum() + cb[g].sum()
-        for observed, total in ((ca[g].sum(), len(a)), (cb[g].sum(), len(b))):
-            expected = both * total / (len(a) + len(b))
-            stat += (observed - expected) ** 2 / expected
-    return stat, critical_value(len(groups) - 1)
 
 
 def our_draws(

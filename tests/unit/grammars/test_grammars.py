@@ -27,7 +27,7 @@ from server.grammars.regex import parse_regex
 from server.grammars.response_format import answer_grammar
 from server.grammars.tools import call_grammar, custom_grammar
 from server.harmony.tokens import CALL
-from tests.api.test_tool_grammars import REGEX, STRICT_SCHEMA, codex_apply_patch
+from tests.support.tool_schemas import REGEX, STRICT_SCHEMA, VALID_TRIP, codex_apply_patch
 
 
 @pytest.fixture(scope="module")
@@ -61,15 +61,6 @@ def _compact(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
-VALID_TRIP = {
-    "city": 'Paris "1"\n',
-    "unit": "celsius",
-    "days": 14,
-    "offset": -40,
-    "tags": ["a", "b\\c"],
-    "where": {"lat": -1.5e3, "precise": True, "note": None},
-    "points": [{"x": 0}, {"x": 9}],
-}
 INVALID_TRIPS = [
     {**VALID_TRIP, "days": 15},
     {**VALID_TRIP, "days": 0},

@@ -13,7 +13,7 @@ from server.contracts.transcript import ResponseFormat, ToolCall, ToolChoice
 from server.harmony.render import render
 from tests.support.responses import Translated, translate
 
-DATA = Path(__file__).parent.parent / "data" / "codex"
+DATA = Path(__file__).parents[3] / "data" / "codex"
 DATE = "2026-11-21"
 MARKER = "SECRET-REASONING-MARKER"
 

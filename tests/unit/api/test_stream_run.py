@@ -1,6 +1,6 @@
 """The shared stream run with the chat and messages emitters: every stream ends with its API's
 terminal, also when the generation raises or ends without a `Finished` event; a cancelled chat
-stream just stops. (The Responses emitter's run: tests/unit/test_responses_streaming.py.)"""
+stream just stops. (The Responses emitter's run: tests/unit/api/responses/test_streaming.py.)"""
 
 from __future__ import annotations
 

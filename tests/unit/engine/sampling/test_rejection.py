@@ -18,7 +18,7 @@ from server.engine.base import SamplingParams
 from server.engine.sampling.banned import Banned
 from server.engine.sampling.numpy_sampler import NumpySampler, Workspace
 from server.engine.sampling.rejection import RejectionDraw
-from tests.unit.test_sampler import exact_distribution, goodness_of_fit
+from tests.support.chi_square import exact_distribution, goodness_of_fit
 
 Floats = np.ndarray[Any, np.dtype[np.float32]]
 VOCAB = 5000
