@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 import random
 import shutil
 import subprocess
@@ -179,13 +180,17 @@ def test_the_budget_deletes_the_least_recently_used(tiny_gguf: Path, tmp_path: P
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 1 MiB tmpfs (needs the right to mount: root in CI's container; skipped elsewhere)."""
+    """A 1 MiB tmpfs (needs the right to mount: root in CI's container). Skipped where that
+    right is missing, unless GPT_OSS_REQUIRE_MOUNT=1 (CI), where it is a failure."""
     mount_point = tmp_path / "small"
     mount_point.mkdir()
     mount = ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)]
     mounted = shutil.which("mount") and subprocess.run(mount, check=False, capture_output=True)
     if not mounted or mounted.returncode != 0:
-        pytest.skip("cannot mount a small tmpfs here")
+        reason = "cannot mount a small tmpfs here"
+        if os.environ.get("GPT_OSS_REQUIRE_MOUNT") == "1":
+            pytest.fail(f"{reason} (GPT_OSS_REQUIRE_MOUNT=1)")
+        pytest.skip(reason)
     try:
         yield mount_point
     finally:
