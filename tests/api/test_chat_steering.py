@@ -40,6 +40,9 @@ SCHEMA = {
 }
 
 
+SEEDS = 8
+
+
 def test_json_schema_constrains_only_the_final_answer(
     client: TestClient, forced: ForcedScript
 ) -> None:
@@ -71,21 +74,32 @@ def test_json_schema_constrains_only_the_final_answer(
 
 
 def test_json_object_mode(client: TestClient, forced: ForcedScript) -> None:
-    forced.push(
-        "<|channel|>analysis<|message|>ok<|end|><|start|>assistant<|channel|>final<|message|>"
-    )
-    body = post(
-        client,
-        messages=USER_HI,
-        response_format={"type": "json_object"},
-        max_tokens=400,
-        temperature=0.0,
-    ).json()
-    message = body["choices"][0]["message"]
-    if body["choices"][0]["finish_reason"] == "stop":
-        assert isinstance(json.loads(message["content"]), dict)
-    else:  # the random model may still be inside the object at the limit
-        assert message["content"].lstrip().startswith("{")
+    """Over several seeds the final answer is one JSON object: every finished one parses to a
+    dict, and the random model finishes enough of them for that to be tested (it may still be
+    inside an object at the limit: such an answer is an object's beginning)."""
+    finished = 0
+    for seed in range(SEEDS):
+        forced.push(
+            "<|channel|>analysis<|message|>ok<|end|><|start|>assistant<|channel|>final<|message|>"
+        )
+        body = post(
+            client,
+            messages=USER_HI,
+            response_format={"type": "json_object"},
+            max_tokens=400,
+            temperature=1.0,
+            seed=seed,
+        ).json()
+        choice = body["choices"][0]
+        content = choice["message"]["content"]
+        if choice["finish_reason"] == "stop":
+            assert isinstance(json.loads(content), dict)
+            finished += 1
+        else:
+            assert choice["finish_reason"] == "length"
+            assert content.startswith("{")
+    print(f"json_object: {finished} of {SEEDS} finished")
+    assert finished >= SEEDS // 4
 
 
 def test_named_tool_choice_forces_that_call(client: TestClient, forced: ForcedScript) -> None:
