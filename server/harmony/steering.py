@@ -140,11 +140,17 @@ def _callable(recipients: Sequence[str], choice: ToolChoice) -> list[str]:
 
 
 def _allowed_kinds(has_tools: bool, choice: ToolChoice) -> set[SegmentKind]:
+    """What may be written: reasoning always; a final answer unless a call is forced; calls and
+    preambles when tools are offered and not refused. A forced call (`required`, `named`) allows
+    no preamble: after its reasoning the model's next message is the call, as OpenAI's and
+    Anthropic's APIs promise."""
     kinds = {SegmentKind.REASONING}
     if choice.mode in ("auto", "none"):
         kinds.add(SegmentKind.FINAL)
+    if has_tools and choice.mode == "auto":
+        kinds.add(SegmentKind.PREAMBLE)
     if has_tools and choice.mode != "none":
-        kinds |= {SegmentKind.PREAMBLE, SegmentKind.TOOL_CALL}
+        kinds.add(SegmentKind.TOOL_CALL)
     return kinds
 
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
 from openai_harmony import HarmonyEncoding
 
 from server.contracts.directives import Allow, Constrain, Force
 from server.contracts.events import SegmentKind
 from server.contracts.transcript import ToolChoice
 from server.harmony.steering import plan_steering
-from server.harmony.tokens import CALL, END, RETURN, SPECIALS, START
+from server.harmony.tokens import CALL, END, MESSAGE, RETURN, SPECIALS, START
 
 RECIPIENTS = ["functions.get_weather", "functions.get_time", "agents.spawn"]
 
@@ -148,3 +149,39 @@ def test_requests_of_one_shape_share_a_plan_and_walk_it_independently(
     for token in tokens(encoding, "<|channel|>"):
         second.accept(token)
     assert allowed_texts(encoding, second.next()) == {"analysis", "final", "comment"}
+
+
+def refused(encoding: HarmonyEncoding, choice: ToolChoice, text: str, **kwargs: object) -> bool:
+    """Whether steering refuses some token of `text` (and then switches itself off)."""
+    steering = plan_steering(encoding, RECIPIENTS, choice, **kwargs).start()  # type: ignore[arg-type]
+    outside = False
+    for token in tokens(encoding, text):
+        directive = steering.next()
+        outside = outside or (isinstance(directive, Allow) and token not in directive.tokens)
+        steering.accept(token)
+    assert steering.left_grammar == outside
+    return outside
+
+
+@pytest.mark.parametrize(
+    "choice", [ToolChoice(mode="required"), ToolChoice(mode="named", name="get_time")]
+)
+def test_forced_call_allows_reasoning_then_only_the_call(
+    encoding: HarmonyEncoding, choice: ToolChoice
+) -> None:
+    # reasoning stays allowed; a preamble (commentary without recipient) does not, at the first
+    # header or after the reasoning: the next message is the call
+    reasoning = "<|channel|>analysis<|message|>think<|end|><|start|>assistant"
+    assert not refused(encoding, choice, reasoning)
+    for before in ("", reasoning):
+        assert refused(encoding, choice, before + "<|channel|>commentary<|message|>")
+        steering = walk(encoding, choice, before + "<|channel|>commentary")
+        directive = steering.next()
+        assert isinstance(directive, Allow)
+        assert MESSAGE not in directive.tokens
+        call = before + "<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>"
+        assert not refused(encoding, choice, call)
+
+
+def test_auto_still_allows_a_preamble(encoding: HarmonyEncoding) -> None:
+    assert not refused(encoding, ToolChoice(), "<|channel|>commentary<|message|>Checking.<|end|>")
