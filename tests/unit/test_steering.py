@@ -118,8 +118,10 @@ def test_budget_with_required_tool_forces_a_call_header(encoding: HarmonyEncodin
     for token in forced.tokens:
         steering.accept(token)
     steering.accept(tokens(encoding, "<|channel|>")[0])
-    # no more analysis once the budget is spent: only a tool call can follow
-    assert allowed_texts(encoding, steering.next()) == {"comment"}
+    # no more reasoning once the budget is spent: only a tool call can follow, on either channel
+    assert allowed_texts(encoding, steering.next()) == {"comment", "analysis"}
+    steering.accept(tokens(encoding, "analysis")[0])
+    assert allowed_texts(encoding, steering.next()) == {" to"}
 
 
 def test_final_grammar_is_attached_to_the_answer_only(encoding: HarmonyEncoding) -> None:
@@ -185,3 +187,64 @@ def test_forced_call_allows_reasoning_then_only_the_call(
 
 def test_auto_still_allows_a_preamble(encoding: HarmonyEncoding) -> None:
     assert not refused(encoding, ToolChoice(), "<|channel|>commentary<|message|>Checking.<|end|>")
+
+
+# Header forms real gpt-oss outputs show (pasted in llama.cpp, LM Studio, vLLM, SGLang reports)
+REAL_CALL_HEADERS = [
+    "<|channel|>commentary to=functions.get_weather<|constrain|>json<|message|>",
+    "<|channel|>analysis to=functions.get_weather <|constrain|>json<|message|>",
+    "<|channel|>analysis to=functions.get_weather<|constrain|>json<|message|>",
+    "<|channel|>analysis to=functions.get_weather<|message|>",
+    "<|channel|>commentary to=functions.get_weather code<|message|>",
+    "<|channel|>commentary to=functions.get_weather json<|message|>",
+    "<|channel|>analysis to=functions.get_weather json<|message|>",
+    " to=functions.get_weather<|channel|>commentary json<|message|>",
+    " to=functions.get_weather<|channel|>commentary<|constrain|>json<|message|>",
+    " to=functions.get_weather<|channel|>analysis code<|message|>",
+]
+
+
+@pytest.mark.parametrize("header", REAL_CALL_HEADERS)
+@pytest.mark.parametrize("choice", [ToolChoice(), ToolChoice(mode="required")])
+def test_real_call_header_forms_are_allowed(
+    encoding: HarmonyEncoding, header: str, choice: ToolChoice
+) -> None:
+    for text in (header, f"<|channel|>analysis<|message|>a<|end|><|start|>assistant{header}"):
+        assert not refused(encoding, choice, text)
+        directive = walk(encoding, choice, text).next()
+        assert isinstance(directive, Constrain)  # a call's content: ends only with <|call|>
+        assert directive.banned == SPECIALS - {CALL}
+
+
+JSON_GRAMMAR = {"functions.get_weather": 'root ::= "{}"'}
+
+
+@pytest.mark.parametrize("header", REAL_CALL_HEADERS)
+def test_every_call_form_carries_the_tools_grammar(encoding: HarmonyEncoding, header: str) -> None:
+    directive = walk(encoding, ToolChoice(), header, call_grammars=JSON_GRAMMAR).next()
+    assert isinstance(directive, Constrain)
+    assert directive.grammar == JSON_GRAMMAR["functions.get_weather"]
+    assert directive.banned == SPECIALS - {CALL}
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # no <|message|> before the content or the terminator
+        "<|channel|>commentary to=functions.get_weather<|constrain|>json{}",
+        "<|channel|>commentary to=functions.get_weather <|constrain|>json<|call|>",
+        "<|channel|>analysis to=functions.get_weather<|end|>",
+        # text in the header
+        "<|channel|>commentary to=functions.get_weather hello<|message|>",
+        "<|channel|>analysis thinking to=functions.get_weather<|message|>",
+        "<|channel|>commentary to=functions.get_weather <|constrain|>json then<|message|>",
+        # a second <|channel|>
+        "<|channel|>commentary to=functions.get_weather<|channel|>analysis<|message|>",
+        "<|channel|>analysis to=functions.get_weather <|constrain|>json<|channel|>commentary",
+        # a tool nobody offered, a content type nobody writes
+        "<|channel|>analysis to=functions.nope<|message|>",
+        "<|channel|>commentary to=functions.get_weather yaml<|message|>",
+    ],
+)
+def test_malformed_headers_are_refused(encoding: HarmonyEncoding, text: str) -> None:
+    assert refused(encoding, ToolChoice(), text)
