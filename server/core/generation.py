@@ -456,6 +456,7 @@ def _finished(result: EngineResult, reasoning_tokens: int, *, stopped: str | Non
         timings=result.timings,
         error=result.error,
         stop_sequence=stopped,
+        steering=result.steering,
     )
 
 

@@ -6,14 +6,15 @@ ever a handful of header tokens); a constraint with a grammar goes through a Gra
 generation (a grammar keeps its state across the tokens sampled under it); everything else,
 banned tokens included, is drawn by the numpy sampler (engine/sampler.py) straight from the
 logits buffer (or by llama.cpp's chain with EngineConfig.sampler "llama", for comparisons). A
-test hook may replace sampled tokens.
+test hook may replace sampled tokens. `stats` counts the choices made among an allowed set and
+how many of them overrode the model (its most likely token was not allowed).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from server.contracts.directives import Allow, Constrain, Force, Steering
+from server.contracts.directives import Allow, Constrain, Force, Steering, SteeringStats
 from server.engine.banned import Banned
 from server.engine.base import SamplingParams, TokenChooser
 from server.engine.grammar_sampler import GrammarSampler
@@ -40,6 +41,12 @@ class TokenPicker:
         self._sampler = LogitSampler(ctx.workspace, params, self._rng)
         self._banned: dict[Constrain, Banned] = {}
         self._chains: dict[Constrain | None, Sampler] = {}
+        self._choices = 0
+        self._overrides = 0
+
+    @property
+    def stats(self) -> SteeringStats:
+        return SteeringStats(self._choices, self._overrides)
 
     def next_tokens(self, index: int) -> tuple[int, ...]:
         """The forced tokens, or one token picked from the logits at batch position `index`."""
@@ -48,6 +55,7 @@ class TokenPicker:
             return directive.tokens
         if isinstance(directive, Allow):
             token = self._ctx.sample_among(index, directive.tokens, self._params, self._rng)
+            self._count_choice(index, directive.tokens)
         elif isinstance(directive, Constrain) and directive.grammar is not None:
             token = self._grammar_for(directive).sample(index)
         elif self._ctx.llama_sampling:
@@ -62,6 +70,11 @@ class TokenPicker:
     def accept(self, token: int) -> None:
         if self._steering is not None:
             self._steering.accept(token)
+
+    def _count_choice(self, index: int, allowed: tuple[int, ...]) -> None:
+        self._choices += 1
+        if int(np.argmax(self._ctx.logits(index))) not in allowed:
+            self._overrides += 1
 
     def free(self) -> None:
         for chain in self._chains.values():

@@ -16,7 +16,14 @@ from server.app import create_app
 from server.ops.config import Settings
 from server.ops.runtime import Runtime
 from server.testing.forced import ForcedScript
-from tests.api.test_chat_completions import USER_HI, chunks_of, joined, post, stream
+from tests.api.test_chat_completions import (
+    REASON_THEN_ANSWER,
+    USER_HI,
+    chunks_of,
+    joined,
+    post,
+    stream,
+)
 
 TOOLS: list[dict[str, Any]] = [
     {
@@ -228,3 +235,25 @@ def test_tool_names_that_are_not_identifiers(
     assert "<|start|>functions.web_search_v2 to=assistant" in encoding.decode_utf8(
         forced.prompts[-1]
     )
+
+
+def metric(client: TestClient, name: str) -> float:
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith(f"{name} "):
+            return float(line.split()[-1])
+    raise AssertionError(f"{name} is not in /metrics")
+
+
+def test_metrics_count_where_steering_overrode_the_model(
+    client: TestClient, forced: ForcedScript
+) -> None:
+    choices = metric(client, "gpt_oss_steering_choices_total")
+    overrides = metric(client, "gpt_oss_steering_overrides_total")
+    forced.push(REASON_THEN_ANSWER)
+    assert post(client, messages=USER_HI).status_code == 200
+    # the header tokens were picked among allowed sets: <|channel|> analysis <|message|>, then
+    # <|start|> assistant <|channel|> final <|message|> (a script replaces the picks, the
+    # logits are still the model's); random weights almost never favour an allowed token
+    assert metric(client, "gpt_oss_steering_choices_total") - choices == 8
+    added = metric(client, "gpt_oss_steering_overrides_total") - overrides
+    assert 1 <= added <= 8
