@@ -12,6 +12,7 @@ reasoning budget ends the analysis by forcing the next header. A token from outs
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -174,7 +175,27 @@ def _headers(
             content = None if grammar is None else Constrain(CALL_BANNED, grammar)
             for text in _call_headers(recipient):
                 texts.append((text, SegmentKind.TOOL_CALL, content))
-    return [(encoding.encode(text, allowed_special="all"), kind, c) for text, kind, c in texts]
+    encoded = _encode_all(encoding, [text for text, _, _ in texts])
+    return [(tokens, kind, c) for tokens, (_, kind, c) in zip(encoded, texts, strict=True)]
+
+
+_SPECIAL_TOKEN = re.compile(r"(<\|[a-z_]+\|>)")
+
+
+def _encode_all(encoding: HarmonyEncoding, texts: Sequence[str]) -> list[list[int]]:
+    """The tokens of each text, as `encoding.encode` gives them; the text between special tokens
+    is encoded once per distinct piece (BPE never merges across a special token), since the
+    headers of many tools share most of their pieces."""
+    pieces: dict[str, list[int]] = {}
+    encoded = []
+    for text in texts:
+        tokens: list[int] = []
+        for piece in _SPECIAL_TOKEN.split(text):
+            if piece and piece not in pieces:
+                pieces[piece] = encoding.encode(piece, allowed_special="all")
+            tokens.extend(pieces.get(piece, ()))
+        encoded.append(tokens)
+    return encoded
 
 
 # How gpt-oss writes a call header, as real outputs show it: the recipient after the channel or

@@ -8,7 +8,7 @@ from openai_harmony import HarmonyEncoding
 from server.contracts.directives import Allow, Constrain, Force
 from server.contracts.events import SegmentKind
 from server.contracts.transcript import ToolChoice
-from server.harmony.steering import plan_steering
+from server.harmony.steering import _encode_all, plan_steering
 from server.harmony.tokens import CALL, END, MESSAGE, RETURN, SPECIALS, START
 
 RECIPIENTS = ["functions.get_weather", "functions.get_time", "agents.spawn"]
@@ -248,3 +248,14 @@ def test_every_call_form_carries_the_tools_grammar(encoding: HarmonyEncoding, he
 )
 def test_malformed_headers_are_refused(encoding: HarmonyEncoding, text: str) -> None:
     assert refused(encoding, ToolChoice(), text)
+
+
+def test_headers_are_encoded_as_the_encoding_encodes_them(encoding: HarmonyEncoding) -> None:
+    # the plan encodes the text between special tokens once per distinct piece
+    texts = [
+        header.replace("get_weather", name)
+        for header in REAL_CALL_HEADERS
+        for name in ("get_weather", "x", "web_search_v2", "über_tool", "a.b")
+    ]
+    texts += ["<|channel|>analysis<|message|>", "<|channel|>final<|message|>"]
+    assert _encode_all(encoding, texts) == [tokens(encoding, text) for text in texts]
