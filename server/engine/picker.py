@@ -6,15 +6,14 @@ ever a handful of header tokens); a constraint with a grammar goes through a Gra
 generation (a grammar keeps its state across the tokens sampled under it); everything else,
 banned tokens included, is drawn by the numpy sampler (engine/sampler.py) straight from the
 logits buffer (or by llama.cpp's chain with EngineConfig.sampler "llama", for comparisons). A
-test hook may replace sampled tokens. `stats` counts the choices made among an allowed set and
-how many of them overrode the model (its most likely token was not allowed).
+test hook may replace sampled tokens.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from server.contracts.directives import Allow, Constrain, Force, Steering, SteeringStats
+from server.contracts.directives import Allow, Constrain, Force, Steering
 from server.engine.banned import Banned
 from server.engine.base import SamplingParams, TokenChooser
 from server.engine.grammar_sampler import GrammarSampler
@@ -23,7 +22,11 @@ from server.engine.sampler import LogitSampler
 
 
 class TokenPicker:
-    """One generation's sampling state; lives on the engine thread."""
+    """One generation's sampling state; lives on the engine thread.
+
+    `choices` counts the tokens sampled among an allowed set, `overrides` those of them where
+    the model's most likely token (the argmax of the logits) was not allowed.
+    """
 
     def __init__(
         self,
@@ -36,17 +39,13 @@ class TokenPicker:
         self._params = params
         self._steering = steering
         self._chooser = chooser
+        self.choices = 0
+        self.overrides = 0
         self._grammars: dict[Constrain, GrammarSampler] = {}
         self._rng = np.random.default_rng(params.seed)
         self._sampler = LogitSampler(ctx.workspace, params, self._rng)
         self._banned: dict[Constrain, Banned] = {}
         self._chains: dict[Constrain | None, Sampler] = {}
-        self._choices = 0
-        self._overrides = 0
-
-    @property
-    def stats(self) -> SteeringStats:
-        return SteeringStats(self._choices, self._overrides)
 
     def next_tokens(self, index: int) -> tuple[int, ...]:
         """The forced tokens, or one token picked from the logits at batch position `index`."""
@@ -72,9 +71,9 @@ class TokenPicker:
             self._steering.accept(token)
 
     def _count_choice(self, index: int, allowed: tuple[int, ...]) -> None:
-        self._choices += 1
+        self.choices += 1
         if int(np.argmax(self._ctx.logits(index))) not in allowed:
-            self._overrides += 1
+            self.overrides += 1
 
     def free(self) -> None:
         for chain in self._chains.values():

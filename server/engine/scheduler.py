@@ -86,7 +86,9 @@ class Job:
             evaluated_tokens=self.evaluated,
             completion_tokens=self.completed,
         )
-        steering = self.picker.stats if self.picker is not None else SteeringStats()
+        steering = SteeringStats()
+        if self.picker is not None:
+            steering = SteeringStats(self.picker.choices, self.picker.overrides)
         return EngineResult(reason, usage, timings, self.stop_token, error, steering)
 
 
