@@ -1,4 +1,5 @@
-"""Prometheus metrics: requests by endpoint and status, token counts, rates, latency, load.
+"""Prometheus metrics: requests by endpoint and status, token counts, rates, latency, load,
+and how often steering overrode the model.
 
 One registry per app (on app.state): the HTTP middleware counts requests, the generation core
 reports every finished generation, and gauges read the engine's load when scraped.
@@ -71,6 +72,18 @@ class Metrics:
             "Generations whose output left the harmony grammar (each ended with what parsed).",
             registry=r,
         )
+        self.steering_choices = Counter(
+            "gpt_oss_steering_choices",
+            "Tokens sampled among the few a message header allows (steering's choices).",
+            registry=r,
+        )
+        self.steering_overrides = Counter(
+            "gpt_oss_steering_overrides",
+            "Steering choices where the model's most likely token was not allowed (with real "
+            "weights, a high share of the choices means the header grammar refuses what the "
+            "model writes).",
+            registry=r,
+        )
         self.ttft = Histogram(
             "gpt_oss_time_to_first_token_seconds",
             "From submission to the first sampled token.",
@@ -133,6 +146,8 @@ class Metrics:
         self.generations.labels(finished.reason.value).inc()
         if finished.malformed:
             self.malformed.inc()
+        self.steering_choices.inc(finished.steering.choices)
+        self.steering_overrides.inc(finished.steering.overrides)
         if usage.completion_tokens:
             self.ttft.observe(timings.ttft_s)
         if timings.prefill_tokens_per_s:

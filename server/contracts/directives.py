@@ -38,6 +38,20 @@ class Constrain:
 Directive = Force | Allow | Constrain | None
 
 
+@dataclass(frozen=True, slots=True)
+class SteeringStats:
+    """How far one generation's steering pushed the model, counted by the engine.
+
+    `choices`: tokens sampled under an `Allow` directive; `overrides`: those of them where the
+    model's most likely token (the argmax of its logits) lay outside the allowed set, so the
+    steering, not the model, decided. On real weights a high share means the grammar refuses
+    what the model writes.
+    """
+
+    choices: int = 0
+    overrides: int = 0
+
+
 class Steering(Protocol):
     """Per-generation control of sampling; called on the engine thread, so it must be cheap."""
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+from server.contracts.directives import SteeringStats
 from server.contracts.transcript import FUNCTIONS_NAMESPACE, ToolKind
 
 
@@ -192,6 +193,7 @@ class Finished:
     summaries: SummaryReport | None = None  # set when summaries were asked for
     malformed: bool = False  # the output left the harmony grammar; the events hold what parsed
     stop_sequence: str | None = None  # the request's stop string that ended the answer, if any
+    steering: SteeringStats = field(default_factory=SteeringStats)  # overrides of the model
 
 
 DecoderEvent = SegmentStart | SegmentDelta | SegmentEnd | DecodeWarning

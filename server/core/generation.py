@@ -485,6 +485,7 @@ def finished_event(result: EngineResult, reasoning_tokens: int, *, stopped: str 
         timings=result.timings,
         error=result.error,
         stop_sequence=stopped,
+        steering=result.steering,
     )
 
 

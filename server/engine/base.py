@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Protocol
 
-from server.contracts.directives import Steering
+from server.contracts.directives import Steering, SteeringStats
 from server.contracts.events import Timings, Usage
 
 TokenChooser = Callable[[int], int]
@@ -50,6 +50,7 @@ class EngineResult:
     timings: Timings
     stop_token: int | None = None
     error: str | None = None
+    steering: SteeringStats = field(default_factory=SteeringStats)  # overrides of the model
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,11 @@ from server.engine.sampling.numpy_sampler import NumpySampler
 
 
 class TokenPicker:
-    """One generation's sampling state; lives on the engine thread."""
+    """One generation's sampling state; lives on the engine thread.
+
+    `choices` counts the tokens sampled among an allowed set, `overrides` those of them where
+    the model's most likely token (the argmax of the logits) was not allowed.
+    """
 
     def __init__(
         self,
@@ -36,6 +40,8 @@ class TokenPicker:
         self._params = params
         self._steering = steering
         self._chooser = chooser
+        self.choices = 0
+        self.overrides = 0
         self._grammars: dict[Constrain, GrammarSampler] = {}
         self._rng = np.random.default_rng(params.seed)
         self._sampler = NumpySampler(ctx.workspace, params, self._rng)
@@ -49,6 +55,7 @@ class TokenPicker:
             return directive.tokens
         if isinstance(directive, Allow):
             token = self._ctx.sample_among(index, directive.tokens, self._params, self._rng)
+            self._count_choice(index, directive.tokens)
         elif isinstance(directive, Constrain) and directive.grammar is not None:
             token = self._grammar_for(directive).sample(index)
         elif self._ctx.llama_sampling:
@@ -63,6 +70,11 @@ class TokenPicker:
     def accept(self, token: int) -> None:
         if self._steering is not None:
             self._steering.accept(token)
+
+    def _count_choice(self, index: int, allowed: tuple[int, ...]) -> None:
+        self.choices += 1
+        if int(np.argmax(self._ctx.logits(index))) not in allowed:
+            self.overrides += 1
 
     def free(self) -> None:
         for chain in self._chains.values():

@@ -20,7 +20,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from enum import Enum
 
-from server.contracts.directives import Steering
+from server.contracts.directives import Steering, SteeringStats
 from server.contracts.events import Timings, Usage
 from server.engine.base import EngineResult, SamplingHook, SamplingParams, StopReason
 from server.engine.channel import TokenChannel
@@ -86,7 +86,10 @@ class Job:
             evaluated_tokens=self.evaluated,
             completion_tokens=self.completed,
         )
-        return EngineResult(reason, usage, timings, self.stop_token, error)
+        steering = SteeringStats()
+        if self.picker is not None:
+            steering = SteeringStats(self.picker.choices, self.picker.overrides)
+        return EngineResult(reason, usage, timings, self.stop_token, error, steering)
 
 
 class Scheduler:

@@ -1,7 +1,8 @@
 """HarmonySteering: keeps sampled output inside harmony's grammar and the request's rules.
 
 Runs on the engine thread, token by token. Message headers are sampled from a token trie of the
-headers this request allows (channels, the tools offered, tool_choice); content is sampled by
+headers this request allows (channels, the tools offered, tool_choice; every well-formed header
+form gpt-oss writes for them, see `_call_headers`); content is sampled by
 llama.cpp with the tokens that cannot occur there banned (structural specials, the wrong
 terminator), the final answer follows a response-format grammar when one is asked for, and a
 reasoning budget ends the analysis by forcing the next header. A token from outside the grammar
@@ -11,6 +12,7 @@ reasoning budget ends the analysis by forcing the next header. A token from outs
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -84,8 +86,8 @@ def plan_steering(
 ) -> SteeringPlan:
     """The plan for a request offering `recipients` (e.g. "functions.get_weather").
 
-    `call_grammars` maps a recipient to the GBNF grammar its call's content follows; such a
-    call's header is written with `<|constrain|>json`, and the grammar ends before `<|call|>`.
+    `call_grammars` maps a recipient to the GBNF grammar its call's content follows (under
+    every header form of the call); the grammar ends before `<|call|>`.
     Plans are immutable (each request walks them with its own HarmonySteering), so requests of
     the same shape (same tools, tool_choice, grammars, budget) share one: building it encodes
     every header and costs about as much as rendering the prompt.
@@ -140,11 +142,17 @@ def _callable(recipients: Sequence[str], choice: ToolChoice) -> list[str]:
 
 
 def _allowed_kinds(has_tools: bool, choice: ToolChoice) -> set[SegmentKind]:
+    """What may be written: reasoning always; a final answer unless a call is forced; calls and
+    preambles when tools are offered and not refused. A forced call (`required`, `named`) allows
+    no preamble: after its reasoning the model's next message is the call, as OpenAI's and
+    Anthropic's APIs promise."""
     kinds = {SegmentKind.REASONING}
     if choice.mode in ("auto", "none"):
         kinds.add(SegmentKind.FINAL)
+    if has_tools and choice.mode == "auto":
+        kinds.add(SegmentKind.PREAMBLE)
     if has_tools and choice.mode != "none":
-        kinds |= {SegmentKind.PREAMBLE, SegmentKind.TOOL_CALL}
+        kinds.add(SegmentKind.TOOL_CALL)
     return kinds
 
 
@@ -165,24 +173,49 @@ def _headers(
         for recipient in recipients:
             grammar = call_grammars.get(recipient)
             content = None if grammar is None else Constrain(CALL_BANNED, grammar)
-            for text in _call_headers(recipient, json_only=grammar is not None):
+            for text in _call_headers(recipient):
                 texts.append((text, SegmentKind.TOOL_CALL, content))
-    return [(encoding.encode(text, allowed_special="all"), kind, c) for text, kind, c in texts]
+    encoded = _encode_all(encoding, [text for text, _, _ in texts])
+    return [(tokens, kind, c) for tokens, (_, kind, c) in zip(encoded, texts, strict=True)]
 
 
-def _call_headers(recipient: str, json_only: bool = False) -> list[str]:
-    """The ways gpt-oss writes a call header: recipient after the channel or in the role."""
-    json_forms = [
-        f"<|channel|>commentary to={recipient} <|constrain|>json<|message|>",
-        f" to={recipient}<|channel|>commentary <|constrain|>json<|message|>",
-    ]
-    if json_only:
-        return json_forms
-    return [
-        *json_forms,
-        f"<|channel|>commentary to={recipient}<|message|>",
-        f" to={recipient}<|channel|>commentary<|message|>",
-    ]
+_SPECIAL_TOKEN = re.compile(r"(<\|[a-z_]+\|>)")
+
+
+def _encode_all(encoding: HarmonyEncoding, texts: Sequence[str]) -> list[list[int]]:
+    """The tokens of each text, as `encoding.encode` gives them; the text between special tokens
+    is encoded once per distinct piece (BPE never merges across a special token), since the
+    headers of many tools share most of their pieces."""
+    pieces: dict[str, list[int]] = {}
+    encoded = []
+    for text in texts:
+        tokens: list[int] = []
+        for piece in _SPECIAL_TOKEN.split(text):
+            if piece and piece not in pieces:
+                pieces[piece] = encoding.encode(piece, allowed_special="all")
+            tokens.extend(pieces.get(piece, ()))
+        encoded.append(tokens)
+    return encoded
+
+
+# How gpt-oss writes a call header, as real outputs show it: the recipient after the channel or
+# in the role; the call on the commentary channel (harmony's rule) or on the analysis channel;
+# the content type `<|constrain|>json` (with or without a space before it), a bare `json` or
+# `code`, or none. All parse as the same call (harmony's parser) and replay keeps the exact
+# tokens, so steering lets the model write the form it chose instead of pushing it onto a less
+# likely one; a tool's grammar governs the call's content whatever type the header declares.
+_CALL_CHANNELS = ("commentary", "analysis")
+_CONTENT_TYPES = (" <|constrain|>json", "<|constrain|>json", " json", " code", "")
+
+
+def _call_headers(recipient: str) -> list[str]:
+    """The call headers accepted for `recipient`."""
+    headers = []
+    for channel in _CALL_CHANNELS:
+        for content_type in _CONTENT_TYPES:
+            headers.append(f"<|channel|>{channel} to={recipient}{content_type}<|message|>")
+            headers.append(f" to={recipient}<|channel|>{channel}{content_type}<|message|>")
+    return headers
 
 
 class _Phase(Enum):

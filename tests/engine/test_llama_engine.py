@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from openai_harmony import HarmonyEncoding
 
+from server.contracts.directives import Allow, Directive, Steering, SteeringStats
 from server.contracts.transcript import Transcript, UserMessage
 from server.engine.base import EngineConfig, EngineResult, SamplingParams, StopReason
 from server.engine.llama import LlamaEngine
@@ -21,10 +22,13 @@ GREEDY = SamplingParams(max_tokens=16, temperature=0.0, stop_tokens=STOPS)
 
 
 def run(
-    engine: LlamaEngine, prompt: Sequence[int], params: SamplingParams
+    engine: LlamaEngine,
+    prompt: Sequence[int],
+    params: SamplingParams,
+    steering: Steering | None = None,
 ) -> tuple[list[int], EngineResult]:
     async def collect() -> tuple[list[int], EngineResult]:
-        stream = engine.submit(prompt, params)
+        stream = engine.submit(prompt, params, steering)
         tokens = [t async for chunk in stream for t in chunk]
         return tokens, stream.result
 
@@ -204,3 +208,33 @@ def test_timings_are_measured(engine: LlamaEngine, encoding: HarmonyEncoding) ->
     assert timings.decode_tokens_per_s > 0
     assert timings.ttft_s >= timings.prefill_s
     assert timings.completion_tokens == GREEDY.max_tokens
+
+
+class AllowFirst:
+    """A steering that allows only `allowed` for the first token and leaves the rest alone."""
+
+    def __init__(self, allowed: tuple[int, ...]) -> None:
+        self.allowed = allowed
+        self.accepted: list[int] = []
+
+    def next(self) -> Directive:
+        return None if self.accepted else Allow(self.allowed)
+
+    def accept(self, token: int) -> None:
+        self.accepted.append(token)
+
+
+def test_counts_where_steering_overrode_the_model(
+    engine: LlamaEngine, encoding: HarmonyEncoding
+) -> None:
+    prompt = unique_prompt(encoding, "overrides")
+    one = SamplingParams(max_tokens=1, temperature=0.0, stop_tokens=STOPS)
+    (top,), free = run(engine, prompt, one)  # greedy: the model's most likely token
+    assert free.steering == SteeringStats()
+    other = top + 1 if top < 1000 else top - 1
+    tokens, agreed = run(engine, prompt, one, AllowFirst((other, top)))
+    assert tokens == [top]
+    assert agreed.steering == SteeringStats(choices=1, overrides=0)
+    tokens, overruled = run(engine, prompt, one, AllowFirst((other,)))
+    assert tokens == [other]
+    assert overruled.steering == SteeringStats(choices=1, overrides=1)

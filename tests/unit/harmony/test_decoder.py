@@ -107,6 +107,44 @@ def test_tool_call(encoding: HarmonyEncoding, text: str) -> None:
     assert not any(isinstance(e, DecodeWarning) for e in events)
 
 
+# Header forms real gpt-oss writes (seen in public llama.cpp, LM Studio, vLLM, SGLang reports):
+# header, channel, content type
+REAL_CALL_HEADERS = [
+    ("<|channel|>commentary to=functions.f<|constrain|>json", "commentary", "<|constrain|>json"),
+    ("<|channel|>analysis to=functions.f <|constrain|>json", "analysis", "<|constrain|>json"),
+    ("<|channel|>analysis to=functions.f<|constrain|>json", "analysis", "<|constrain|>json"),
+    ("<|channel|>analysis to=functions.f", "analysis", None),
+    ("<|channel|>commentary to=functions.f code", "commentary", "code"),
+    ("<|channel|>commentary to=functions.f json", "commentary", "json"),
+    (" to=functions.f<|channel|>commentary json", "commentary", "json"),
+    (" to=functions.f<|channel|>analysis<|constrain|>json", "analysis", "<|constrain|>json"),
+]
+
+
+@pytest.mark.parametrize(("header", "channel", "content_type"), REAL_CALL_HEADERS)
+@pytest.mark.parametrize("second", [False, True], ids=["first", "after-reasoning"])
+def test_real_call_header_forms_are_tool_calls(
+    encoding: HarmonyEncoding, header: str, channel: str, content_type: str | None, second: bool
+) -> None:
+    before = "<|channel|>analysis<|message|>Hm.<|end|><|start|>assistant" if second else ""
+    events, decoder = decode(encoding, f'{before}{header}<|message|>{{"a":1}}<|call|>')
+    assert_well_formed(events)
+    assert not decoder.left_grammar
+    assert not any(isinstance(e, DecodeWarning) for e in events)
+    call = ends(events)[-1]
+    assert [e.kind for e in ends(events)][:-1] == ([SegmentKind.REASONING] if second else [])
+    assert call.kind is SegmentKind.TOOL_CALL  # on the analysis channel too: it has a recipient
+    assert (call.recipient, call.channel, call.content_type) == (
+        "functions.f",
+        channel,
+        content_type,
+    )
+    assert call.text == '{"a":1}'
+    assert call.complete
+    assert call.call_id is not None
+    assert decoder.reasoning_tokens == (len(ends(events)[0].tokens) if second else 0)
+
+
 def test_preamble_is_commentary_without_recipient(encoding: HarmonyEncoding) -> None:
     events, _ = decode(
         encoding,

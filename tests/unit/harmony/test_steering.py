@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
 from openai_harmony import HarmonyEncoding
 
 from server.contracts.directives import Allow, Constrain, Force
 from server.contracts.events import SegmentKind
 from server.contracts.transcript import ToolChoice
-from server.harmony.steering import plan_steering
-from server.harmony.tokens import CALL, END, RETURN, SPECIALS, START
+from server.harmony.steering import _encode_all, plan_steering
+from server.harmony.tokens import CALL, END, MESSAGE, RETURN, SPECIALS, START
 
 RECIPIENTS = ["functions.get_weather", "functions.get_time", "agents.spawn"]
 
@@ -117,8 +118,10 @@ def test_budget_with_required_tool_forces_a_call_header(encoding: HarmonyEncodin
     for token in forced.tokens:
         steering.accept(token)
     steering.accept(tokens(encoding, "<|channel|>")[0])
-    # no more analysis once the budget is spent: only a tool call can follow
-    assert allowed_texts(encoding, steering.next()) == {"comment"}
+    # no more reasoning once the budget is spent: only a tool call can follow, on either channel
+    assert allowed_texts(encoding, steering.next()) == {"comment", "analysis"}
+    steering.accept(tokens(encoding, "analysis")[0])
+    assert allowed_texts(encoding, steering.next()) == {" to"}
 
 
 def test_final_grammar_is_attached_to_the_answer_only(encoding: HarmonyEncoding) -> None:
@@ -148,3 +151,111 @@ def test_requests_of_one_shape_share_a_plan_and_walk_it_independently(
     for token in tokens(encoding, "<|channel|>"):
         second.accept(token)
     assert allowed_texts(encoding, second.next()) == {"analysis", "final", "comment"}
+
+
+def refused(encoding: HarmonyEncoding, choice: ToolChoice, text: str, **kwargs: object) -> bool:
+    """Whether steering refuses some token of `text` (and then switches itself off)."""
+    steering = plan_steering(encoding, RECIPIENTS, choice, **kwargs).start()  # type: ignore[arg-type]
+    outside = False
+    for token in tokens(encoding, text):
+        directive = steering.next()
+        outside = outside or (isinstance(directive, Allow) and token not in directive.tokens)
+        steering.accept(token)
+    assert steering.left_grammar == outside
+    return outside
+
+
+@pytest.mark.parametrize(
+    "choice", [ToolChoice(mode="required"), ToolChoice(mode="named", name="get_time")]
+)
+def test_forced_call_allows_reasoning_then_only_the_call(
+    encoding: HarmonyEncoding, choice: ToolChoice
+) -> None:
+    # reasoning stays allowed; a preamble (commentary without recipient) does not, at the first
+    # header or after the reasoning: the next message is the call
+    reasoning = "<|channel|>analysis<|message|>think<|end|><|start|>assistant"
+    assert not refused(encoding, choice, reasoning)
+    for before in ("", reasoning):
+        assert refused(encoding, choice, before + "<|channel|>commentary<|message|>")
+        steering = walk(encoding, choice, before + "<|channel|>commentary")
+        directive = steering.next()
+        assert isinstance(directive, Allow)
+        assert MESSAGE not in directive.tokens
+        call = before + "<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>"
+        assert not refused(encoding, choice, call)
+
+
+def test_auto_still_allows_a_preamble(encoding: HarmonyEncoding) -> None:
+    assert not refused(encoding, ToolChoice(), "<|channel|>commentary<|message|>Checking.<|end|>")
+
+
+# Header forms real gpt-oss outputs show (pasted in llama.cpp, LM Studio, vLLM, SGLang reports)
+REAL_CALL_HEADERS = [
+    "<|channel|>commentary to=functions.get_weather<|constrain|>json<|message|>",
+    "<|channel|>analysis to=functions.get_weather <|constrain|>json<|message|>",
+    "<|channel|>analysis to=functions.get_weather<|constrain|>json<|message|>",
+    "<|channel|>analysis to=functions.get_weather<|message|>",
+    "<|channel|>commentary to=functions.get_weather code<|message|>",
+    "<|channel|>commentary to=functions.get_weather json<|message|>",
+    "<|channel|>analysis to=functions.get_weather json<|message|>",
+    " to=functions.get_weather<|channel|>commentary json<|message|>",
+    " to=functions.get_weather<|channel|>commentary<|constrain|>json<|message|>",
+    " to=functions.get_weather<|channel|>analysis code<|message|>",
+]
+
+
+@pytest.mark.parametrize("header", REAL_CALL_HEADERS)
+@pytest.mark.parametrize("choice", [ToolChoice(), ToolChoice(mode="required")])
+def test_real_call_header_forms_are_allowed(
+    encoding: HarmonyEncoding, header: str, choice: ToolChoice
+) -> None:
+    for text in (header, f"<|channel|>analysis<|message|>a<|end|><|start|>assistant{header}"):
+        assert not refused(encoding, choice, text)
+        directive = walk(encoding, choice, text).next()
+        assert isinstance(directive, Constrain)  # a call's content: ends only with <|call|>
+        assert directive.banned == SPECIALS - {CALL}
+
+
+JSON_GRAMMAR = {"functions.get_weather": 'root ::= "{}"'}
+
+
+@pytest.mark.parametrize("header", REAL_CALL_HEADERS)
+def test_every_call_form_carries_the_tools_grammar(encoding: HarmonyEncoding, header: str) -> None:
+    directive = walk(encoding, ToolChoice(), header, call_grammars=JSON_GRAMMAR).next()
+    assert isinstance(directive, Constrain)
+    assert directive.grammar == JSON_GRAMMAR["functions.get_weather"]
+    assert directive.banned == SPECIALS - {CALL}
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # no <|message|> before the content or the terminator
+        "<|channel|>commentary to=functions.get_weather<|constrain|>json{}",
+        "<|channel|>commentary to=functions.get_weather <|constrain|>json<|call|>",
+        "<|channel|>analysis to=functions.get_weather<|end|>",
+        # text in the header
+        "<|channel|>commentary to=functions.get_weather hello<|message|>",
+        "<|channel|>analysis thinking to=functions.get_weather<|message|>",
+        "<|channel|>commentary to=functions.get_weather <|constrain|>json then<|message|>",
+        # a second <|channel|>
+        "<|channel|>commentary to=functions.get_weather<|channel|>analysis<|message|>",
+        "<|channel|>analysis to=functions.get_weather <|constrain|>json<|channel|>commentary",
+        # a tool nobody offered, a content type nobody writes
+        "<|channel|>analysis to=functions.nope<|message|>",
+        "<|channel|>commentary to=functions.get_weather yaml<|message|>",
+    ],
+)
+def test_malformed_headers_are_refused(encoding: HarmonyEncoding, text: str) -> None:
+    assert refused(encoding, ToolChoice(), text)
+
+
+def test_headers_are_encoded_as_the_encoding_encodes_them(encoding: HarmonyEncoding) -> None:
+    # the plan encodes the text between special tokens once per distinct piece
+    texts = [
+        header.replace("get_weather", name)
+        for header in REAL_CALL_HEADERS
+        for name in ("get_weather", "x", "web_search_v2", "über_tool", "a.b")
+    ]
+    texts += ["<|channel|>analysis<|message|>", "<|channel|>final<|message|>"]
+    assert _encode_all(encoding, texts) == [tokens(encoding, text) for text in texts]
