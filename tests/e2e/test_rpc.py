@@ -209,6 +209,24 @@ def test_a_host_that_drops_mid_stream_ends_the_request_and_health(
         assert proc.ended.returncode == 0
 
 
+def test_sigterm_exits_promptly_after_a_host_stopped_while_idle(
+    tiny_gguf: Path, workers: list[Worker], tmp_path: Path
+) -> None:
+    """Freeing the model needs the host that is gone: ggml aborts on the freeing thread, the
+    abort hook parks it, and the shutdown must not wait for it."""
+    with server(tiny_gguf, tmp_path, *SPLIT, *rpc_flag(workers)) as proc:
+        base = proc.health_url.removesuffix("/health")
+        assert httpx.post(f"{base}/v1/chat/completions", json=CHAT, timeout=120).is_success
+        workers[1].kill()  # stopped while the server is idle: nothing notices yet
+        started = time.monotonic()
+        proc.stop()  # SIGTERM; SIGKILL after a minute
+        stopped_s = time.monotonic() - started
+    assert proc.ended is not None
+    assert stopped_s < 15, f"SIGTERM took {stopped_s:.0f} s (exit status {proc.ended.returncode})"
+    assert proc.ended.returncode == 0
+    assert workers[1].endpoint in proc.log_path.read_text()  # the log says what happened
+
+
 def run_serve(model: Path, tmp_path: Path, *options: str) -> subprocess.CompletedProcess[str]:
     command = serve_command(model, free_port(), "--cache-dir", str(tmp_path / "c"), *options)
     return subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
