@@ -273,8 +273,11 @@ def test_an_entry_with_a_malformed_header_is_deleted_and_the_shorter_entry_loads
     """Even under the right key: a header whose fields have the wrong types is a bad file (it
     must not hide the valid shorter entry on every later lookup)."""
     shared, longer, shorter = saved_pair(tiny_gguf, tmp_path, 36)
-    header = json.dumps({"identity": "x", "n_tokens": 200, "payload_bytes": "x", "crc32": 0})
-    data = MAGIC + len(header).to_bytes(4, "little") + header.encode() + bytes(1000)
+    saved = longer.read_bytes()
+    size = int.from_bytes(saved[len(MAGIC) : len(MAGIC) + 4], "little")
+    fields = json.loads(saved[len(MAGIC) + 4 : len(MAGIC) + 4 + size])  # the right identity
+    header = json.dumps({**fields, "payload_bytes": "x"}).encode()
+    data = MAGIC + len(header).to_bytes(4, "little") + header + bytes(1000)
     longer.write_bytes(signed(tmp_path, data))
     prompt = shared + tokens(38, 30)
     for _ in range(2):  # the bad file is gone after the first lookup
@@ -345,3 +348,78 @@ def test_a_directory_others_can_write_is_refused(
     with pytest.raises(Exception, match=expected):
         LlamaEngine(config(tiny_gguf, directory))
     assert list(directory.iterdir()) == []
+
+
+# --- memory: reads only for jobs about to run, one read per entry, queue order kept ---
+
+LONG = dataclasses.replace(GREEDY, max_tokens=1000, stop_tokens=frozenset())
+
+
+def test_disk_reads_wait_until_a_slot_is_free(tiny_gguf: Path, tmp_path: Path) -> None:
+    """A burst after a restart must not hold every waiting job's state in memory: while the one
+    slot is busy nothing is read; then each job is read when it can run."""
+    starts = [tokens(50 + i, 200) for i in range(3)]
+    with running(config(tiny_gguf, tmp_path)) as engine:
+        for start in starts:
+            run(engine, start + tokens(60, 5), save_points=[len(start)])
+    sizes = sum(p.stat().st_size for p in tmp_path.glob(f"*-{200:08d}-*{SUFFIX}"))
+
+    async def burst(engine: LlamaEngine) -> tuple[int, list[EngineResult]]:
+        busy = engine.submit(tokens(70, 100), LONG)
+        await anext(aiter(busy))  # it runs in the only slot
+        waiting = [engine.submit(start + tokens(71, 20), GREEDY) for start in starts]
+        while engine.load.waiting < len(starts):
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(1.0)  # time enough for reads, had they started
+        stats = engine.prompt_cache
+        assert stats is not None
+        read_while_busy = stats.bytes_read
+        assert engine.load.running == 1  # still busy: the check above meant something
+        busy.cancel()
+        for stream in [busy, *waiting]:
+            async for _ in stream:
+                pass
+        return read_while_busy, [stream.result for stream in waiting]
+
+    with running(config(tiny_gguf, tmp_path, n_slots=1)) as engine:
+        read_while_busy, results = asyncio.run(burst(engine))
+        stats = engine.prompt_cache
+    assert read_while_busy == 0
+    assert [r.usage.cached_tokens for r in results] == [200, 200, 200]
+    assert stats is not None
+    assert stats.bytes_read == sizes
+
+
+def test_jobs_waiting_on_one_entry_share_one_read_and_keep_their_order(
+    tiny_gguf: Path, tmp_path: Path
+) -> None:
+    shared = tokens(80, 300)
+    with running(config(tiny_gguf, tmp_path)) as engine:
+        run(engine, shared + tokens(81, 5), save_points=[len(shared)])
+    size = entry(tmp_path, len(shared)).stat().st_size
+    prompts = [shared + tokens(82 + i, 20) for i in range(3)]
+
+    async def together(engine: LlamaEngine) -> tuple[list[int], list[EngineResult]]:
+        busy = engine.submit(tokens(90, 50), LONG)  # keeps the engine thread stepping
+        await anext(aiter(busy))
+        streams = [engine.submit(prompt, GREEDY) for prompt in prompts]  # one step's arrivals
+        first: list[int] = []
+
+        async def consume(index: int) -> None:
+            async for _ in streams[index]:
+                if index not in first:
+                    first.append(index)
+
+        await asyncio.gather(*(consume(i) for i in range(len(streams))))
+        busy.cancel()
+        async for _ in busy:
+            pass
+        return first, [stream.result for stream in streams]
+
+    with running(config(tiny_gguf, tmp_path, n_slots=4)) as engine:
+        first, results = asyncio.run(together(engine))
+        stats = engine.prompt_cache
+    assert stats is not None
+    assert stats.bytes_read == size  # one read for the three
+    assert all(r.usage.cached_tokens >= len(shared) for r in results)
+    assert first == [0, 1, 2]  # started (so prefilled, so answered) in their queue order
