@@ -64,7 +64,7 @@ def connect_rpc_hosts(settings: Settings) -> None:
     if not settings.rpc:
         return
     try:
-        devices = rpc.connect(settings.rpc, settings.rpc_timeout_s)
+        devices = rpc.connect(settings.rpc, settings.rpc_timeout_s, not settings.rpc_trust_network)
     except RpcError as exc:
         raise StartupError(str(exc)) from exc
     for device in devices:

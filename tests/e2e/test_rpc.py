@@ -209,6 +209,34 @@ def test_a_host_that_drops_mid_stream_ends_the_request_and_health(
         assert proc.ended.returncode == 0
 
 
+REGISTERED = """
+import sys
+from server.engine.ggml import functions
+from server.engine.rpc import backend
+for device in backend.connect([sys.argv[1]], 5.0):
+    print(device.endpoint, functions().ggml_backend_dev_description(device.handle).decode())
+"""
+
+
+def test_a_host_name_is_resolved_once_and_ggml_gets_the_checked_address(
+    workers: list[Worker],
+) -> None:
+    """ggml would resolve a name again at every (re)connection, after the checks: it must be
+    given the address the checks used (the device's description is what ggml connects to)."""
+    named = f"localhost:{workers[0].port}"
+    done = subprocess.run(
+        [sys.executable, "-c", REGISTERED, named],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.strip().splitlines()
+    assert lines
+    assert all(line == f"{named} 127.0.0.1:{workers[0].port}" for line in lines), lines
+
+
 def test_sigterm_exits_promptly_after_a_host_stopped_while_idle(
     tiny_gguf: Path, workers: list[Worker], tmp_path: Path
 ) -> None:
