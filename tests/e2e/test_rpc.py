@@ -237,22 +237,29 @@ def test_a_host_name_is_resolved_once_and_ggml_gets_the_checked_address(
     assert all(line == f"{named} 127.0.0.1:{workers[0].port}" for line in lines), lines
 
 
+@pytest.mark.parametrize("prompt_cache", [False, True])
 def test_sigterm_exits_promptly_after_a_host_stopped_while_idle(
-    tiny_gguf: Path, workers: list[Worker], tmp_path: Path
+    tiny_gguf: Path, workers: list[Worker], tmp_path: Path, prompt_cache: bool
 ) -> None:
-    """Freeing the model needs the host that is gone: ggml aborts on the freeing thread, the
-    abort hook parks it, and the shutdown must not wait for it."""
-    with server(tiny_gguf, tmp_path, *SPLIT, *rpc_flag(workers)) as proc:
+    """Saving the conversations (their KV state is partly on the host) and freeing the model
+    need the host that is gone: ggml aborts on the engine thread, the abort hook parks it, and
+    the shutdown must not wait for it."""
+    kv = ("--prompt-cache-dir", str(tmp_path / "kv"), "--prompt-cache-min-tokens", "16")
+    cache = kv if prompt_cache else ("--no-prompt-cache",)
+    options = ("--n-ctx", "4096", *cache, *SPLIT, *rpc_flag(workers))
+    with server_process(tiny_gguf, tmp_path, *options) as proc:
         base = proc.health_url.removesuffix("/health")
         assert httpx.post(f"{base}/v1/chat/completions", json=CHAT, timeout=120).is_success
-        workers[1].kill()  # stopped while the server is idle: nothing notices yet
+        for worker in workers:  # stopped while the server is idle: nothing notices yet
+            worker.kill()  # (worker 0 holds layer 1's KV cache, worker 1 the output layer)
         started = time.monotonic()
         proc.stop()  # SIGTERM; SIGKILL after a minute
         stopped_s = time.monotonic() - started
     assert proc.ended is not None
     assert stopped_s < 15, f"SIGTERM took {stopped_s:.0f} s (exit status {proc.ended.returncode})"
     assert proc.ended.returncode == 0
-    assert workers[1].endpoint in proc.log_path.read_text()  # the log says what happened
+    logged = proc.log_path.read_text()
+    assert all(f"{worker.endpoint}" in logged for worker in workers)  # it says what happened
 
 
 def run_serve(model: Path, tmp_path: Path, *options: str) -> subprocess.CompletedProcess[str]:
