@@ -8,7 +8,8 @@ to the slot with the longest cached prefix (see slots.py); when the KV cache is 
 recently used idle conversation is dropped. With the prompt cache on disk (prompt_cache.py), a
 prompt's save points are saved as its prefill reaches them (chunks end there), an evicted
 conversation is saved before it is dropped, every conversation is saved at shutdown, and a new
-prompt starts from the longest saved prefix when the disk holds more of it than the memory.
+prompt starts from the longest saved prefix when the disk holds more of it than the memory (read
+only once a slot is free for it, one read for the requests waiting on the same entry).
 """
 
 from __future__ import annotations
