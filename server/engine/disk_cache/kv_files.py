@@ -155,7 +155,7 @@ class KVFiles:
 
         None when it is gone, or bad (then it is deleted with a warning)."""
         try:
-            data = _read_regular(entry.path)
+            data = _read_regular(entry.path, self.budget_bytes)
             offset = self._check(data, entry, tokens)
         except FileNotFoundError:
             return None  # deleted meanwhile (budget, another process)
@@ -342,13 +342,16 @@ def _read_key(path: Path) -> bytes:
     return key
 
 
-def _read_regular(path: Path) -> bytearray:
-    """The bytes of a regular file, never following a link or waiting on a FIFO or device."""
+def _read_regular(path: Path, limit: int) -> bytearray:
+    """The bytes of a regular file of at most `limit` bytes, never following a link or waiting
+    on a FIFO or device."""
     fd = os.open(path, _READ_FLAGS)
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise CorruptEntry("not a regular file")
+        if info.st_size > limit:  # no entry outlives a save beyond the budget
+            raise CorruptEntry(f"larger than the budget ({info.st_size} bytes)")
         data = bytearray(info.st_size)
         view = memoryview(data)
         done = 0
