@@ -103,11 +103,15 @@ class LlamaEngine:
         return self._ctx.token_text(token_id)  # the vocabulary is read-only once loaded
 
     def close(self) -> None:
+        """Stop the engine thread (it saves, then frees the model) and wait for it, or until it
+        is parked for good: an RPC host that is gone stops a decode or the freeing of the model
+        (see server.engine.rpc.backend.AbortWatch), and the process must still exit."""
         if self._failure is not None:  # the engine thread waits for a host that is gone
             return
         if self._thread.is_alive():
             self._jobs.put(None)
-            self._thread.join()
+        while self._thread.is_alive() and self._failure is None:
+            self._thread.join(0.1)
 
     def _run(self) -> None:
         try:

@@ -8,7 +8,8 @@ to the slot with the longest cached prefix (see slots.py); when the KV cache is 
 recently used idle conversation is dropped. With the prompt cache on disk (prompt_cache.py), a
 prompt's save points are saved as its prefill reaches them (chunks end there), an evicted
 conversation is saved before it is dropped, every conversation is saved at shutdown, and a new
-prompt starts from the longest saved prefix when the disk holds more of it than the memory.
+prompt starts from the longest saved prefix when the disk holds more of it than the memory (read
+only once a slot is free for it, one read for the requests waiting on the same entry).
 """
 
 from __future__ import annotations
@@ -174,6 +175,13 @@ class Scheduler:
                 self._finish(job, StopReason.CONTEXT_FULL)
 
     def _admit(self) -> None:
+        """Start waiting jobs in order while a slot is free for them.
+
+        A job whose prompt the disk may hold more of is read first (off the engine thread) and
+        started once read; it keeps a free slot promised meanwhile, so a read starts only for a
+        job that runs as soon as it is read, and at most one state per free slot is held in
+        memory.
+        """
         while self._waiting:
             job = self._waiting[0]
             if not job.prompt_tokens or len(job.prompt_tokens) >= self._ctx.n_ctx:
@@ -181,6 +189,8 @@ class Scheduler:
                 error = f"prompt of {len(job.prompt_tokens)} tokens does not fit"
                 self._finish(job, StopReason.ERROR, error)
                 continue
+            if self._free_slots() <= 0:
+                return
             if self._cache is not None and not job.looked_up:
                 job.looked_up = True
                 cached = longest_prefix(self.slots, job.prompt_tokens)
@@ -199,6 +209,10 @@ class Scheduler:
                 if job.slot is not None:
                     self._forget(job.slot)
                 self._finish(job, StopReason.ERROR, f"{type(exc).__name__}: {exc}")
+
+    def _free_slots(self) -> int:
+        """Slots no job runs in, less those promised to the jobs being read from disk."""
+        return sum(not slot.busy for slot in self.slots) - len(self._loading)
 
     def _start(self, job: Job, choice: SlotChoice) -> None:
         ctx, slot = self._ctx, choice.slot
@@ -335,8 +349,9 @@ class Scheduler:
             log.exception("prompt cache: could not save a sequence")
 
     def _collect_loads(self) -> None:
-        """Jobs whose disk read ended go back to the head of the queue."""
-        for job, future in [(j, f) for j, f in self._loading if f.done()]:
+        """Jobs whose disk read ended go back to the head of the queue, in their order."""
+        done = [(job, future) for job, future in self._loading if future.done()]
+        for job, future in done:
             self._loading.remove((job, future))
             try:
                 job.disk = future.result()
@@ -344,7 +359,7 @@ class Scheduler:
                 log.exception("prompt cache: could not read an entry")
             if job.disk is None and self._cache is not None:
                 self._cache.stats.misses += 1
-            self._waiting.appendleft(job)
+        self._waiting.extendleft(reversed([job for job, _ in done]))
 
     def _restore(self, job: Job, slot: Slot, keep: int) -> int:
         """Start from the prefix read from disk if it is longer than `keep`."""

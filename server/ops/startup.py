@@ -10,6 +10,7 @@ from openai_harmony import HarmonyEncoding
 
 from server.contracts.errors import PlacementError, StartupError
 from server.engine.base import Engine, EngineConfig, SamplingHook
+from server.engine.disk_cache.private import UnsafeDirectory, private_dir
 from server.engine.llama import LlamaEngine
 from server.engine.loading import offload
 from server.engine.loading.gguf_header import GGUFFormatError, vocabulary_bytes
@@ -53,7 +54,7 @@ def connect_rpc_hosts(settings: Settings) -> None:
     if not settings.rpc:
         return
     try:
-        devices = rpc.connect(settings.rpc, settings.rpc_timeout_s)
+        devices = rpc.connect(settings.rpc, settings.rpc_timeout_s, not settings.rpc_trust_network)
     except RpcError as exc:
         raise StartupError(str(exc)) from exc
     for device in devices:
@@ -76,6 +77,7 @@ def start_engine(
 ) -> tuple[LlamaEngine, Placement]:
     """Connect the --rpc hosts, place the model on the devices and load it (StartupError when
     it cannot)."""
+    check_prompt_cache_dir(config)
     connect_rpc_hosts(settings)
     placement = place_model(config, settings)
     config = replace(
@@ -89,7 +91,20 @@ def start_engine(
         engine = LlamaEngine(config, sampling_hook)
     except (RuntimeError, RpcError) as exc:  # RpcError: a host dropped while loading
         raise StartupError(f"could not load {config.model_path}: {exc}") from exc
+    except UnsafeDirectory as exc:  # changed since the check
+        raise StartupError(f"--prompt-cache-dir: {exc}") from exc
     return engine, placement
+
+
+def check_prompt_cache_dir(config: EngineConfig) -> None:
+    """The prompt cache's directory, created 0700 or refused (before minutes of loading) when
+    another user owns it or may write into it."""
+    if config.prompt_cache_dir is None:
+        return
+    try:
+        private_dir(Path(config.prompt_cache_dir))
+    except UnsafeDirectory as exc:
+        raise StartupError(f"--prompt-cache-dir: {exc}") from exc
 
 
 def place_model(config: EngineConfig, settings: Settings) -> Placement:

@@ -209,6 +209,59 @@ def test_a_host_that_drops_mid_stream_ends_the_request_and_health(
         assert proc.ended.returncode == 0
 
 
+REGISTERED = """
+import sys
+from server.engine.ggml import functions
+from server.engine.rpc import backend
+for device in backend.connect([sys.argv[1]], 5.0):
+    print(device.endpoint, functions().ggml_backend_dev_description(device.handle).decode())
+"""
+
+
+def test_a_host_name_is_resolved_once_and_ggml_gets_the_checked_address(
+    workers: list[Worker],
+) -> None:
+    """ggml would resolve a name again at every (re)connection, after the checks: it must be
+    given the address the checks used (the device's description is what ggml connects to)."""
+    named = f"localhost:{workers[0].port}"
+    done = subprocess.run(
+        [sys.executable, "-c", REGISTERED, named],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.strip().splitlines()
+    assert lines
+    assert all(line == f"{named} 127.0.0.1:{workers[0].port}" for line in lines), lines
+
+
+@pytest.mark.parametrize("prompt_cache", [False, True])
+def test_sigterm_exits_promptly_after_a_host_stopped_while_idle(
+    tiny_gguf: Path, workers: list[Worker], tmp_path: Path, prompt_cache: bool
+) -> None:
+    """Saving the conversations (their KV state is partly on the host) and freeing the model
+    need the host that is gone: ggml aborts on the engine thread, the abort hook parks it, and
+    the shutdown must not wait for it."""
+    kv = ("--prompt-cache-dir", str(tmp_path / "kv"), "--prompt-cache-min-tokens", "16")
+    cache = kv if prompt_cache else ("--no-prompt-cache",)
+    options = ("--n-ctx", "4096", *cache, *SPLIT, *rpc_flag(workers))
+    with server_process(tiny_gguf, tmp_path, *options) as proc:
+        base = proc.health_url.removesuffix("/health")
+        assert httpx.post(f"{base}/v1/chat/completions", json=CHAT, timeout=120).is_success
+        for worker in workers:  # stopped while the server is idle: nothing notices yet
+            worker.kill()  # (worker 0 holds layer 1's KV cache, worker 1 the output layer)
+        started = time.monotonic()
+        proc.stop()  # SIGTERM; SIGKILL after a minute
+        stopped_s = time.monotonic() - started
+    assert proc.ended is not None
+    assert stopped_s < 15, f"SIGTERM took {stopped_s:.0f} s (exit status {proc.ended.returncode})"
+    assert proc.ended.returncode == 0
+    logged = proc.log_path.read_text()
+    assert all(f"{worker.endpoint}" in logged for worker in workers)  # it says what happened
+
+
 def run_serve(model: Path, tmp_path: Path, *options: str) -> subprocess.CompletedProcess[str]:
     command = serve_command(model, free_port(), "--cache-dir", str(tmp_path / "c"), *options)
     return subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hmac
+import json
 import logging
 import os
 import random
 import shutil
+import stat
 import subprocess
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -184,7 +188,7 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
     right is missing, unless GPT_OSS_REQUIRE_MOUNT=1 (CI), where it is a failure."""
     mount_point = tmp_path / "small"
     mount_point.mkdir()
-    mount = ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)]
+    mount = ["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(mount_point)]
     mounted = shutil.which("mount") and subprocess.run(mount, check=False, capture_output=True)
     if not mounted or mounted.returncode != 0:
         reason = "cannot mount a small tmpfs here"
@@ -211,3 +215,218 @@ def test_a_full_disk_stops_saving_with_one_warning(
     assert stats is not None
     assert stats.skipped_saves >= 1  # every save after the warning
     assert not list(small_disk.glob(".tmp-*"))  # the failed write left nothing behind
+
+
+# --- trust: the directory is private, entries are authenticated, odd files are harmless ---
+
+
+def saved_pair(tiny_gguf: Path, directory: Path, seed: int) -> tuple[list[int], Path, Path]:
+    """A 200-token start saved at 100 and 200 tokens: (the start, its 200 and 100 entries)."""
+    shared = tokens(seed, 200)
+    with running(config(tiny_gguf, directory)) as engine:
+        run(engine, shared + tokens(seed + 1, 10), save_points=[100, len(shared)])
+    return shared, entry(directory, len(shared)), entry(directory, 100)
+
+
+def test_an_entry_planted_from_another_directory_is_deleted_not_loaded(
+    tiny_gguf: Path, tmp_path: Path
+) -> None:
+    """Whoever writes a well-formed entry for a known prefix (a public system prompt) without
+    the directory's key must not get its KV state loaded."""
+    shared, mine, _ = saved_pair(tiny_gguf, tmp_path / "mine", 30)
+    _, theirs, _ = saved_pair(tiny_gguf, tmp_path / "theirs", 30)
+    assert mine.name == theirs.name  # same model, settings and prefix
+    mine.write_bytes(theirs.read_bytes())  # planted: valid format, made elsewhere
+    (tmp_path / "mine" / entry(tmp_path / "mine", 100).name).unlink()
+    prompt = shared + tokens(32, 30)
+    with running(config(tiny_gguf, tmp_path / "mine")) as engine:
+        out, result = run(engine, prompt)
+        stats = engine.prompt_cache
+    assert result.usage.cached_tokens == 0
+    assert stats is not None
+    assert (stats.hits, stats.corrupt) == (0, 1)
+    assert not mine.exists()
+    assert out == cold_output(tiny_gguf, prompt)
+
+
+def test_a_fifo_under_an_entry_name_is_deleted_and_the_shorter_entry_loads(
+    tiny_gguf: Path, tmp_path: Path
+) -> None:
+    shared, longer, shorter = saved_pair(tiny_gguf, tmp_path, 33)
+    longer.unlink()
+    os.mkfifo(longer)  # opening it to read would wait for a writer forever
+    with running(config(tiny_gguf, tmp_path)) as engine:
+        _, result = run(engine, shared + tokens(35, 30))
+        stats = engine.prompt_cache
+    assert result.usage.cached_tokens == 100
+    assert stats is not None
+    assert (stats.hits, stats.corrupt) == (1, 1)
+    assert not longer.exists()
+    assert shorter.exists()
+
+
+def signed(directory: Path, data: bytes) -> bytes:
+    """`data` with the directory's entry MAC appended, where the directory has a key."""
+    key = directory / "entries.key"
+    return data + hmac.digest(key.read_bytes(), data, "sha256") if key.exists() else data
+
+
+def test_an_entry_with_a_malformed_header_is_deleted_and_the_shorter_entry_loads(
+    tiny_gguf: Path, tmp_path: Path
+) -> None:
+    """Even under the right key: a header whose fields have the wrong types is a bad file (it
+    must not hide the valid shorter entry on every later lookup)."""
+    shared, longer, shorter = saved_pair(tiny_gguf, tmp_path, 36)
+    saved = longer.read_bytes()
+    size = int.from_bytes(saved[len(MAGIC) : len(MAGIC) + 4], "little")
+    fields = json.loads(saved[len(MAGIC) + 4 : len(MAGIC) + 4 + size])  # the right identity
+    header = json.dumps({**fields, "payload_bytes": "x"}).encode()
+    data = MAGIC + len(header).to_bytes(4, "little") + header + bytes(1000)
+    longer.write_bytes(signed(tmp_path, data))
+    prompt = shared + tokens(38, 30)
+    for _ in range(2):  # the bad file is gone after the first lookup
+        with running(config(tiny_gguf, tmp_path)) as engine:
+            _, result = run(engine, prompt)
+        assert result.usage.cached_tokens == 100
+        assert not longer.exists()
+    assert shorter.exists()
+
+
+def test_the_budget_deletes_only_entries(tiny_gguf: Path, tmp_path: Path) -> None:
+    """Files that are not entries, and another process's temporary file being written, stay;
+    only a stale temporary file of the cache's own naming is cleaned up."""
+    _, longer, _ = saved_pair(tiny_gguf, tmp_path, 39)
+    notes = tmp_path / "notes.kv"
+    notes.write_bytes(bytes(longer.stat().st_size * 4))
+    writing = tmp_path / f".tmp-999999-1-{longer.name}"  # another server's write in progress
+    writing.write_bytes(bytes(100))
+    stale = tmp_path / f".tmp-999999-2-{longer.name}"  # left by a process killed long ago
+    stale.write_bytes(bytes(100))
+    foreign_stale = tmp_path / ".tmp-editor-swap"
+    foreign_stale.write_bytes(bytes(100))
+    for old in (stale, foreign_stale):
+        os.utime(old, (time.time() - 2 * 3600,) * 2)
+    budget = int(longer.stat().st_size * 2.5)
+    with running(config(tiny_gguf, tmp_path, prompt_cache_bytes=budget)) as engine:
+        for seed in (41, 42, 43):
+            run(engine, tokens(seed, 300), save_points=[299])
+        stats = engine.prompt_cache
+    assert stats is not None
+    assert stats.evicted >= 1
+    assert notes.exists()
+    assert writing.exists()
+    assert foreign_stale.exists()
+    assert not stale.exists()
+    kept = [p for p in entries(tmp_path) if p != notes and not p.name.startswith(".")]
+    assert sum(p.stat().st_size for p in kept) <= budget
+
+
+def test_the_directory_is_private_and_entries_are_0600(tiny_gguf: Path, tmp_path: Path) -> None:
+    directory = tmp_path / "new" / "kv"
+    umask = os.umask(0o022)
+    try:
+        saved_pair(tiny_gguf, directory, 44)
+    finally:
+        os.umask(umask)
+    assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+    files = list(directory.iterdir())
+    assert len(files) >= 2
+    assert {stat.S_IMODE(f.stat().st_mode) for f in files} == {0o600}
+
+
+@pytest.mark.parametrize("unsafe", ["group-writable", "another user's"])
+def test_a_directory_others_can_write_is_refused(
+    tiny_gguf: Path, tmp_path: Path, unsafe: str
+) -> None:
+    directory = tmp_path / "kv"
+    directory.mkdir()
+    if unsafe == "group-writable":
+        directory.chmod(0o775)
+        expected = "can be written by other users"
+    else:
+        if os.geteuid() != 0:
+            pytest.skip("giving a directory to another user needs root")
+        os.chown(directory, 4242, 4242)
+        directory.chmod(0o700)
+        expected = "belongs to another user"
+    with pytest.raises(Exception, match=expected):
+        LlamaEngine(config(tiny_gguf, directory))
+    assert list(directory.iterdir()) == []
+
+
+# --- memory: reads only for jobs about to run, one read per entry, queue order kept ---
+
+LONG = dataclasses.replace(GREEDY, max_tokens=1000, stop_tokens=frozenset())
+
+
+def test_disk_reads_wait_until_a_slot_is_free(tiny_gguf: Path, tmp_path: Path) -> None:
+    """A burst after a restart must not hold every waiting job's state in memory: while the one
+    slot is busy nothing is read; then each job is read when it can run."""
+    starts = [tokens(50 + i, 200) for i in range(3)]
+    with running(config(tiny_gguf, tmp_path)) as engine:
+        for start in starts:
+            run(engine, start + tokens(60, 5), save_points=[len(start)])
+    sizes = sum(p.stat().st_size for p in tmp_path.glob(f"*-{200:08d}-*{SUFFIX}"))
+
+    async def burst(engine: LlamaEngine) -> tuple[int, list[EngineResult]]:
+        busy = engine.submit(tokens(70, 100), LONG)
+        await anext(aiter(busy))  # it runs in the only slot
+        waiting = [engine.submit(start + tokens(71, 20), GREEDY) for start in starts]
+        later = time.monotonic() + 1.0
+        steps = 0
+        async for chunk in busy:  # the engine steps on: time enough for reads, had they started
+            steps += len(chunk)
+            if steps >= 30 and time.monotonic() > later:
+                break
+        stats = engine.prompt_cache
+        assert stats is not None
+        read_while_busy = stats.bytes_read
+        assert engine.load.running == 1  # still busy: the check above meant something
+        busy.cancel()
+        for stream in [busy, *waiting]:
+            async for _ in stream:
+                pass
+        return read_while_busy, [stream.result for stream in waiting]
+
+    with running(config(tiny_gguf, tmp_path, n_slots=1)) as engine:
+        read_while_busy, results = asyncio.run(burst(engine))
+        stats = engine.prompt_cache
+    assert read_while_busy == 0
+    assert [r.usage.cached_tokens for r in results] == [200, 200, 200]
+    assert stats is not None
+    assert stats.bytes_read == sizes
+
+
+def test_jobs_waiting_on_one_entry_share_one_read_and_keep_their_order(
+    tiny_gguf: Path, tmp_path: Path
+) -> None:
+    shared = tokens(80, 300)
+    with running(config(tiny_gguf, tmp_path)) as engine:
+        run(engine, shared + tokens(81, 5), save_points=[len(shared)])
+    size = entry(tmp_path, len(shared)).stat().st_size
+    prompts = [shared + tokens(82 + i, 20) for i in range(3)]
+
+    async def together(engine: LlamaEngine) -> tuple[list[int], list[EngineResult]]:
+        busy = engine.submit(tokens(90, 50), LONG)  # keeps the engine thread stepping
+        await anext(aiter(busy))
+        streams = [engine.submit(prompt, GREEDY) for prompt in prompts]  # one step's arrivals
+        first: list[int] = []
+
+        async def consume(index: int) -> None:
+            async for _ in streams[index]:
+                if index not in first:
+                    first.append(index)
+
+        await asyncio.gather(*(consume(i) for i in range(len(streams))))
+        busy.cancel()
+        async for _ in busy:
+            pass
+        return first, [stream.result for stream in streams]
+
+    with running(config(tiny_gguf, tmp_path, n_slots=4)) as engine:
+        first, results = asyncio.run(together(engine))
+        stats = engine.prompt_cache
+    assert stats is not None
+    assert stats.bytes_read == size  # one read for the three
+    assert all(r.usage.cached_tokens >= len(shared) for r in results)
+    assert first == [0, 1, 2]  # started (so prefilled, so answered) in their queue order

@@ -1,5 +1,6 @@
 """Disk cache: the prompt cache on disk.
 
 Saving sequences' KV state and restoring it into a sequence (prompt_cache.py), the entry files,
-their format, writer thread and budget (kv_files.py).
+their format, MAC, writer thread and budget (kv_files.py), the private directory they live in
+(private.py).
 """

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import time
+import weakref
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -93,6 +94,10 @@ class PromptCache:
         pending = min(budget, MAX_PENDING_BYTES)  # states copied, not written yet
         self.files = KVFiles(directory, identity(config, ctx.n_ctx), budget, pending)
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="kv-reader")
+        # reads by their candidates, while a job still holds them: one read per entry
+        self._reads: weakref.WeakValueDictionary[tuple[Path, ...], Future[Found | None]] = (
+            weakref.WeakValueDictionary()
+        )
         log.info(
             "prompt cache: %s (budget %.1f GiB, prefixes of %d+ tokens)",
             directory,
@@ -122,6 +127,8 @@ class PromptCache:
         The file is read and checked on the reader thread (running streams go on meanwhile);
         None when the disk has no such prefix (a miss). Looked up only when at least
         min_tokens would be evaluated otherwise; at least one prompt token is left to evaluate.
+        Prompts with the same candidates share one read (and the state it holds in memory) as
+        long as a caller holds its future.
         """
         if len(prompt) - 1 - cached < self.min_tokens:
             return None  # little to gain: not counted
@@ -129,7 +136,12 @@ class PromptCache:
         if not candidates:
             self.stats.misses += 1
             return None
-        return self._reader.submit(self._read_first, candidates, list(prompt))
+        key = tuple(entry.path for entry in candidates)
+        future = self._reads.get(key)
+        if future is None or (future.done() and future.exception() is not None):
+            future = self._reader.submit(self._read_first, candidates, list(prompt))
+            self._reads[key] = future
+        return future
 
     def _read_first(self, candidates: list[Entry], prompt: list[int]) -> Found | None:
         for entry in candidates:

@@ -4,7 +4,9 @@ An `rpc-server` (llama.cpp's, or `gpt-oss-server rpc-worker`) exposes a host's g
 TCP. ggml's RPC client aborts the whole process when a host cannot be reached, refuses the
 handshake (a protocol version mismatch) or drops while a graph is computed. So:
 
-- `connect()` checks every endpoint before llama.cpp touches it: a TCP connect with a bounded
+- `connect()` checks every endpoint before llama.cpp touches it: a host name is resolved once
+  (hosts.resolve) and from then on only that address is used, by the checks and by ggml (which
+  would otherwise resolve the name again at every reconnection); a TCP connect with a bounded
   timeout here, then ggml's own handshake in a child process (`python -m server.engine.rpc.probe`)
   that may abort without taking the server down; only then are the endpoints' devices registered
   in ggml's backend registry (`ggml_backend_rpc_add_server`, `ggml_backend_register`), where
@@ -31,7 +33,7 @@ from typing import Any
 import llama_cpp.llama_cpp as lc
 
 from server.engine.ggml import functions as ggml_functions
-from server.engine.rpc.hosts import RpcError, reachable
+from server.engine.rpc.hosts import RpcError, reachable, resolve
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +46,7 @@ REINSTALL = (
 class RemoteDevice:
     """One device of an RPC host, registered in ggml's backend registry."""
 
-    endpoint: str  # host:port
+    endpoint: str  # host:port, as given
     name: str  # ggml's device name (RPC0, RPC1, ...)
     handle: int  # ggml_backend_dev_t
 
@@ -62,18 +64,30 @@ def require_rpc() -> None:
         )
 
 
-def connect(endpoints: Sequence[str], timeout_s: float) -> list[RemoteDevice]:
-    """Check each endpoint, then register its devices; RpcError names the first bad one."""
+def connect(
+    endpoints: Sequence[str], timeout_s: float, loopback_only: bool = True
+) -> list[RemoteDevice]:
+    """Resolve and check each endpoint, then register its devices at the address checked;
+    RpcError names the first bad one. `loopback_only`: every address must be this machine's."""
     require_rpc()
-    for endpoint in endpoints:
-        reachable(endpoint, timeout_s)
-        handshake(endpoint, timeout_s)
-    return [device for endpoint in endpoints for device in register(endpoint)]
+    addresses = {endpoint: resolve(endpoint, loopback_only) for endpoint in endpoints}
+    for endpoint, address in addresses.items():
+        try:
+            reachable(address, timeout_s)
+        except RpcError as exc:
+            if address == endpoint:
+                raise
+            raise RpcError(f"{exc} (named {endpoint})") from exc
+        handshake(address, timeout_s, endpoint)
+    return [device for endpoint in endpoints for device in register(addresses[endpoint], endpoint)]
 
 
-def handshake(endpoint: str, timeout_s: float) -> list[dict[str, Any]]:
-    """ggml's own handshake with `endpoint`, in a child process; its devices' memory."""
+def handshake(endpoint: str, timeout_s: float, named: str | None = None) -> list[dict[str, Any]]:
+    """ggml's own handshake with `endpoint`, in a child process; its devices' memory.
+
+    `named`: how errors name the host (the endpoint as given, when `endpoint` is its address)."""
     command = [sys.executable, "-m", "server.engine.rpc.probe", endpoint]
+    endpoint = named or endpoint
     try:
         # the child loads llama.cpp first: allow for that beyond the host's own timeout
         done = subprocess.run(
@@ -107,14 +121,17 @@ def _reason(stderr: str) -> str:
     return "; ".join((useful or lines)[-3:]) or "no message"
 
 
-def register(endpoint: str) -> list[RemoteDevice]:
+def register(address: str, endpoint: str | None = None) -> list[RemoteDevice]:
+    """Register the devices of the RPC host at `address` (what ggml connects to, at every
+    reconnection) in ggml's registry; `endpoint` is how the host was named (the address)."""
+    endpoint = endpoint or address
     ggml = ggml_functions()
     reg = ggml.ggml_backend_reg_by_name(b"RPC")
     if not reg:
         raise RpcError("ggml has no RPC backend registered")
-    address = ggml.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_rpc_add_server")
-    add_server = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)(address)
-    server = add_server(endpoint.encode())
+    proc = ggml.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_rpc_add_server")
+    add_server = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)(proc)
+    server = add_server(address.encode())
     if not server:
         raise RpcError(f"RPC host {endpoint} offers no device")
     ggml.ggml_backend_register(server)

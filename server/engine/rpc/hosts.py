@@ -1,7 +1,10 @@
-"""RPC hosts as addresses: parsing HOST:PORT, the loopback rule, a bounded TCP reachability check.
+"""RPC hosts as addresses: parsing HOST:PORT, the loopback rule, resolving a name once, a bounded
+TCP reachability check.
 
 Pure socket code (no llama.cpp), so the settings can validate `--rpc` and the engine can name a
-host that stopped answering. The loopback rule is the server's one rule for "this machine only":
+host that stopped answering. A host name is resolved once, at start-up (`resolve()`), and ggml is
+given the address that was checked: it would resolve the name again at every (re)connection.
+The loopback rule is the server's one rule for "this machine only":
 RPC endpoints, the RPC worker's bind address and the HTTP server's bind address all use it.
 """
 
@@ -46,6 +49,29 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip().strip("[]")).is_loopback
     except ValueError:  # a host name: it may resolve to anything
         return False
+
+
+def resolve(endpoint: str, loopback_only: bool) -> str:
+    """`endpoint` as IPV4:PORT, a name resolved now (the first IPv4 address it has).
+
+    With `loopback_only` (no --rpc-trust-network), the address must be this machine's too: a
+    `localhost` that resolves elsewhere is refused. RpcError names the endpoint and the reason.
+    """
+    host, port = split_endpoint(endpoint)
+    try:
+        found = socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as exc:
+        reason = getattr(exc, "strerror", None) or exc
+        raise RpcError(f"RPC host {endpoint}: cannot resolve {host!r} ({reason})") from exc
+    if not found:
+        raise RpcError(f"RPC host {endpoint}: {host!r} has no IPv4 address")
+    address = str(found[0][4][0])
+    if loopback_only and not ipaddress.ip_address(address).is_loopback:
+        raise RpcError(
+            f"RPC host {endpoint}: {host!r} resolves to {address}, which is not this machine; "
+            "add --rpc-trust-network if that network is trusted"
+        )
+    return f"{address}:{port}"
 
 
 def reachable(endpoint: str, timeout_s: float) -> None:

@@ -14,7 +14,14 @@ import pytest
 from pydantic import ValidationError
 
 from server.contracts.errors import StartupError
-from server.engine.rpc.hosts import RpcError, is_loopback, reachable, split_endpoint, unreachable
+from server.engine.rpc.hosts import (
+    RpcError,
+    is_loopback,
+    reachable,
+    resolve,
+    split_endpoint,
+    unreachable,
+)
 from server.ops.rpc_worker import WorkerOptions, run_worker
 from server.ops.settings import Settings
 from server.ops.startup import connect_rpc_hosts
@@ -102,3 +109,11 @@ def test_a_build_without_rpc_names_the_reinstall() -> None:
     options = WorkerOptions(host="127.0.0.1", port=free_port(), threads=1, cache_dir=None)
     with pytest.raises(StartupError, match="llama_supports_rpc"):
         run_worker(options)
+
+
+def test_resolve_gives_the_address_to_connect_to() -> None:
+    assert resolve("localhost:50052", loopback_only=True) == "127.0.0.1:50052"
+    assert resolve("127.0.0.2:1", loopback_only=True) == "127.0.0.2:1"
+    assert resolve("10.1.2.3:50052", loopback_only=False) == "10.1.2.3:50052"
+    with pytest.raises(RpcError, match=r"10\.1\.2\.3, which is not this machine"):
+        resolve("10.1.2.3:50052", loopback_only=True)
