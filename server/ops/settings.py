@@ -211,7 +211,8 @@ class Settings(BaseSettings):
     responses_store_path: Path = Field(
         default_factory=default_responses_store,
         description="SQLite file of the /v1/responses store (store=true, previous_response_id); "
-        "default: $XDG_DATA_HOME/gpt-oss-server/responses.sqlite3 (~/.local/share/...).",
+        "default: $XDG_DATA_HOME/gpt-oss-server/responses.sqlite3 (~/.local/share/...). Its "
+        "directory is the server's private state directory (also the thinking-signature key).",
     )
     responses_store_max_entries: int = Field(
         1000, ge=1, description="Most responses kept in the store; the oldest go first."
@@ -269,6 +270,11 @@ class Settings(BaseSettings):
         "all of its tools so); --no-strict-tools: any JSON object. Tools with `strict: true` "
         "always follow their schema.",
     )
+
+    @property
+    def state_dir(self) -> Path:
+        """The private state directory: the responses store's, also the signing key's."""
+        return self.responses_store_path.parent
 
     @model_validator(mode="after")
     def _rpc_hosts_allowed(self) -> Settings:

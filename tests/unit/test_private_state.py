@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from server.api.messages.signature import load_key
 from server.api.responses.store import ResponseStore, StoredResponse
 from server.contracts.transcript import UserMessage
 from server.private_files import PrivatePathError, open_private, private_dir, private_file
@@ -117,3 +119,13 @@ def test_a_file_of_another_user_is_refused_even_when_tightening(tmp_path: Path) 
     os.chown(theirs, 65534, 65534)
     with pytest.raises(PrivatePathError, match="belongs to another user"):
         private_file(theirs, tighten=True)
+
+
+def test_the_signing_key_is_drawn_once_and_kept(tmp_path: Path) -> None:
+    path = tmp_path / "thinking-signature.key"
+    with ThreadPoolExecutor(8) as pool:  # servers starting together on one state directory
+        keys = set(pool.map(lambda _: load_key(path), range(16)))
+    assert len(keys) == 1
+    assert keys == {load_key(path)} == {path.read_bytes()}
+    assert mode(path) == 0o600
+    assert [file.name for file in tmp_path.iterdir()] == [path.name]  # no drafts left
