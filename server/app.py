@@ -13,6 +13,7 @@ from server import __version__
 from server.api.auth import require_api_key
 from server.api.chat.router import router as chat_router
 from server.api.error_handlers import install_error_handlers
+from server.api.host_check import HostCheckMiddleware
 from server.api.limits import BodyLimitMiddleware
 from server.api.messages.router import MessagesState
 from server.api.messages.router import router as messages_router
@@ -77,6 +78,9 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
     app.add_middleware(RequestMetricsMiddleware)
+    app.add_middleware(  # outermost: a request from a foreign name or origin reaches nothing
+        HostCheckMiddleware, bound_host=settings.host, allowed_hosts=settings.allowed_hosts
+    )
     app.include_router(health_router)
     app.include_router(metrics_router)
     app.include_router(web_router)  # the chat page at `/`: static files, no key

@@ -36,6 +36,14 @@ def _endpoint_list(value: object) -> object:
     return endpoints
 
 
+def _name_list(value: object) -> object:
+    """--allowed-hosts "a,b" (flag, variable) or a TOML list: a tuple of lower-case names."""
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list | tuple):
+        return value  # pydantic reports the type error
+    return tuple(dict.fromkeys(str(item).strip().lower() for item in items if str(item).strip()))
+
+
 def default_cache_dir() -> Path:
     return Path.home() / ".cache" / "gpt-oss-server"
 
@@ -71,6 +79,14 @@ class Settings(BaseSettings):
         None, description="Model id reported by /v1/models; default: the alias or file name."
     )
     host: str = Field("127.0.0.1", description="Address to bind.")
+    allowed_hosts: Annotated[tuple[str, ...], NoDecode, BeforeValidator(_name_list)] = Field(
+        (),
+        description="Host names requests may address the server by, besides localhost, IP "
+        "addresses and --host (a guard against DNS rebinding: a web page whose name points at "
+        "this machine): NAME[,NAME...], *.example.com for every subdomain, * for any (only "
+        "behind a reverse proxy that checks the Host itself). Browsers' requests from another "
+        "origin are refused unless their origin's host is listed here.",
+    )
     port: int = Field(8000, ge=1, le=65535, description="Port to bind.")
     shutdown_grace_s: float = Field(
         8.0,
