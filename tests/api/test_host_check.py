@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from pydantic_settings import CliApp
 
 from server.app import create_app
+from server.cli import Serve
 from server.ops.runtime import Runtime
 from server.ops.settings import Settings
 from server.testing.forced import ForcedScript
@@ -181,6 +184,14 @@ def test_the_bound_name_is_served(runtime: Runtime, forced: ForcedScript) -> Non
         assert client.post("/v1/chat/completions", json=CHAT, headers=headers).status_code == 400
 
 
-def test_allowed_hosts_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_allowed_hosts_from_a_flag_the_environment_and_the_config_file(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    serve = CliApp.run(Serve, cli_args=["--allowed-hosts", "a.lan,*.B.lan"], cli_cmd_method_name="")
+    assert serve.allowed_hosts == ("a.lan", "*.b.lan")
     monkeypatch.setenv("GPT_OSS_ALLOWED_HOSTS", "Chat.Example,,box.lan ")
     assert Settings().allowed_hosts == ("chat.example", "box.lan")
+    monkeypatch.delenv("GPT_OSS_ALLOWED_HOSTS")
+    config = tmp_path / "server.toml"
+    config.write_text('allowed_hosts = ["proxy.example"]\n', encoding="utf-8")
+    assert Settings(config=config).allowed_hosts == ("proxy.example",)
