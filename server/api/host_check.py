@@ -16,9 +16,11 @@ elsewhere (another port of localhost included) gets 403 before any body is read,
 "simple" requests a browser sends without a CORS preflight. The server sends no CORS headers.
 Clients that are not browsers send no `Origin` and are not affected.
 
-Starlette's TrustedHostMiddleware compares host names as strings (and `*.suffix`): it cannot
-take any IP literal or 127.0.0.0/8, the connection's own address, or an `Origin`, and it answers
-in plain text, not the APIs' error envelopes; hence this middleware.
+Starlette's TrustedHostMiddleware fits only in part: it ignores the port and keeps IPv6
+brackets, so `localhost`, `127.0.0.1`, `[::1]` and the bound name could be listed, but it
+compares names as strings (and `*.suffix`): no 127.0.0.0/8, no IP literal in general, not the
+address the connection reached (an all-interfaces bind); it knows nothing of `Origin`, and it
+answers in plain text, not in the APIs' error envelopes. Hence this middleware.
 """
 
 from __future__ import annotations
@@ -48,6 +50,15 @@ def _split(authority: str, scheme: str) -> tuple[str, int] | None:
     return parts.hostname, port if port is not None else DEFAULT_PORTS.get(scheme, 80)
 
 
+def _pattern(name: str) -> str:
+    """An --allowed-hosts entry as a lower-case host name: "Box.lan:8000" -> "box.lan"."""
+    name = name.strip().lower()
+    if name.startswith("*"):
+        return name
+    split = _split(name, "http")
+    return split[0] if split is not None else name
+
+
 def _is_ip(host: str) -> bool:
     try:
         ipaddress.ip_address(host)
@@ -69,7 +80,7 @@ class HostCheckMiddleware:
     def __init__(self, app: ASGIApp, bound_host: str, allowed_hosts: Iterable[str] = ()) -> None:
         self.app = app
         self.bound_host = bound_host.strip().strip("[]").lower()
-        self.allowed = tuple(name.strip().strip("[]").lower() for name in allowed_hosts)
+        self.allowed = tuple(_pattern(name) for name in allowed_hosts)
         self.allow_any = "*" in self.allowed
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -152,8 +152,14 @@ def test_clients_without_origin_are_served(client: TestClient, forced: ForcedScr
 
 
 def test_allowed_hosts_name_more_hosts_and_origins(runtime: Runtime, forced: ForcedScript) -> None:
-    for client in app_client(runtime, allowed_hosts="chat.example, *.lan"):
-        for host in ("chat.example", "chat.example:443", "box.lan:8000", "a.b.lan"):
+    for client in app_client(runtime, allowed_hosts="chat.example, *.lan, Box.Example:8000"):
+        for host in (
+            "chat.example",
+            "chat.example:443",
+            "box.lan:8000",
+            "a.b.lan",
+            "box.example:9",
+        ):
             forced.push(ANSWER)
             response = client.post("/v1/chat/completions", json=CHAT, headers={"Host": host})
             assert response.status_code == 200, (host, response.text)
