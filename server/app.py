@@ -13,9 +13,11 @@ from server import __version__
 from server.api.auth import require_api_key
 from server.api.chat.router import router as chat_router
 from server.api.error_handlers import install_error_handlers
+from server.api.host_check import HostCheckMiddleware
 from server.api.limits import BodyLimitMiddleware
 from server.api.messages.router import MessagesState
 from server.api.messages.router import router as messages_router
+from server.api.messages.signature import KEY_FILE, ThinkingSigner, load_key
 from server.api.metrics import Metrics, RequestMetricsMiddleware
 from server.api.metrics import router as metrics_router
 from server.api.models import health_router
@@ -23,6 +25,7 @@ from server.api.models import router as models_router
 from server.api.responses.router import ResponsesState
 from server.api.responses.router import router as responses_router
 from server.api.web import router as web_router
+from server.contracts.errors import StartupError
 from server.core.generation import Generator, SamplingDefaults
 from server.core.history import History
 from server.core.summaries import SummaryConfig
@@ -30,10 +33,16 @@ from server.harmony.render import assistant_start_tokens
 from server.ops.runtime import Runtime
 from server.ops.settings import Settings
 from server.ops.startup import load_runtime
+from server.private_files import PrivatePathError, private_dir
 
 
 def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
-    """The app; loads the model at startup unless a ready runtime is given (then not owned)."""
+    """The app; loads the model at startup unless a ready runtime is given (then not owned).
+
+    StartupError at once if the state directory (settings.state_dir) or the signing key in it
+    is not private (server.private_files).
+    """
+    signer = _signer(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -57,7 +66,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
         )
         app.state.metrics.watch(app.state.generator.admission)
         app.state.responses = ResponsesState.from_settings(settings)
-        app.state.messages = MessagesState.from_settings(settings)
+        app.state.messages = MessagesState.from_settings(settings, signer)
         try:
             yield
         finally:
@@ -69,9 +78,20 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
     app.add_middleware(RequestMetricsMiddleware)
+    app.add_middleware(  # outermost: a request from a foreign name or origin reaches nothing
+        HostCheckMiddleware, bound_host=settings.host, allowed_hosts=settings.allowed_hosts
+    )
     app.include_router(health_router)
     app.include_router(metrics_router)
     app.include_router(web_router)  # the chat page at `/`: static files, no key
     for router in (models_router, chat_router, responses_router, messages_router):
         app.include_router(router, dependencies=[Depends(require_api_key)])
     return app
+
+
+def _signer(settings: Settings) -> ThinkingSigner:
+    """The thinking-block signer, its key kept in the private state directory."""
+    try:
+        return ThinkingSigner(load_key(private_dir(settings.state_dir) / KEY_FILE))
+    except PrivatePathError as exc:
+        raise StartupError(f"the state directory cannot be used: {exc}") from exc

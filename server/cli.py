@@ -38,10 +38,10 @@ class Serve(Settings):
         configure_logging(self.log_level)
         try:
             runtime = load_runtime(self)
+            app = create_app(self, runtime)  # StartupError: a state directory not private
         except StartupError as exc:
             log.error("%s", exc)
             sys.exit(1)
-        app = create_app(self, runtime)
         try:  # graceful shutdown on SIGTERM / Ctrl-C: see server/ops/serving.py
             serve(app, self, runtime, on_started=lambda: print_banner(self, runtime))
         finally:

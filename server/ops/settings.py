@@ -36,6 +36,14 @@ def _endpoint_list(value: object) -> object:
     return endpoints
 
 
+def _name_list(value: object) -> object:
+    """--allowed-hosts "a,b" (flag, variable) or a TOML list: a tuple of lower-case names."""
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list | tuple):
+        return value  # pydantic reports the type error
+    return tuple(dict.fromkeys(str(item).strip().lower() for item in items if str(item).strip()))
+
+
 def default_cache_dir() -> Path:
     return Path.home() / ".cache" / "gpt-oss-server"
 
@@ -71,6 +79,14 @@ class Settings(BaseSettings):
         None, description="Model id reported by /v1/models; default: the alias or file name."
     )
     host: str = Field("127.0.0.1", description="Address to bind.")
+    allowed_hosts: Annotated[tuple[str, ...], NoDecode, BeforeValidator(_name_list)] = Field(
+        (),
+        description="Host names requests may address the server by, besides localhost, IP "
+        "addresses and --host (a guard against DNS rebinding: a web page whose name points at "
+        "this machine): NAME[,NAME...], *.example.com for every subdomain, * for any (only "
+        "behind a reverse proxy that checks the Host itself). Browsers' requests from another "
+        "origin are refused unless their origin's host is listed here.",
+    )
     port: int = Field(8000, ge=1, le=65535, description="Port to bind.")
     shutdown_grace_s: float = Field(
         8.0,
@@ -211,7 +227,8 @@ class Settings(BaseSettings):
     responses_store_path: Path = Field(
         default_factory=default_responses_store,
         description="SQLite file of the /v1/responses store (store=true, previous_response_id); "
-        "default: $XDG_DATA_HOME/gpt-oss-server/responses.sqlite3 (~/.local/share/...).",
+        "default: $XDG_DATA_HOME/gpt-oss-server/responses.sqlite3 (~/.local/share/...). Its "
+        "directory is the server's private state directory (also the thinking-signature key).",
     )
     responses_store_max_entries: int = Field(
         1000, ge=1, description="Most responses kept in the store; the oldest go first."
@@ -269,6 +286,11 @@ class Settings(BaseSettings):
         "all of its tools so); --no-strict-tools: any JSON object. Tools with `strict: true` "
         "always follow their schema.",
     )
+
+    @property
+    def state_dir(self) -> Path:
+        """The private state directory: the responses store's, also the signing key's."""
+        return self.responses_store_path.parent
 
     @model_validator(mode="after")
     def _rpc_hosts_allowed(self) -> Settings:

@@ -51,12 +51,12 @@ router = APIRouter()
 class MessagesState:
     """What /v1/messages keeps for the server's life; lives on app.state.messages."""
 
-    signer: ThinkingSigner  # its key is drawn at start-up: signatures do not survive a restart
+    signer: ThinkingSigner  # its key is kept in the state directory: it outlives a restart
     ping_s: float = 5.0
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> MessagesState:
-        return cls(signer=ThinkingSigner(), ping_s=settings.messages_ping_s)
+    def from_settings(cls, settings: Settings, signer: ThinkingSigner) -> MessagesState:
+        return cls(signer=signer, ping_s=settings.messages_ping_s)
 
 
 @router.post("/v1/messages", response_model=None)

@@ -4,7 +4,9 @@ Each record holds the Response JSON as it was returned and the conversation need
 it: the transcript items of all input and output so far, with the exact tokens the model
 sampled, and the date pinned in the system message. A restarted server continues from the same
 tokens. The store is bounded by count and by size (oldest records go first); the database is
-opened on first use, in WAL mode; blocking calls run in a worker thread.
+opened on first use, in WAL mode; blocking calls run in a worker thread. It holds whole
+conversations: its directory is private (0700, this user's) and its files 0600
+(server.private_files); SQLite gives its -wal and -shm files the database file's mode.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from server.contracts.transcript import (
     ToolResult,
     UserMessage,
 )
+from server.private_files import private_dir, private_file
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +146,11 @@ class ResponseStore:
 
     def _connect(self) -> sqlite3.Connection:
         if self._connection is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            private_dir(self.path.parent)
+            for suffix in ("", "-wal", "-shm"):  # files of earlier versions: made 0600
+                file = self.path.with_name(self.path.name + suffix)
+                if not suffix or file.exists():
+                    private_file(file, tighten=True)
             connection = sqlite3.connect(self.path, check_same_thread=False)
             connection.execute("PRAGMA journal_mode=WAL")
             connection.execute("PRAGMA synchronous=NORMAL")
