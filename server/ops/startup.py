@@ -10,7 +10,6 @@ from openai_harmony import HarmonyEncoding
 
 from server.contracts.errors import PlacementError, StartupError
 from server.engine.base import Engine, EngineConfig, SamplingHook
-from server.engine.disk_cache.private import UnsafeDirectory, private_dir
 from server.engine.llama import LlamaEngine
 from server.engine.loading import offload
 from server.engine.loading.gguf_header import GGUFFormatError, vocabulary_bytes
@@ -22,6 +21,7 @@ from server.harmony.encoding import load_encoding
 from server.ops.model_source import resolve_model
 from server.ops.runtime import Runtime
 from server.ops.settings import Settings
+from server.private_files import PrivatePathError, private_dir
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ def start_engine(
         engine = LlamaEngine(config, sampling_hook)
     except (RuntimeError, RpcError) as exc:  # RpcError: a host dropped while loading
         raise StartupError(f"could not load {config.model_path}: {exc}") from exc
-    except UnsafeDirectory as exc:  # changed since the check
+    except PrivatePathError as exc:  # changed since the check
         raise StartupError(f"--prompt-cache-dir: {exc}") from exc
     return engine, placement
 
@@ -103,7 +103,7 @@ def check_prompt_cache_dir(config: EngineConfig) -> None:
         return
     try:
         private_dir(Path(config.prompt_cache_dir))
-    except UnsafeDirectory as exc:
+    except PrivatePathError as exc:
         raise StartupError(f"--prompt-cache-dir: {exc}") from exc
 
 

@@ -8,8 +8,8 @@ payload size), the prefix's token ids, llama.cpp's sequence state and an HMAC-SH
 that under the directory's key (32 random bytes in `entries.key`, mode 0600, created once by
 whichever process comes first): KV state nobody with the key wrote is never loaded.
 
-The directory is private (private.py: 0700, this user's, refused otherwise) and entries are
-0600: they hold conversations. Files are written under a temporary name, fsynced and renamed, so
+The directory is private (server/private_files.py: 0700, this user's, refused otherwise) and
+entries are 0600: they hold conversations. Files are written under a temporary name, fsynced and renamed, so
 a reader never sees half an entry. Reads open regular files only, without following links or
 blocking (a FIFO under an entry's name cannot stall the reader). A file that fails any check
 (not a regular file, MAC, header, tokens) is deleted with a warning and counts as a miss; the next
@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from server.engine.base import PromptCacheStats
-from server.engine.disk_cache.private import PRIVATE_FILE_MODE, UnsafeDirectory, private_dir
+from server.private_files import FILE_MODE, PrivatePathError, private_dir
 
 log = logging.getLogger(__name__)
 
@@ -249,7 +249,7 @@ class KVFiles:
         ).encode()
         temp = self.directory / f"{TEMP_PREFIX}{os.getpid()}-{threading.get_ident()}-{target.name}"
         try:
-            with os.fdopen(os.open(temp, _CREATE_FLAGS, PRIVATE_FILE_MODE), "wb") as f:
+            with os.fdopen(os.open(temp, _CREATE_FLAGS, FILE_MODE), "wb") as f:
                 mac = hmac.new(self._key, digestmod="sha256")
                 for part in (
                     MAGIC + len(header).to_bytes(_HEADER_LEN_BYTES, "little") + header,
@@ -306,7 +306,7 @@ def entry_key(directory: Path) -> bytes:
     with contextlib.suppress(FileNotFoundError):
         return _read_key(path)
     temp = directory / f"{TEMP_PREFIX}{os.getpid()}-{threading.get_ident()}-{KEY_FILE}"
-    with os.fdopen(os.open(temp, _CREATE_FLAGS, PRIVATE_FILE_MODE), "wb") as f:
+    with os.fdopen(os.open(temp, _CREATE_FLAGS, FILE_MODE), "wb") as f:
         f.write(secrets.token_bytes(KEY_BYTES))
         f.flush()
         os.fsync(f.fileno())
@@ -330,7 +330,7 @@ def _read_key(path: Path) -> bytes:
             or info.st_mode & 0o077
             or info.st_size != KEY_BYTES
         ):
-            raise UnsafeDirectory(
+            raise PrivatePathError(
                 f"{path} is not a 0600 file of {KEY_BYTES} bytes of this user: delete it (the "
                 "entries made under it are then deleted as they are read)"
             )
@@ -338,7 +338,7 @@ def _read_key(path: Path) -> bytes:
     finally:
         os.close(fd)
     if len(key) != KEY_BYTES:
-        raise UnsafeDirectory(f"{path} changed while it was read")
+        raise PrivatePathError(f"{path} changed while it was read")
     return key
 
 
