@@ -9,12 +9,12 @@ that under the directory's key (32 random bytes in `entries.key`, mode 0600, cre
 whichever process comes first): KV state nobody with the key wrote is never loaded.
 
 The directory is private (server/private_files.py: 0700, this user's, refused otherwise) and
-entries are 0600: they hold conversations. Files are written under a temporary name, fsynced
-and renamed, so a reader never sees half an entry. Reads open regular files only, without
-following links or blocking (a FIFO under an entry's name cannot stall the reader). A file that fails any check
-(not a regular file, MAC, header, tokens) is deleted with a warning and counts as a miss; the next
-shorter entry is tried. Least recently used entries (by mtime, touched on every hit) are deleted
-while the directory holds more than its budget; only files named exactly as entries (of any
+entries are 0600: they hold conversations. Files are written under a temporary name, fsynced and
+renamed, so a reader never sees half an entry. Reads open regular files only, without following
+links or blocking (a FIFO under an entry's name cannot stall the reader). A file that fails any
+check (not a regular file, MAC, header, tokens) is deleted with a warning and counts as a miss; the
+next shorter entry is tried. Least recently used entries (by mtime, touched on every hit) are
+deleted while the directory holds more than its budget; only files named exactly as entries (of any
 identity) are ever counted or deleted, and only stale temporary files of this module's own naming.
 """
 
