@@ -20,7 +20,7 @@ PATHS: dict[Endpoint, str] = {
 TOOL_SHARE = 1 / 3  # requests offering the tool (the model may call it or not)
 LOOP_SHARE = 0.2  # requests that are tool loops (the tool forced until the last round)
 LOOP_ROUNDS = 3  # rounds of a tool loop: forced calls, then a round with tool_choice auto
-LOOP_MAX_TOKENS = 96  # a tool loop round's output limit: room for a call after the reasoning
+LOOP_MAX_TOKENS = 96  # a forced round's output limit: room for a call after the reasoning
 LOOP_REASONING_BUDGET = 8  # a random model reasons on and on: the budget ends it, then the call
 CANCEL_AFTER_EVENTS = (2, 6)  # a cancelled stream is closed after this many data events
 
@@ -74,23 +74,24 @@ class RequestSpec:
         text = f"{_TOPICS[self.index % len(_TOPICS)]} (request {self.index})"
         body: dict[str, Any] = {"model": "load-test", "stream": self.stream}
         round_ = len(calls)
+        forced = self.loop and round_ < self.rounds - 1
+        limit = LOOP_MAX_TOKENS if forced else self.max_tokens
         if self.endpoint == "chat":
             body |= _chat(text, calls, self.stream)
-            body["max_tokens"] = self.max_tokens
+            body["max_tokens"] = limit
             body["seed"] = self.index + round_
         elif self.endpoint == "responses":
             body |= _responses(text, calls)
-            body["max_output_tokens"] = self.max_tokens
+            body["max_output_tokens"] = limit
             body["seed"] = self.index + round_
             body["store"] = self.index % 2 == 0
         else:
             body |= _messages(text, calls)
-            body["max_tokens"] = self.max_tokens
+            body["max_tokens"] = limit
         if self.tools or self.loop:
             body["tools"] = [_TOOL_SHAPES[self.endpoint]]
         if self.loop:
             _budget(body, self.endpoint, LOOP_REASONING_BUDGET)
-            forced = round_ < self.rounds - 1
             named = (self.index + round_) % 2 == 0
             body["tool_choice"] = _CHOICES[self.endpoint][
                 ("named" if named else "required") if forced else "auto"
@@ -237,7 +238,7 @@ def _draw(
     endpoint, stream = rng.choice(ENDPOINTS), rng.random() < 0.5
     loop = rng.random() < loop_share
     tools = loop or rng.random() < TOOL_SHARE
-    limit = LOOP_MAX_TOKENS if loop else rng.randint(max(1, max_tokens // 2), max_tokens)
+    limit = rng.randint(max(1, max_tokens // 2), max_tokens)  # a loop's: its last round's
     cancel_after = rng.randint(*CANCEL_AFTER_EVENTS) if cancel and stream and not loop else None
     return RequestSpec(
         index, endpoint, stream, tools, limit, cancel_after, LOOP_ROUNDS if loop else 1
@@ -253,9 +254,9 @@ def plan_requests(
     start: int = 0,
     loop_share: float = LOOP_SHARE,
 ) -> list[RequestSpec]:
-    """n requests: API and streaming drawn evenly, `loop_share` tool loops (LOOP_MAX_TOKENS
-    each round), a third of the rest with tools, output limits between max_tokens / 2 and
-    max_tokens, and
+    """n requests: API and streaming drawn evenly, `loop_share` tool loops, a third of the rest
+    with tools, output limits between max_tokens / 2 and max_tokens (a loop's forced rounds:
+    LOOP_MAX_TOKENS), and
     round(cancel_fraction * streams) of the streams that are not loops cancelled."""
     rng = random.Random(seed)
     specs = [_draw(rng, start + i, False, max_tokens, loop_share) for i in range(n)]
@@ -285,10 +286,6 @@ def warmup_requests(start: int) -> list[RequestSpec]:
         for stream in (False, True):
             for tools in (False, True):
                 specs.append(RequestSpec(start + len(specs), endpoint, stream, tools, 16, None))
-        specs.append(
-            RequestSpec(
-                start + len(specs), endpoint, False, True, LOOP_MAX_TOKENS, None, LOOP_ROUNDS
-            )
-        )
+        specs.append(RequestSpec(start + len(specs), endpoint, False, True, 16, None, LOOP_ROUNDS))
     specs.append(RequestSpec(start + len(specs), "chat", True, False, 64, 3))
     return specs
