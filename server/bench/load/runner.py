@@ -271,6 +271,7 @@ def check(
         "queue_within_bound": admission["max_queue_depth_seen"] <= options.max_waiting,
         "engine_idle_after": admission["idle_after"],
         "rss_flat_after_warmup" if options.soak else "rss_within_tolerance": rss_ok,
+        "warmup_all_200_and_complete": result["warmup"]["complete"],
         "server_exit_clean": exit_status == 0,
         **{name: all(c[name] for c in burst_checks) for name in (burst_checks or [{}])[0]},
     }
@@ -335,6 +336,10 @@ async def drive(options: LoadTestOptions, base: str, pid: int) -> dict[str, Any]
         "warmup": {
             "requests": len(warm_outcomes),
             "statuses": dict(Counter(str(o.status) for o in warm_outcomes)),
+            "complete": all(
+                o.status == 200 and o.terminal_ok for o in warm_outcomes if not o.cancelled
+            ),
+            "tool_loops": loops_summary(warm_outcomes),
         },
         "summary": summary,
         "admission": {
