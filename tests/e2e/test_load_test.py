@@ -24,7 +24,7 @@ def test_load_test_invariants(tiny_gguf: Path, tmp_path: Path) -> None:
         requests=REQUESTS,
         concurrency=4,
         max_tokens=12,
-        loop_share=0.0,  # tool loops: the soak test's
+        loop_share=0.0,  # tool loops (in the warm-up too): the soak test's
         burst=0,  # the burst phase has a test of its own, with a small bound
         out=tmp_path,
         n_ctx=4096,
@@ -55,6 +55,7 @@ def test_burst_accepts_exactly_the_bound(tiny_gguf: Path, tmp_path: Path) -> Non
     options = LoadTestOptions(
         model=tiny_gguf,
         requests=0,  # only the warm-up, then the burst
+        loop_share=0.0,  # no tool loops, in the warm-up neither
         out=tmp_path,
         n_slots=2,
         max_waiting=1,

@@ -278,14 +278,17 @@ def endless_requests(
         index += 1
 
 
-def warmup_requests(start: int) -> list[RequestSpec]:
-    """One request of every kind, with and without tools, one tool loop per API, plus one
-    cancelled stream."""
+def warmup_requests(start: int, *, loops: bool) -> list[RequestSpec]:
+    """One request of every kind, with and without tools, one tool loop per API (`loops`), plus
+    one cancelled stream."""
     specs: list[RequestSpec] = []
     for endpoint in ENDPOINTS:
         for stream in (False, True):
             for tools in (False, True):
                 specs.append(RequestSpec(start + len(specs), endpoint, stream, tools, 16, None))
-        specs.append(RequestSpec(start + len(specs), endpoint, False, True, 16, None, LOOP_ROUNDS))
+        if loops:
+            specs.append(
+                RequestSpec(start + len(specs), endpoint, False, True, 16, None, LOOP_ROUNDS)
+            )
     specs.append(RequestSpec(start + len(specs), "chat", True, False, 64, 3))
     return specs

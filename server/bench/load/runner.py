@@ -282,7 +282,7 @@ async def drive(options: LoadTestOptions, base: str, pid: int) -> dict[str, Any]
     timeout = httpx.Timeout(REQUEST_TIMEOUT_S, connect=30.0)
     async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
         watch = GaugeWatch(client, base)
-        warm = warmup_requests(start=options.requests)
+        warm = warmup_requests(options.requests, loops=options.loop_share > 0)
         warm_outcomes = await run_all(client, base, warm, options.n_slots)
         await watch.until_idle(IDLE_WAIT_S)
         rss_before = rss_bytes(pid)
