@@ -1,6 +1,7 @@
 """The load test (`python -m server.bench.load`) on the tiny synthetic GGUF, with small numbers:
-the server runs as a child process, and the report's invariants must all hold, the burst
-phase's included (12 simultaneous requests against 2 sequences + 1 waiting place)."""
+the server runs as a child process, and the report's invariants must all hold: the count mode,
+the burst phase (12 simultaneous requests against 2 sequences + 1 waiting place), and a short
+soak (mixed traffic on all three APIs for a time, tool loops, a burst, the RSS curve)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from server.bench.load.mix import ENDPOINTS
 from server.bench.load.runner import LoadTestOptions, run_load_test
 
 pytestmark = pytest.mark.slow  # a server process under load
 
 REQUESTS = 24
+KINDS = {f"{endpoint}/{mode}" for endpoint in ENDPOINTS for mode in ("json", "stream")}
 
 
 def test_load_test_invariants(tiny_gguf: Path, tmp_path: Path) -> None:
@@ -21,6 +24,7 @@ def test_load_test_invariants(tiny_gguf: Path, tmp_path: Path) -> None:
         requests=REQUESTS,
         concurrency=4,
         max_tokens=12,
+        loop_share=0.0,  # tool loops (in the warm-up too): the soak test's
         burst=0,  # the burst phase has a test of its own, with a small bound
         out=tmp_path,
         n_ctx=4096,
@@ -41,12 +45,7 @@ def test_load_test_invariants(tiny_gguf: Path, tmp_path: Path) -> None:
     assert summary["streams_cancelled"] >= 1
     streams_read = summary["streams"] - summary["streams_cancelled"]
     assert summary["streams_with_terminal_event"] == streams_read
-    assert set(summary["by_kind_and_status"]) == {
-        "chat/json",
-        "chat/stream",
-        "responses/json",
-        "responses/stream",
-    }
+    assert set(summary["by_kind_and_status"]) == KINDS
     assert report["rss"]["before_bytes"] > 0
     assert (tmp_path / "load-test.json").is_file()
 
@@ -56,6 +55,7 @@ def test_burst_accepts_exactly_the_bound(tiny_gguf: Path, tmp_path: Path) -> Non
     options = LoadTestOptions(
         model=tiny_gguf,
         requests=0,  # only the warm-up, then the burst
+        loop_share=0.0,  # no tool loops, in the warm-up neither
         out=tmp_path,
         n_slots=2,
         max_waiting=1,
@@ -75,3 +75,63 @@ def test_burst_accepts_exactly_the_bound(tiny_gguf: Path, tmp_path: Path) -> Non
     assert burst["queue_depth_max"] == 1, burst  # reached, never passed
     assert burst["refused_counted_by_server"] == 9, burst
     assert report["summary"]["status_5xx"] == 0
+
+
+SOAK_S = 30.0
+
+
+def test_soak_mode(tiny_gguf: Path, tmp_path: Path) -> None:
+    """CI's short soak: 30 s of mixed traffic (three APIs, streaming and not, tool loops,
+    cancellations) with one burst beyond the queue in the middle; every invariant holds, the RSS
+    curve is sampled and flat after its warm-up, and the engine ends idle."""
+    options = LoadTestOptions(
+        model=tiny_gguf,
+        duration_s=SOAK_S,
+        concurrency=4,
+        max_tokens=12,
+        loop_share=0.4,
+        n_slots=4,
+        max_waiting=4,  # room beyond the concurrency: a worker's request is never refused
+        burst=12,
+        burst_every_s=15.0,  # one burst, at 15 s
+        rss_every_s=1.0,
+        warmup_s=8.0,
+        rss_tolerance=0.10,  # a short curve: the allocator may still settle
+        out=tmp_path,
+        n_ctx=8192,
+        n_threads=2,
+        startup_timeout_s=120,
+    )
+    report, status = run_load_test(options)
+    summary, rss = report["summary"], report["rss"]
+    failed = [name for name, ok in report["invariants"].items() if not ok]
+    assert not failed, (failed, summary, {k: v for k, v in rss.items() if k != "curve"})
+    assert status == 0
+    assert report["mode"] == "soak"
+    assert report["elapsed_s"] >= SOAK_S
+    assert "rss_flat_after_warmup" in report["invariants"]
+    assert summary["status_5xx"] == 0
+    assert not summary["transport_errors"]
+    assert (
+        summary["streams_with_terminal_event"] == summary["streams"] - summary["streams_cancelled"]
+    )
+    # the warm-up sends every kind and a tool loop on each API; the soak adds its own mix
+    warm_loops = report["warmup"]["tool_loops"]
+    assert all(warm_loops[endpoint]["loops"] == 1 for endpoint in ENDPOINTS), warm_loops
+    # a forced tool call answered with its result as the next round (a forced round may also end
+    # at its limit in a preamble: the model is random, so some loop, not every one)
+    loops = [report["warmup"]["tool_loops"], summary["tool_loops"]]
+    depths = [int(n) for part in loops for e in ENDPOINTS for n in part[e]["loops_by_rounds"]]
+    assert max(depths) >= 2, loops
+    assert summary["requests"] > 0
+    assert len(report["bursts"]) == 1
+    burst = report["bursts"][0]
+    assert burst["accepted"] == burst["bound"] == 8, burst
+    assert burst["refused"] == burst["refused_with_retry_after"] == 4, burst
+    assert rss["samples"] >= SOAK_S / 2, rss
+    assert rss["samples_after_warmup"] >= 3, rss
+    assert rss["flat"] is True
+    assert isinstance(rss["slope_mib_per_hour"], float)
+    assert report["admission"]["active_sequences_at_end"] == 0
+    assert report["admission"]["queue_depth_at_end"] == 0
+    assert report["server_exit_status"] == 0

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from server.bench.load.mix import LOOP_SHARE
 from server.bench.load.runner import LoadTestOptions, run_load_test
 
 
@@ -29,12 +30,25 @@ def parse(argv: Sequence[str] | None) -> LoadTestOptions:
     parser.add_argument("--n-ctx", type=int, default=8192)
     parser.add_argument("--n-threads", type=int, default=None)
     parser.add_argument("--rss-tolerance", type=float, default=0.05,
-                        help="largest RSS growth over the run, as a fraction")  # fmt: skip
+                        help="largest RSS growth over the run, as a fraction (soak: of the "
+                        "last third's median over the first third's, after warm-up)")  # fmt: skip
     parser.add_argument("--burst", type=int, default=None,
                         help="simultaneous requests of the burst phase (default: 3 x "
                         "(n-slots + max-waiting); 0: no burst)")  # fmt: skip
     parser.add_argument("--burst-max-tokens", type=int, default=4000,
                         help="output limit of a burst request")  # fmt: skip
+    parser.add_argument("--loop-share", type=float, default=LOOP_SHARE,
+                        help="share of the requests that are tool loops (the tool forced until "
+                        "the last round)")  # fmt: skip
+    soak = parser.add_argument_group("soak mode (mixed traffic for a time instead of a count)")
+    soak.add_argument("--duration-s", type=float, default=None,
+                      help="run for this long; --requests is then ignored")  # fmt: skip
+    soak.add_argument("--rss-every-s", type=float, default=5.0, help="RSS sampling period")
+    soak.add_argument("--warmup-s", type=float, default=None,
+                      help="the RSS curve's warm-up (default: a fifth of the run, at most "
+                      "300 s)")  # fmt: skip
+    soak.add_argument("--burst-every-s", type=float, default=300.0,
+                      help="a burst phase this often (0: none)")  # fmt: skip
     args = parser.parse_args(argv)
     return LoadTestOptions(**vars(args))
 

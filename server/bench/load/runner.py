@@ -1,4 +1,5 @@
-"""Start the server, warm it up, run the mix, read /metrics and /proc, check the invariants."""
+"""Start the server, warm it up, run the mix (a count, or for a time: soak.py), read /metrics and
+the server's RSS, check the invariants."""
 
 from __future__ import annotations
 
@@ -22,7 +23,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from server.bench.http_path import free_port
 from server.bench.load.burst import burst_invariants, burst_report, run_burst
 from server.bench.load.client import Outcome, send
-from server.bench.load.mix import PATHS, plan_requests, warmup_requests
+from server.bench.load.memory import MIB, curve_report, rss_bytes
+from server.bench.load.mix import ENDPOINTS, LOOP_SHARE, PATHS, plan_requests, warmup_requests
+from server.bench.load.soak import SoakPlan, SoakResult, run_soak
 from server.bench.procs import ServerProcess, serve_command
 
 log = logging.getLogger(__name__)
@@ -52,6 +55,21 @@ class LoadTestOptions:
     startup_timeout_s: float = 900.0
     burst: int | None = None  # simultaneous requests of the burst phase; None: 3 x the bound
     burst_max_tokens: int = 4000  # long enough that no burst request ends during the burst
+    loop_share: float = LOOP_SHARE  # share of the requests that are tool loops
+    duration_s: float | None = None  # soak mode: mixed traffic for this long instead of `requests`
+    rss_every_s: float = 5.0  # soak: RSS sampling period
+    warmup_s: float | None = None  # soak: the curve's warm-up; None: a fifth, at most 300 s
+    burst_every_s: float = 300.0  # soak: a burst phase this often (0: none)
+
+    @property
+    def soak(self) -> bool:
+        return self.duration_s is not None
+
+    @property
+    def rss_warmup_s(self) -> float:
+        if self.warmup_s is not None:
+            return self.warmup_s
+        return min(300.0, (self.duration_s or 0.0) / 5)
 
     @property
     def burst_size(self) -> int:
@@ -73,14 +91,6 @@ def server_command(options: LoadTestOptions, port: int) -> list[str]:
     return command
 
 
-def rss_bytes(pid: int) -> int:
-    """The process's resident set now (VmRSS)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no VmRSS for process {pid}")
-
-
 def parse_metrics(text: str) -> dict[str, float]:
     """The server's own samples as `name{label="value",...}` -> value (no buckets, no _created)."""
     samples = {}
@@ -96,7 +106,7 @@ def parse_metrics(text: str) -> dict[str, float]:
 
 
 def request_counts(metrics: dict[str, float]) -> dict[str, int]:
-    """gpt_oss_requests_total of the two generation endpoints, by `endpoint status`."""
+    """gpt_oss_requests_total of the generation endpoints, by `endpoint status`."""
     counts = {}
     for key, value in metrics.items():
         found = _REQUESTS.fullmatch(key)
@@ -144,11 +154,12 @@ async def run_all(
 ) -> list[Outcome]:
     gate = asyncio.Semaphore(concurrency)
 
-    async def one(spec: Any) -> Outcome:
+    async def one(spec: Any) -> list[Outcome]:
         async with gate:
             return await send(client, base, spec)
 
-    return list(await asyncio.gather(*(one(spec) for spec in specs)))
+    rounds = await asyncio.gather(*(one(spec) for spec in specs))
+    return [outcome for outcomes in rounds for outcome in outcomes]
 
 
 def percentiles(values: Sequence[float]) -> dict[str, float] | None:
@@ -169,7 +180,30 @@ def percentiles(values: Sequence[float]) -> dict[str, float] | None:
     }
 
 
+def loops_summary(outcomes: Sequence[Outcome]) -> dict[str, Any]:
+    """Tool loops by API: how many, how deep they went, the tool calls answered with."""
+    report: dict[str, Any] = {}
+    for endpoint in ENDPOINTS:
+        rounds = [o for o in outcomes if o.spec.loop and o.spec.endpoint == endpoint]
+        depth = Counter[int]()
+        for o in rounds:
+            depth[o.spec.index] = max(depth[o.spec.index], o.round + 1)
+        report[endpoint] = {
+            "loops": len(depth),
+            "rounds": len(rounds),
+            "loops_by_rounds": {str(k): v for k, v in sorted(Counter(depth.values()).items())},
+            "rounds_with_tool_calls": sum(1 for o in rounds if o.tool_calls),
+            "forced_rounds_without_tool_call": sum(
+                1
+                for o in rounds
+                if o.status == 200 and o.round < o.spec.rounds - 1 and not o.tool_calls
+            ),
+        }
+    return report
+
+
 def summarize(outcomes: Sequence[Outcome]) -> dict[str, Any]:
+    """`outcomes`: one per HTTP request (each round of a tool loop is one)."""
     by_kind: dict[str, Counter[str]] = {}
     for o in outcomes:
         by_kind.setdefault(o.spec.kind, Counter())[str(o.status)] += 1
@@ -180,24 +214,25 @@ def summarize(outcomes: Sequence[Outcome]) -> dict[str, Any]:
         "requests": len(outcomes),
         "by_kind_and_status": {k: dict(v) for k, v in sorted(by_kind.items())},
         "with_tools": sum(o.spec.tools for o in outcomes),
+        "with_tool_calls": sum(1 for o in outcomes if o.tool_calls),
+        "tool_loops": loops_summary(outcomes),
         "status_5xx": sum(1 for o in outcomes if o.status is not None and o.status >= 500),
         "status_429": sum(1 for o in outcomes if o.status == 429),
-        "transport_errors": [f"#{o.spec.index}: {o.error}" for o in outcomes if o.error],
+        "transport_errors": [f"{o.label}: {o.error}" for o in outcomes if o.error],
         "streams": len(streams),
         "streams_cancelled": sum(o.cancelled for o in streams),
         "cancel_planned_but_ended_first": sum(
             1 for o in streams if o.spec.cancel_after is not None and not o.cancelled
         ),
         "streams_with_terminal_event": sum(1 for o in streams if o.terminal_ok),
+        "streams_ended_with_failure_event": sum(1 for o in streams if o.failed_terminal),
         "streams_without_terminal_event": [
-            f"#{o.spec.index} {o.spec.kind} ({o.events} events)"
+            f"{o.label} ({o.events} events)"
             for o in streams
             if not o.cancelled and not o.terminal_ok
         ],
         "json_answers_incomplete": [
-            f"#{o.spec.index} {o.spec.kind}"
-            for o in outcomes
-            if not o.spec.stream and o.status == 200 and not o.terminal_ok
+            o.label for o in outcomes if not o.spec.stream and o.status == 200 and not o.terminal_ok
         ],
         "latency_s": percentiles([o.latency_s for o in done]),
         "latency_s_by_kind": {
@@ -221,20 +256,24 @@ def check(
     summary, admission, rss = result["summary"], result["admission"], result["rss"]
     statuses = {s for kind in summary["by_kind_and_status"].values() for s in kind}
     overload_possible = options.concurrency > options.n_slots + options.max_waiting
+    bursts = result["bursts"] if options.soak else [b for b in [result["burst"]] if b]
+    burst_checks = [burst_invariants(b, options.max_waiting) for b in bursts]
+    rss_ok = rss["flat"] is True if options.soak else rss["ratio"] <= 1 + options.rss_tolerance
     return {
         "no_5xx": summary["status_5xx"] == 0
         and not any(key.split()[1].startswith("5") for key in counted),
         "no_transport_errors": not summary["transport_errors"],
         "only_200_or_expected_429": statuses <= ({"200", "429"} if overload_possible else {"200"}),
-        "all_accounted_for": summary["requests"] == options.requests
+        "all_accounted_for": (options.soak or result["planned"] == options.requests)
         and sum(counted.values()) == result["expected_total"],
         "streams_end_with_terminal_event": not summary["streams_without_terminal_event"],
         "json_answers_complete": not summary["json_answers_incomplete"],
         "queue_within_bound": admission["max_queue_depth_seen"] <= options.max_waiting,
         "engine_idle_after": admission["idle_after"],
-        "rss_within_tolerance": rss["ratio"] <= 1 + options.rss_tolerance,
+        "rss_flat_after_warmup" if options.soak else "rss_within_tolerance": rss_ok,
+        "warmup_all_200_and_complete": result["warmup"]["complete"],
         "server_exit_clean": exit_status == 0,
-        **(burst_invariants(result["burst"], options.max_waiting) if result["burst"] else {}),
+        **{name: all(c[name] for c in burst_checks) for name in (burst_checks or [{}])[0]},
     }
 
 
@@ -243,34 +282,64 @@ async def drive(options: LoadTestOptions, base: str, pid: int) -> dict[str, Any]
     timeout = httpx.Timeout(REQUEST_TIMEOUT_S, connect=30.0)
     async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
         watch = GaugeWatch(client, base)
-        warm = warmup_requests(start=options.requests)
+        warm = warmup_requests(options.requests, loops=options.loop_share > 0)
         warm_outcomes = await run_all(client, base, warm, options.n_slots)
         await watch.until_idle(IDLE_WAIT_S)
         rss_before = rss_bytes(pid)
-        log.info("warm-up done (%d requests); RSS %.1f MiB", len(warm), rss_before / 2**20)
-        specs = plan_requests(
-            options.requests, options.seed, options.cancel_fraction, options.max_tokens
-        )
+        log.info("warm-up done (%d requests); RSS %.1f MiB", len(warm), rss_before / MIB)
         poller = asyncio.create_task(watch.run())
-        started = time.perf_counter()
-        outcomes = await run_all(client, base, specs, options.concurrency)
-        elapsed = time.perf_counter() - started
+        soak: SoakResult | None = None
+        burst: dict[str, Any] | None = None
+        if options.soak:
+            first = options.requests + len(warm)
+            soak = await _soak(options, client, base, pid, watch, first_index=first)
+            outcomes, elapsed, planned = soak.outcomes, soak.elapsed_s, 0
+        else:
+            specs = plan_requests(
+                options.requests,
+                options.seed,
+                options.cancel_fraction,
+                options.max_tokens,
+                loop_share=options.loop_share,
+            )
+            started = time.perf_counter()
+            outcomes = await run_all(client, base, specs, options.concurrency)
+            elapsed, planned = time.perf_counter() - started, len(specs)
         poller.cancel()
         metrics = await watch.until_idle(IDLE_WAIT_S)
         rss_after = rss_bytes(pid)
-        burst = await _burst_phase(options, client, base, watch)
-        if burst is not None:
-            metrics = await watch.until_idle(IDLE_WAIT_S)
+        if soak is None:
+            burst = await _burst_phase(options, client, base, watch)
+            if burst is not None:
+                metrics = await watch.until_idle(IDLE_WAIT_S)
     idle = not metrics.get("gpt_oss_queue_depth") and not metrics.get("gpt_oss_active_sequences")
     queue_s = metrics.get('gpt_oss_engine_seconds_total{phase="queue"}', 0.0)
     generations = sum(v for k, v in metrics.items() if k.startswith("gpt_oss_generations_total"))
     summary = summarize(outcomes)
+    bursts = soak.bursts if soak is not None else [b for b in [burst] if b]
+    rss: dict[str, Any] = {
+        "before_bytes": rss_before,
+        "after_bytes": rss_after,
+        "before_mib": round(rss_before / MIB, 1),
+        "after_mib": round(rss_after / MIB, 1),
+        "ratio": round(rss_after / rss_before, 4),
+    }
+    mode: dict[str, Any] = {"burst": burst}
+    if soak is not None:
+        rss |= curve_report(soak.samples, options.rss_warmup_s, options.rss_tolerance)
+        rss["curve"] = [s.row() for s in soak.samples]
+        mode = {"bursts": soak.bursts}
     return {
+        "mode": "soak" if soak is not None else "count",
         "elapsed_s": round(elapsed, 2),
-        "requests_per_s": round(len(outcomes) / elapsed, 3),
+        "requests_per_s": round(len(outcomes) / elapsed, 3) if elapsed else None,
         "warmup": {
             "requests": len(warm_outcomes),
             "statuses": dict(Counter(str(o.status) for o in warm_outcomes)),
+            "complete": all(
+                o.status == 200 and o.terminal_ok for o in warm_outcomes if not o.cancelled
+            ),
+            "tool_loops": loops_summary(warm_outcomes),
         },
         "summary": summary,
         "admission": {
@@ -282,18 +351,49 @@ async def drive(options: LoadTestOptions, base: str, pid: int) -> dict[str, Any]
             "n_slots": options.n_slots,
             "metrics_polls": watch.polls,
             "idle_after": idle,
+            "active_sequences_at_end": metrics.get("gpt_oss_active_sequences"),
+            "queue_depth_at_end": metrics.get("gpt_oss_queue_depth"),
         },
-        "rss": {
-            "before_bytes": rss_before,
-            "after_bytes": rss_after,
-            "before_mib": round(rss_before / 2**20, 1),
-            "after_mib": round(rss_after / 2**20, 1),
-            "ratio": round(rss_after / rss_before, 4),
-        },
-        "burst": burst,
+        "rss": rss,
+        **mode,
         "metrics": metrics,
-        "expected_total": len(warm_outcomes) + len(outcomes) + (burst or {}).get("requests", 0),
+        "planned": planned,
+        "expected_total": len(warm_outcomes) + len(outcomes) + sum(b["requests"] for b in bursts),
     }
+
+
+async def _soak(
+    options: LoadTestOptions,
+    client: httpx.AsyncClient,
+    base: str,
+    pid: int,
+    watch: GaugeWatch,
+    *,
+    first_index: int,
+) -> SoakResult:
+    plan = SoakPlan(
+        duration_s=options.duration_s or 0.0,
+        concurrency=options.concurrency,
+        seed=options.seed,
+        cancel_fraction=options.cancel_fraction,
+        max_tokens=options.max_tokens,
+        loop_share=options.loop_share,
+        rss_every_s=options.rss_every_s,
+        burst_every_s=options.burst_every_s if options.burst_size > 0 else 0.0,
+        first_index=first_index,
+    )
+
+    async def burst() -> dict[str, Any]:
+        report = await _burst_phase(options, client, base, watch)
+        assert report is not None  # burst_every_s is 0 without a burst size
+        return report
+
+    async def until_idle() -> dict[str, float]:
+        return await watch.until_idle(IDLE_WAIT_S)
+
+    return await run_soak(
+        client, base, pid, plan, scrape=watch.scrape, burst=burst, until_idle=until_idle
+    )
 
 
 async def _burst_phase(
@@ -331,7 +431,7 @@ def run_load_test(options: LoadTestOptions) -> tuple[dict[str, Any], int]:
     exit_status = server.ended.returncode if server.ended is not None else None
     counted = request_counts(result["metrics"])
     invariants = check(options, result, counted, exit_status)
-    del result["expected_total"]
+    del result["expected_total"], result["planned"]
     report = {
         "settings": json.loads(json.dumps(dataclasses.asdict(options), default=str)),
         "server_command": command,
