@@ -1,4 +1,4 @@
-"""Start the server, warm it up, run the mix, read /metrics and /proc, check the invariants."""
+"""Start the server, warm it up, run the mix, read /metrics and the RSS, check the invariants."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from server.bench.http_path import free_port
 from server.bench.load.burst import burst_invariants, burst_report, run_burst
 from server.bench.load.client import Outcome, send
 from server.bench.load.mix import PATHS, plan_requests, warmup_requests
+from server.bench.machine import rss_bytes
 from server.bench.procs import ServerProcess, serve_command
 
 log = logging.getLogger(__name__)
@@ -71,14 +72,6 @@ def server_command(options: LoadTestOptions, port: int) -> list[str]:
     if options.n_threads is not None:
         command += ["--n-threads", str(options.n_threads)]
     return command
-
-
-def rss_bytes(pid: int) -> int:
-    """The process's resident set now (VmRSS)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no VmRSS for process {pid}")
 
 
 def parse_metrics(text: str) -> dict[str, float]:
