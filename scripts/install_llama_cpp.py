@@ -16,10 +16,11 @@ pip caches the wheels it builds by download URL only, so `CMAKE_ARGS=... pip ins
 llama-cpp-python` on a machine that built it before gets the old build, whatever the flags; and
 `--no-cache-dir` rebuilds it every time (≈ 8 min on two cores for the CPU). This script keeps its
 own wheel cache keyed by the version, the flags, the interpreter and the platform.
-`--cmake-args` gives the flags by hand (no detection). It runs before the project is installed
-(standard library only), builds the version that pyproject.toml asks for at least, and installs
-it into this interpreter; `pip install .` afterwards keeps it. `--print-wheel` prints the cached
-wheel's path only (CI reuses it).
+`--cmake-args` gives the flags by hand (no detection); `--extra-cmake-args=...` adds to the
+detected ones. It runs before the project is installed (standard library only), builds the
+version that pyproject.toml asks for at least, and installs it into this interpreter;
+`pip install .` afterwards keeps it. `--print-wheel` prints the cached wheel's path only (CI
+reuses it).
 """
 
 from __future__ import annotations
@@ -148,10 +149,12 @@ def choose_flags(args: argparse.Namespace) -> tuple[str, str, list[str]]:
     notes = [f"backend {backend}: {why}"]
     if backend == "cuda":
         flags, cuda_notes = cuda_flags(accelerator, args.cuda_arch, args.explain)
-        return backend, flags, notes + cuda_notes
+        notes += cuda_notes
+    else:
+        flags = " ".join(accelerator.cmake_flags(backend))
     if backend == "metal":
         notes.append("Metal is llama-cpp-python's default on macOS (-DGGML_METAL=on, embedded)")
-    return backend, " ".join(accelerator.cmake_flags(backend)), notes
+    return backend, " ".join([flags, *args.extra_cmake_args.split()]), notes
 
 
 def cached_wheel(version: str, flags: str) -> Path:
@@ -228,6 +231,8 @@ def main() -> None:
     parser.add_argument("--cuda-arch", default=None,
                         help="CMAKE_CUDA_ARCHITECTURES (89-real); default: the GPUs'")  # fmt: skip
     parser.add_argument("--cmake-args", default=None, help="CMAKE_ARGS by hand (no detection)")
+    parser.add_argument("--extra-cmake-args", default="",
+                        help="more flags: --extra-cmake-args=-DGGML_NATIVE=off")  # fmt: skip
     parser.add_argument("--version", default=None, help="default: pyproject.toml's floor")
     parser.add_argument("--print-wheel", action="store_true", help="print the wheel's path only")
     parser.add_argument("--explain", action="store_true", help="print the plan; build nothing")
