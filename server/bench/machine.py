@@ -57,8 +57,13 @@ def machine_info(n_threads: int) -> dict[str, Any]:
         "memory_gib": round(memory()[0] / GIB, 1),
         "platform": platform.platform(),
         "python": platform.python_version(),
-        "load_average_start": [round(x, 2) for x in psutil.getloadavg()],
+        "load_average_start": load_average(),
     }
+
+
+def load_average() -> list[float]:
+    """The 1, 5 and 15 minute load averages."""
+    return [round(x, 2) for x in psutil.getloadavg()]
 
 
 def busy_cpu_s() -> float:
