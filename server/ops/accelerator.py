@@ -157,7 +157,8 @@ def has_cublas(root: Path) -> bool:
     A toolkit with the compiler only (some distributions' packages, or a few wheels unpacked
     by hand) cannot build it.
     """
-    places = [root / "lib64", root / "lib", *root.glob("targets/*/lib")]
+    # lib/x86_64-linux-gnu: Debian's and Ubuntu's nvidia-cuda-toolkit (nvcc in /usr/bin)
+    places = [root / "lib64", root / "lib", *root.glob("targets/*/lib"), *root.glob("lib/*-gnu")]
     return any(next(place.glob("libcublas.so*"), None) for place in places)
 
 

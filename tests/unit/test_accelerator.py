@@ -152,8 +152,8 @@ def test_a_toolkit_without_cublas_is_not_one(
     assert not accelerator.has_cublas(root)
     found = accelerator.system_toolkit()
     assert found is None or found.nvcc != nvcc  # only the compiler: not a toolkit to build with
-    (root / "lib64").mkdir()
-    (root / "lib64" / "libcublas.so.12").write_bytes(b"")
+    (root / "lib" / "x86_64-linux-gnu").mkdir(parents=True)  # where Debian's package puts it
+    (root / "lib" / "x86_64-linux-gnu" / "libcublas.so.12").write_bytes(b"")
     assert accelerator.system_toolkit() == Toolkit(nvcc, (12, 8))
 
 
