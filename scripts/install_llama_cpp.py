@@ -134,6 +134,8 @@ def cuda_flags(accelerator: ModuleType, arch: str | None, explain: bool) -> tupl
         # against; without it CUDA buffers come from the plain cudaMalloc pool.
         flags += [f"-DCUDAToolkit_ROOT={root}", f"-DCMAKE_CUDA_COMPILER={root / 'bin' / 'nvcc'}",
                   "-DGGML_CUDA_NO_VMM=on"]  # fmt: skip
+    elif plan.toolkit is not None and shutil.which("nvcc") != str(plan.toolkit.nvcc):
+        flags.append(f"-DCMAKE_CUDA_COMPILER={plan.toolkit.nvcc}")  # found off PATH: name it
     return " ".join(flags), notes
 
 

@@ -23,16 +23,30 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "install_llama_cpp.py"
 
 
-def explain(*args: str) -> subprocess.CompletedProcess[str]:
+def explain(*args: str, cuda_home: Path | None = None) -> subprocess.CompletedProcess[str]:
     """install_llama_cpp.py --explain with only the standard library, under this PATH."""
+    env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp")}
+    if cuda_home is not None:
+        env["CUDA_HOME"] = str(cuda_home)
     return subprocess.run(
         [sys.executable, "-I", "-S", str(SCRIPT), "--explain", *args],
         capture_output=True,
         text=True,
         check=False,
         timeout=60,
-        env={"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp")},
+        env=env,
     )
+
+
+def fake_toolkit(root: Path, release: str = "12.8") -> Path:
+    """A CUDA toolkit's nvcc (answering --version) and cuBLAS, at `root`."""
+    (root / "bin").mkdir(parents=True)
+    nvcc = root / "bin" / "nvcc"
+    nvcc.write_text(f"#!/bin/sh\necho 'Cuda compilation tools, release {release}, V{release}.1'\n")
+    nvcc.chmod(0o755)
+    (root / "lib64").mkdir()
+    (root / "lib64" / "libcublas.so.12").write_bytes(b"")
+    return nvcc
 
 
 def test_nvidia_smi_gives_the_driver_its_cuda_and_the_gpus(
@@ -203,3 +217,15 @@ def test_backend_and_flags_by_hand() -> None:
     assert "CMAKE_ARGS='-DGGML_VULKAN=on -DGGML_RPC=on -DGGML_NATIVE=off'" in done.stdout
     custom = explain("--cmake-args=-DGGML_BLAS=on")
     assert "CMAKE_ARGS='-DGGML_BLAS=on'" in custom.stdout
+
+
+def test_the_script_builds_with_a_system_toolkit_off_path(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    fake_nvidia_smi(monkeypatch, tmp_path / "bin", driver="550.54.15", cuda="12.4")
+    nvcc = fake_toolkit(tmp_path / "cuda-12.4", "12.4")
+    done = explain(cuda_home=tmp_path / "cuda-12.4")
+    assert done.returncode == 0, done.stderr
+    assert f"CUDA compiler: system CUDA toolkit {nvcc}" in done.stdout
+    assert f"-DCMAKE_CUDA_ARCHITECTURES=89-real -DCMAKE_CUDA_COMPILER={nvcc}'" in done.stdout
+    assert "NO_VMM" not in done.stdout  # the toolkit's libcuda stub keeps llama.cpp's VMM pool
