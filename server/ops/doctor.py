@@ -25,7 +25,6 @@ from server.engine.loading.placement import (
 )
 from server.ops import accelerator
 from server.ops.accelerator import Machine
-from server.testing.synthetic_gguf import N_VOCAB, REAL_SHAPES, tensor_specs
 
 GIB = 1024**3
 FIX = f"{accelerator.INSTALL_COMMAND} && pip install ."
@@ -106,6 +105,8 @@ def _driver_advice(machine: Machine) -> str:
 
 def catalog_footprint(name: str, context: ContextShape) -> ModelFootprint:
     """A catalog model's memory from its exact tensor shapes, without its file."""
+    from server.testing.synthetic_gguf import N_VOCAB, REAL_SHAPES, tensor_specs
+
     shape = REAL_SHAPES[name]
     hparams = Hyperparameters(
         n_layer=shape.n_layer,
@@ -141,7 +142,7 @@ def placement_lines(
         f"placement {which}, {context.n_ctx}-token context, {context.n_seq} sequences "
         f"(system memory {memory / GIB:.1f} GiB):"
     ]
-    for name in REAL_SHAPES:
+    for name in ("gpt-oss-20b", "gpt-oss-120b"):
         placement = plan_placement(catalog_footprint(name, context), gpus, options)
         short = "" if placement.cpu_bytes <= memory else "; does not fit in system memory"
         lines.append(f"  {name}: {placement.summary}{short}")
