@@ -1,4 +1,4 @@
-"""The `gpt-oss-server` command: serve, download, codex-config, bench, synth, rpc-worker."""
+"""The `gpt-oss-server` command: serve, doctor, download, codex-config, bench, synth, rpc-worker."""
 
 from __future__ import annotations
 
@@ -20,15 +20,18 @@ from pydantic_settings import (
 from server.app import create_app
 from server.bench.options import BenchOptions
 from server.contracts.errors import StartupError
-from server.ops import codex_config
+from server.engine.base import default_threads
+from server.engine.loading.placement import ContextShape
+from server.ops import codex_config, doctor
 from server.ops.model_source import resolve_model
 from server.ops.rpc_worker import WorkerOptions, run_worker
 from server.ops.runtime import Runtime
 from server.ops.serving import banner, serve
 from server.ops.settings import Settings, default_cache_dir
-from server.ops.startup import load_runtime
+from server.ops.startup import load_runtime, placement_options
 
 log = logging.getLogger("gpt_oss_server")
+CONTEXT_LENGTH = 131072  # gpt-oss's trained context (--n-ctx 0)
 
 
 class Serve(Settings):
@@ -36,6 +39,7 @@ class Serve(Settings):
 
     def cli_cmd(self) -> None:
         configure_logging(self.log_level)
+        doctor.log_startup_check(log)
         try:
             runtime = load_runtime(self)
             app = create_app(self, runtime)  # StartupError: a state directory not private
@@ -46,6 +50,16 @@ class Serve(Settings):
             serve(app, self, runtime, on_started=lambda: print_banner(self, runtime))
         finally:
             runtime.close()
+
+
+class Doctor(Settings):
+    """Check the llama.cpp build against this machine's GPUs; show where gpt-oss would go."""
+
+    def cli_cmd(self) -> None:
+        configure_logging("warning")
+        context = ContextShape(self.n_ctx or CONTEXT_LENGTH, self.n_ubatch, self.n_slots,
+                               self.swa_full, self.flash_attn != "off")  # fmt: skip
+        sys.stdout.write(doctor.report(context, placement_options(self)) + "\n")
 
 
 class Download(BaseModel):
@@ -166,7 +180,7 @@ class RpcWorker(BaseModel):
         options = WorkerOptions(
             host=self.host,
             port=self.port,
-            threads=self.threads or len(os.sched_getaffinity(0)),
+            threads=self.threads or default_threads(),
             cache_dir=default_cache_dir() / "rpc" if self.cache else None,
             trust_network=self.trust_network,
             binary=self.binary,
@@ -186,6 +200,7 @@ class Command(BaseSettings):
     )
 
     serve: CliSubCommand[Serve] = Field(description=Serve.__doc__)
+    doctor: CliSubCommand[Doctor] = Field(description=Doctor.__doc__)
     download: CliSubCommand[Download] = Field(description=Download.__doc__)
     codex_config: CliSubCommand[CodexConfig] = Field(description=CodexConfig.__doc__)
     bench: CliSubCommand[BenchOptions] = Field(description=BenchOptions.__doc__)

@@ -1,16 +1,20 @@
-"""Facts about the machine, and the guard that keeps two model copies out of memory."""
+"""Facts about the machine (psutil: Linux and macOS alike), and the guard that keeps two model
+copies out of memory."""
 
 from __future__ import annotations
 
 import logging
 import os
 import platform
-import resource
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from server.bench.plan import BenchError
+from server.engine.base import default_threads
 
 log = logging.getLogger(__name__)
 
@@ -18,55 +22,71 @@ GIB = 1024**3
 MEMORY_MARGIN = GIB
 
 
-def meminfo() -> dict[str, int]:
-    """/proc/meminfo in bytes."""
-    values: dict[str, int] = {}
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        name, _, rest = line.partition(":")
-        fields = rest.split()
-        if fields:
-            values[name] = int(fields[0]) * (1024 if fields[1:] == ["kB"] else 1)
-    return values
+def memory() -> tuple[int, int]:
+    """(total, available) system memory in bytes."""
+    found = psutil.virtual_memory()
+    return int(found.total), int(found.available)
 
 
-def cpu_model() -> str:
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's marketing name: /proc/cpuinfo on Linux, sysctl on macOS, else the platform's."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
+        for line in cpuinfo.read_text().splitlines():
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
+    if platform.system() == "Darwin":
+        try:
+            found = subprocess.run(
+                ["sysctl", "-n", "machdep.cpu.brand_string"],
+                capture_output=True, text=True, timeout=5, check=True,
+            )  # fmt: skip
+            if found.stdout.strip():
+                return found.stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            pass
     return platform.processor() or platform.machine()
 
 
 def machine_info(n_threads: int) -> dict[str, Any]:
     return {
         "cpu": cpu_model(),
-        "cpus_usable": len(os.sched_getaffinity(0)),
+        "cpus_usable": default_threads(),
         "threads": n_threads,
-        "memory_gib": round(meminfo().get("MemTotal", 0) / GIB, 1),
+        "memory_gib": round(memory()[0] / GIB, 1),
         "platform": platform.platform(),
         "python": platform.python_version(),
-        "load_average_start": [round(x, 2) for x in os.getloadavg()],
+        "load_average_start": load_average(),
     }
 
 
+def load_average() -> list[float]:
+    """The 1, 5 and 15 minute load averages."""
+    return [round(x, 2) for x in psutil.getloadavg()]
+
+
 def busy_cpu_s() -> float:
-    """CPU seconds the whole machine has spent busy since boot (/proc/stat, all CPUs)."""
-    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+    """CPU seconds the whole machine has spent busy since boot (all CPUs)."""
+    times = psutil.cpu_times()
+    guest = getattr(times, "guest", 0.0) + getattr(times, "guest_nice", 0.0)  # inside user
+    idle = times.idle + getattr(times, "iowait", 0.0)
+    return float(sum(times) - guest - idle)
 
 
 def self_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
+    return process_cpu_s(os.getpid())
 
 
 def process_cpu_s(pid: int) -> float:
-    """CPU seconds a live process has used, all its threads (/proc/<pid>/stat utime + stime)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU seconds a live process has used, all its threads (user + system)."""
+    times = psutil.Process(pid).cpu_times()
+    return float(times.user + times.system)
+
+
+def rss_bytes(pid: int) -> int:
+    """A live process's resident set now."""
+    return int(psutil.Process(pid).memory_info().rss)
 
 
 class OtherLoad:
@@ -98,7 +118,7 @@ def wait_for_memory(model_path: Path, timeout_s: float) -> None:
     needed = model_path.stat().st_size + MEMORY_MARGIN
     deadline = time.monotonic() + timeout_s
     while True:
-        available = meminfo().get("MemAvailable", 0)
+        available = memory()[1]
         if available >= needed:
             return
         if time.monotonic() >= deadline:

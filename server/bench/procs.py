@@ -77,7 +77,12 @@ def _reap(proc: subprocess.Popen[bytes], *, block: bool) -> Ended | None:
     if pid == 0:
         return None
     proc.returncode = os.waitstatus_to_exitcode(status)  # Popen must not wait for it again
-    return Ended(proc.returncode, usage.ru_maxrss * 1024, usage.ru_utime + usage.ru_stime)
+    return Ended(proc.returncode, maxrss_bytes(usage.ru_maxrss), usage.ru_utime + usage.ru_stime)
+
+
+def maxrss_bytes(ru_maxrss: int, system: str = sys.platform) -> int:
+    """ru_maxrss in bytes: macOS counts bytes, Linux (and the other Unixes) KiB."""
+    return ru_maxrss if system == "darwin" else ru_maxrss * 1024
 
 
 class ServerProcess:

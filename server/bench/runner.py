@@ -6,7 +6,6 @@ import datetime
 import importlib.metadata
 import json
 import logging
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +18,7 @@ from server.bench.http_path import run_http
 from server.bench.inprocess import run_inprocess
 from server.bench.llama_bench import run_llama_bench
 from server.bench.llama_server import run_llama_server
-from server.bench.machine import OtherLoad, machine_info, wait_for_memory
+from server.bench.machine import OtherLoad, load_average, machine_info, wait_for_memory
 from server.bench.options import BenchOptions, PathName
 from server.bench.plan import CTX_MARGIN, BenchError, PathRun, Plan
 from server.bench.report import (
@@ -101,7 +100,7 @@ def versions() -> dict[str, str]:
 
 def build_report(plan: Plan, runs: list[PathRun], machine: dict[str, Any]) -> dict[str, Any]:
     paths = {run.name: path_report(run) for run in runs}
-    machine["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+    machine["load_average_end"] = load_average()
     return {
         "model": {"path": str(plan.model_path), "size_bytes": plan.model_path.stat().st_size},
         "machine": machine,

@@ -20,6 +20,8 @@ _SIGNATURES: dict[str, tuple[list[Any], Any]] = {
     "ggml_backend_dev_memory": ([ctypes.c_void_p, _SIZES, _SIZES], None),
     "ggml_backend_dev_backend_reg": ([ctypes.c_void_p], ctypes.c_void_p),
     "ggml_backend_cpu_buffer_type": ([], ctypes.c_void_p),
+    "ggml_backend_reg_count": ([], ctypes.c_size_t),
+    "ggml_backend_reg_get": ([ctypes.c_size_t], ctypes.c_void_p),
     "ggml_backend_reg_by_name": ([ctypes.c_char_p], ctypes.c_void_p),
     "ggml_backend_reg_name": ([ctypes.c_void_p], ctypes.c_char_p),
     "ggml_backend_reg_get_proc_address": ([ctypes.c_void_p, ctypes.c_char_p], ctypes.c_void_p),

@@ -107,16 +107,20 @@ def check_prompt_cache_dir(config: EngineConfig) -> None:
         raise StartupError(f"--prompt-cache-dir: {exc}") from exc
 
 
-def place_model(config: EngineConfig, settings: Settings) -> Placement:
-    """Decide what goes on the GPU (server.engine.loading.placement) and log the plan."""
-    options = PlacementOptions(
+def placement_options(settings: Settings) -> PlacementOptions:
+    """What the settings ask of the placement."""
+    return PlacementOptions(
         n_gpu_layers=-1 if settings.n_gpu_layers == "all" else settings.n_gpu_layers,
         cpu_moe=settings.cpu_moe,
         n_cpu_moe=settings.n_cpu_moe,
         margin=settings.gpu_margin_mb * 1024**2,
     )
+
+
+def place_model(config: EngineConfig, settings: Settings) -> Placement:
+    """Decide what goes on the GPU (server.engine.loading.placement) and log the plan."""
     try:
-        placement = offload.plan(config, options)
+        placement = offload.plan(config, placement_options(settings))
     except (OSError, GGUFFormatError) as exc:
         raise PlacementError(f"cannot measure {config.model_path} to place it: {exc}") from exc
     for line in placement.lines:

@@ -96,6 +96,11 @@ PRESETS: dict[str, Preset] = {
     "tiny": Preset("tiny", 2, 64, 4, 2, 16, 4, 2, 64),
     "20b": Preset("20B", 24, 2880, 64, 8, 64, 32, 4, 2880),
 }
+# The real models' shapes, for memory estimates without their files (`gpt-oss-server doctor`).
+REAL_SHAPES: dict[str, Preset] = {
+    "gpt-oss-20b": PRESETS["20b"],
+    "gpt-oss-120b": Preset("120B", 36, 2880, 64, 8, 64, 128, 4, 2880),
+}
 
 
 @dataclass(frozen=True)

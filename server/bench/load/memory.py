@@ -1,5 +1,5 @@
-"""The server's resident memory: reading it (VmRSS), sampling it into a curve, and the curve's
-flatness check after warm-up.
+"""The server's resident memory: sampling it into a curve (server.bench.machine reads it), and
+the curve's flatness check after warm-up.
 
 Flat means: of the samples taken after the warm-up, the median of the last third is at most
 `1 + tolerance` times the median of the first third. Medians, not single samples, so that an
@@ -9,28 +9,12 @@ least-squares slope over the same samples is reported in MiB per hour.
 
 from __future__ import annotations
 
-import importlib
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 MIB = 2**20
-
-
-def rss_bytes(pid: int) -> int:
-    """The process's resident set now (VmRSS): psutil where installed, else /proc."""
-    try:
-        psutil: Any = importlib.import_module("psutil")
-    except ImportError:
-        pass
-    else:
-        return int(psutil.Process(pid).memory_info().rss)
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no VmRSS for process {pid}")
 
 
 @dataclass(frozen=True, slots=True)

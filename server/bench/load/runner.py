@@ -23,9 +23,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from server.bench.http_path import free_port
 from server.bench.load.burst import burst_invariants, burst_report, run_burst
 from server.bench.load.client import Outcome, send
-from server.bench.load.memory import MIB, curve_report, rss_bytes
+from server.bench.load.memory import MIB, curve_report
 from server.bench.load.mix import ENDPOINTS, LOOP_SHARE, PATHS, plan_requests, warmup_requests
 from server.bench.load.soak import SoakPlan, SoakResult, run_soak
+from server.bench.machine import rss_bytes
 from server.bench.procs import ServerProcess, serve_command
 
 log = logging.getLogger(__name__)

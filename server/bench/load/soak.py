@@ -19,8 +19,9 @@ from typing import Any
 import httpx
 
 from server.bench.load.client import Outcome, send
-from server.bench.load.memory import MIB, Sample, rss_bytes
+from server.bench.load.memory import MIB, Sample
 from server.bench.load.mix import endless_requests
+from server.bench.machine import rss_bytes
 
 log = logging.getLogger(__name__)
 

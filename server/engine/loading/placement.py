@@ -201,14 +201,14 @@ def _cpu_only(model: ModelFootprint, options: PlacementOptions) -> Placement:
     n_layer = len(model.layers)
     layout = _Layout(model, 0, 0)
     lines = [
-        "placement: no GPU backend in this llama-cpp-python build (and no --rpc host): "
+        "placement: no GPU this llama-cpp-python build can use (and no --rpc host): "
         "everything on the CPU",
         f"  system memory ≈{_gib(model.total)}: {_parts(layout.cpu_parts())}",
     ]
     if options.n_gpu_layers not in ("auto", 0):
         lines.append(
-            f"  --n-gpu-layers {options.n_gpu_layers} ignored; for a GPU, reinstall "
-            "llama-cpp-python with CMAKE_ARGS=-DGGML_CUDA=on (see the README)"
+            f"  --n-gpu-layers {options.n_gpu_layers} ignored; for a GPU, build "
+            "llama-cpp-python for it: python scripts/install_llama_cpp.py (docs/gpu.md)"
         )
     return Placement(
         n_gpu_layers=0,
