@@ -94,7 +94,7 @@ def apply_patch(patch: str, path: str, text: str) -> str | None:
 
 def chat_case(client: httpx.Client, v: Values, tally: dict[str, list[bool]]) -> None:
     chosen = v.rng.sample(GENERIC_TOOLS, v.rng.randint(1, 3))
-    name, desc, params, ask = v.rng.choice(chosen)
+    name, _, params, ask = v.rng.choice(chosen)
     tools = [
         {"type": "function", "function": {"name": n, "description": d, "parameters": schema_of(p)}}
         for n, d, p, _ in chosen
@@ -188,7 +188,7 @@ def main() -> None:
             "quotes_result",
             "patch_applies",
             "patch_exact",
-        )  # fmt: skip
+        )
     }
     start = time.monotonic()
     with serve(16384) as url, httpx.Client(base_url=url, timeout=600) as client:

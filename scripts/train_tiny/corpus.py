@@ -240,7 +240,8 @@ def value_of(v: Values, kind: str) -> Any:
 def generic_tools(v: Values, n: int) -> list[tuple[ToolSpec, list[tuple[str, str]], str]]:
     chosen = v.rng.sample(GENERIC_TOOLS, n)
     out = []
-    for name, desc, params, ask in chosen:
+    for familiar, desc, params, request in chosen:
+        name, ask = familiar, request
         if v.rng.random() < 0.3:  # an unfamiliar tool: random name, explicit request
             name = f"{v.word()}_{v.word()}"
             ask = (
@@ -335,7 +336,10 @@ def family_call(enc: HarmonyEncoding, v: Values) -> Sequence:
 # ----------------------------------------------------------------------------- codex
 
 
-CODEX_PATCH_OUTPUT = "Exit code: 0\nWall time: {t} seconds\nOutput:\nSuccess. Updated the following files:\nM {path}\n"
+CODEX_PATCH_OUTPUT = (
+    "Exit code: 0\nWall time: {t} seconds\nOutput:\nSuccess. Updated the following files:\n"
+    "M {path}\n"
+)
 CODEX_EXEC_OUTPUT = (
     "Chunk ID: {chunk}\nWall time: {t} seconds\nProcess exited with code 0\n"
     "Original token count: {count}\nOutput:\n{noise}{body}"
@@ -385,7 +389,7 @@ def codex_home(v: Values) -> str:
 
 
 def family_codex(
-    enc: HarmonyEncoding, v: Values, date: str, home: str, cwd: str, lite: bool = False
+    enc: HarmonyEncoding, v: Values, date: str, home: str, cwd: str, *, lite: bool = False
 ) -> Sequence:
     """Codex-shaped work: read a file with exec_command, edit it with apply_patch, a final.
 

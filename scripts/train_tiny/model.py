@@ -4,7 +4,8 @@ The blocks follow llama.cpp's gpt-oss graph (src/models/openai-moe.cpp): RMS nor
 with Q/K/V/O biases, NEOX RoPE with YaRN scaling (ggml's `rope_yarn`), learned attention sinks,
 sliding-window attention on even layers and full attention on odd ones, then RMS norm and a
 mixture of experts: router logits, top-k by logit, softmax over the chosen k, and gpt-oss's
-clamped SwiGLU (`swiglu_oai`: gate clamped above at 7, up clamped to [-7, 7], x·σ(1.702x)·(up+1)).
+clamped SwiGLU (`swiglu_oai`: gate clamped above at 7, up clamped to [-7, 7], then
+x·sigmoid(1.702x)·(up+1)).
 
 The exported tensors are exactly what this module computes with: expert weights pass through
 MXFP4 fake quantization (straight-through), token embeddings are f16-rounded and tied to the
@@ -241,7 +242,7 @@ class GptOss(nn.Module):
 
     def __init__(self, dims: Dims, trainable: np.ndarray, seed: int, attn_factor: float = 1.0):
         super().__init__()
-        self.dims, self.attn_factor = dims, attn_factor
+        self.dims, self.attn_factor, self.seed = dims, attn_factor, seed
         fixed = torch.from_numpy(random_rows(seed, dims.n_embd).astype(np.float32))
         self.register_buffer("fixed", fixed, persistent=False)
         ids = torch.from_numpy(trainable.astype(np.int64))

@@ -34,7 +34,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     model = from_params(str(args.params))
     held = Corpus(dict(np.load(args.corpus)), "eval")
-    summary = reference(model, held, args.generic, args.codex, args.max_new, args.out)
+    summary = reference(model, held, args.generic, args.codex, max_new=args.max_new, out=args.out)
     print(json.dumps(summary))
 
 

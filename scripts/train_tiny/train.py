@@ -21,6 +21,7 @@ import json
 import math
 import time
 from pathlib import Path
+from typing import TextIO
 
 import numpy as np
 import torch
@@ -51,6 +52,7 @@ def batch_loss(
     corpus: Corpus,
     idx: list[int],
     head: int,
+    *,
     negatives: int,
     gen: torch.Generator,
 ) -> torch.Tensor:
@@ -111,14 +113,14 @@ def export(model: GptOss, out: Path, seed: int, trainable: np.ndarray) -> None:
 
 
 def reference(
-    model: GptOss, corpus: Corpus, n_generic: int, n_codex: int, max_new: int, out: Path
+    model: GptOss, corpus: Corpus, n_generic: int, n_codex: int, *, max_new: int, out: Path
 ) -> dict[str, float]:
     """Greedy tokens on held-out prompts (first round of each), for the agreement test."""
     generic = [i for i in range(len(corpus.lengths)) if corpus.heads[i] == 0][:n_generic]
     codex = [i for i in range(len(corpus.lengths)) if corpus.heads[i] > 0][:n_codex]
     prompts, outputs, exact = [], [], 0
     for i in generic + codex:
-        t, m = corpus.seq(i)
+        t, _ = corpus.seq(i)
         p = int(corpus.prompts[i])
         prompt = [int(x) for x in t[:p]]
         want = [int(x) for x in t[p:]]
@@ -137,7 +139,33 @@ def reference(
     return {"first_round_exact": exact / len(prompts)}
 
 
-def main() -> None:
+def schedule(peak: float, step: int, warmup: int, done: float) -> float:
+    """Linear warm-up over `warmup` steps, cosine decay to a tenth over the time budget."""
+    return peak * min(1.0, (step + 1) / warmup) * (0.1 + 0.45 * (1 + math.cos(math.pi * done)))
+
+
+def shared_head(corpus: Corpus, group: list[int]) -> int:
+    """How many first tokens all sequences of a Codex group share (their system + developer
+    messages and environment context), leaving at least one token of each."""
+    seqs = [corpus.seq(i)[0] for i in group]
+    head = min(len(t) for t in seqs) - 1
+    for t in seqs[1:]:
+        differs = np.flatnonzero(t[:head] != seqs[0][:head])
+        if differs.size:
+            head = int(differs[0])
+    return head
+
+
+def initial_model(args: argparse.Namespace, trainable: np.ndarray) -> GptOss:
+    """Fresh weights from the seed, or the parameters of an earlier run (--init)."""
+    if args.init is None:
+        return GptOss(Dims(), trainable, args.seed, args.attn_factor)
+    model = from_params(str(args.init))
+    assert np.array_equal(model.trainable_ids.numpy(), trainable), "another corpus"
+    return model
+
+
+def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--corpus", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
@@ -147,101 +175,85 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--negatives", type=int, default=1024)
     parser.add_argument("--export-every", type=int, default=40, help="steps between exports")
-    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--lr", type=float, default=5e-3)
+    parser.add_argument("--warmup", type=int, default=30, help="steps of linear warm-up")
     parser.add_argument("--codex-every", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--max-steps", type=int, default=0)
     parser.add_argument("--attn-factor", type=float, default=1.0)
     parser.add_argument("--init", type=Path, default=None, help="start from these params.npz")
-    parser.add_argument("--ref-generic", type=int, default=0)
-    parser.add_argument("--ref-codex", type=int, default=0)
-    parser.add_argument("--ref-max-new", type=int, default=120)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = arguments()
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
     data = dict(np.load(args.corpus))
-    train, held = Corpus(data, "train"), Corpus(data, "eval")
+    train = Corpus(data, "train")
     trainable = data["trainable_ids"].astype(np.int64)
-    if args.init is not None:
-        model = from_params(str(args.init))
-        assert np.array_equal(model.trainable_ids.numpy(), trainable), "another corpus"
-    else:
-        model = GptOss(Dims(), trainable, args.seed, args.attn_factor)
+    model = initial_model(args, trainable)
+    args.out.mkdir(parents=True, exist_ok=True)
+    curve_path = args.curve or Path("artifacts/train_tiny/curve.jsonl")
+    curve_path.parent.mkdir(parents=True, exist_ok=True)
+    with curve_path.open("w") as curve:
+        summary = train_loop(args, model, train, curve)
+        export(model, args.out, model.seed, trainable)
+        curve.write(json.dumps({"summary": summary}) + "\n")
+    print(json.dumps(summary), flush=True)
+
+
+def train_loop(
+    args: argparse.Namespace, model: GptOss, train: Corpus, curve: TextIO
+) -> dict[str, object]:
+    """Steps until the time budget (or --max-steps) is spent; one curve row per step."""
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.98))
     gen = torch.Generator().manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
     generic = np.flatnonzero(train.heads == 0)
-    codex = np.flatnonzero(train.heads > 0)
-    groups = codex.reshape(-1, 4)
-    args.out.mkdir(parents=True, exist_ok=True)
-    curve_path = args.curve or Path("artifacts/train_tiny/curve.jsonl")
-    curve_path.parent.mkdir(parents=True, exist_ok=True)
-    curve = curve_path.open("w")
+    groups = np.flatnonzero(train.heads > 0).reshape(-1, 4)
+    trainable = model.trainable_ids.numpy()
     budget = args.minutes * 60
     start = time.monotonic()
     step = 0
     ema: dict[str, float] = {}
-    print(
-        json.dumps(
-            {"trainable_rows": len(trainable), "generic": len(generic), "codex_groups": len(groups)}
-        ),
-        flush=True,
-    )
     while True:
         elapsed = time.monotonic() - start
         if elapsed > budget or (args.max_steps and step >= args.max_steps):
             break
-        frac = min(1.0, elapsed / budget)
-        lr = (
-            args.lr * min(1.0, (step + 1) / 30) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
-        )
+        lr = schedule(args.lr, step, args.warmup, min(1.0, elapsed / budget))
         for g in opt.param_groups:
             g["lr"] = lr
         if step % args.codex_every == args.codex_every - 1:
             kind = "codex"
-            grp = groups[rng.integers(len(groups))]
-            seqs = [train.seq(i)[0] for i in grp]
-            head = min(len(t) for t in seqs) - 1
-            for t in seqs[1:]:
-                head = min(head, int(np.argmin(t[:head] == seqs[0][:head])) or head)
-            loss = batch_loss(model, train, list(grp), head, args.negatives, gen)
+            grp = [int(i) for i in groups[rng.integers(len(groups))]]
+            head = shared_head(train, grp)
         else:
             kind = "generic"
-            idx = list(rng.choice(generic, args.batch, replace=False))
-            loss = batch_loss(model, train, idx, 0, args.negatives, gen)
+            grp = [int(i) for i in rng.choice(generic, args.batch, replace=False)]
+            head = 0
+        loss = batch_loss(model, train, grp, head, negatives=args.negatives, gen=gen)
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         value = float(loss.detach())
         ema[kind] = value if kind not in ema else 0.9 * ema[kind] + 0.1 * value
-        row = {
-            "step": step,
-            "s": round(time.monotonic() - start, 1),
-            "kind": kind,
-            "loss": round(value, 4),
-            "lr": round(lr, 6),
-        }
+        row = {"step": step, "s": round(time.monotonic() - start, 1), "kind": kind}
+        row |= {"loss": round(value, 4), "lr": round(lr, 6)}
         curve.write(json.dumps(row) + "\n")
+        curve.flush()
         if step % 20 == 0:
-            curve.flush()
             print(json.dumps({**row, "ema": {k: round(v, 3) for k, v in ema.items()}}), flush=True)
         step += 1
         if step % args.export_every == 0:
-            export(model, args.out, args.seed, trainable)
-    train_s = time.monotonic() - start
-    export(model, args.out, args.seed, trainable)
-    summary: dict[str, object] = {
+            export(model, args.out, model.seed, trainable)
+    return {
         "steps": step,
-        "train_seconds": round(train_s, 1),
+        "train_seconds": round(time.monotonic() - start, 1),
         "cpu_seconds": round(time.process_time(), 1),
         "ema": {k: round(v, 4) for k, v in ema.items()},
     }
-    if args.ref_generic or args.ref_codex:
-        summary |= reference(model, held, args.ref_generic, args.ref_codex, args.ref_max_new,
-                             args.out)  # fmt: skip
-    curve.write(json.dumps({"summary": summary}) + "\n")
-    print(json.dumps(summary), flush=True)
 
 
 if __name__ == "__main__":
