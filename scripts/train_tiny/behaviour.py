@@ -18,6 +18,7 @@ import argparse
 import json
 import random
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -192,10 +193,11 @@ def main() -> None:
     }
     start = time.monotonic()
     with serve(16384) as url, httpx.Client(base_url=url, timeout=600) as client:
-        for _ in range(args.n_chat):
-            chat_case(client, v, tally)
-        for _ in range(args.n_codex):
-            codex_case(client, v, tally)
+        for i in range(args.n_chat + args.n_codex):
+            case = chat_case if i < args.n_chat else codex_case
+            case(client, v, tally)
+            progress = {k: f"{sum(x)}/{len(x)}" for k, x in tally.items()}
+            print(json.dumps({"case": i, **progress}), file=sys.stderr, flush=True)
     report: dict[str, object] = {
         k: {"rate": round(sum(x) / len(x), 3) if x else None, "n": len(x)} for k, x in tally.items()
     }
