@@ -121,7 +121,8 @@ class CodexConfig(BaseModel):
 
 
 class Synth(BaseModel):
-    """Write a synthetic gpt-oss GGUF: the real vocabulary and architecture, random weights."""
+    """Write a synthetic gpt-oss GGUF: the real vocabulary and architecture, random or trained
+    weights."""
 
     preset: Literal["tiny", "20b", "trained"] = Field(
         description="tiny: a few tens of MB, for tests; 20b: gpt-oss-20b's exact shapes and "
