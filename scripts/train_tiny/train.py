@@ -221,7 +221,9 @@ def train_loop(
         elapsed = time.monotonic() - start
         if elapsed > budget or (args.max_steps and step >= args.max_steps):
             break
-        lr = schedule(args.lr, step, args.warmup, min(1.0, elapsed / budget))
+        # by steps when they are given (reproducible), else by the time budget
+        done = step / args.max_steps if args.max_steps else min(1.0, elapsed / budget)
+        lr = schedule(args.lr, step, args.warmup, done)
         for g in opt.param_groups:
             g["lr"] = lr
         if step % args.codex_every == args.codex_every - 1:
