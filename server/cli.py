@@ -136,11 +136,13 @@ class CodexConfig(BaseModel):
 
 
 class Synth(BaseModel):
-    """Write a synthetic gpt-oss GGUF: the real vocabulary and architecture, random weights."""
+    """Write a synthetic gpt-oss GGUF: the real vocabulary and architecture, random or trained
+    weights."""
 
-    preset: Literal["tiny", "20b"] = Field(
+    preset: Literal["tiny", "20b", "trained"] = Field(
         description="tiny: a few tens of MB, for tests; 20b: gpt-oss-20b's exact shapes and "
-        "tensor types (about 12 GB), for honest speed benchmarks."
+        "tensor types (about 12 GB), for honest speed benchmarks; trained: the tiny model "
+        "trained to act in agent loops (its committed parameters; docs/trained-model.md)."
     )
     out: Path = Field(description="Where to write the .gguf file (atomically).")
     seed: int = Field(0, description="Seed of the random weights.")

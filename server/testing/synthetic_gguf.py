@@ -7,7 +7,9 @@ them exactly like converted gpt-oss checkpoints.  Only the weights are random (d
 for a given seed) and sized so that activations and logits stay finite.
 
 Presets: ``tiny`` (a few tens of MB, for tests) and ``20b`` (gpt-oss-20b's exact shapes and
-tensor types, about 12 GB, written streaming one tensor at a time, for benchmarks).
+tensor types, about 12 GB, written streaming one tensor at a time, for benchmarks). ``trained``
+is not random: a tiny model trained to act (server/testing/trained_model.py assembles it from
+its committed parameters with this module's vocabulary and metadata writers).
 """
 
 from __future__ import annotations
@@ -381,16 +383,27 @@ def _write_file(preset_name: str, path: Path, seed: int) -> None:
     writer.close()
 
 
+TRAINED = "trained"
+
+
 def build_gguf(preset: str, out_path: Path, seed: int = 0) -> Path:
-    """Build the synthetic `preset` model at out_path (atomically: temp file + rename)."""
-    if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; choose from {sorted(PRESETS)}")
+    """Build the synthetic `preset` model at out_path (atomically: temp file + rename).
+
+    The `trained` preset ignores seed: its weights are the committed trained parameters.
+    """
+    if preset not in PRESETS and preset != TRAINED:
+        raise ValueError(f"unknown preset {preset!r}; choose from {[*sorted(PRESETS), TRAINED]}")
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_path.with_name(f".{out_path.name}.{os.getpid()}.partial")
     logger.info("building %s preset (seed %d) into %s", preset, seed, out_path)
     try:
-        _write_file(preset, tmp, seed)
+        if preset == TRAINED:
+            from server.testing.trained_model import write_gguf
+
+            write_gguf(tmp)
+        else:
+            _write_file(preset, tmp, seed)
         os.replace(tmp, out_path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -413,7 +426,12 @@ def cached_gguf(preset: str = "tiny", cache_dir: Path | None = None) -> Path:
     """Path of the synthetic `preset` model, built once per machine (safe under races)."""
     directory = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"gpt-oss-{preset}-synthetic-{builder_hash()}.gguf"
+    if preset == TRAINED:
+        from server.testing.trained_model import content_hash
+
+        path = directory / f"gpt-oss-trained-{content_hash()}.gguf"
+    else:
+        path = directory / f"gpt-oss-{preset}-synthetic-{builder_hash()}.gguf"
     if path.exists():
         return path
     with open(directory / f".{path.name}.lock", "w") as lock:
@@ -425,7 +443,7 @@ def cached_gguf(preset: str = "tiny", cache_dir: Path | None = None) -> Path:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--preset", choices=sorted(PRESETS), required=True)
+    parser.add_argument("--preset", choices=[*sorted(PRESETS), TRAINED], required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)

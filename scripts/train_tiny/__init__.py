@@ -1,0 +1,1 @@
+"""Train tiny: the trained tiny gpt-oss (corpus, model, training, reference, behaviour)."""

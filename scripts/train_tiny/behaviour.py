@@ -1,0 +1,212 @@
+"""Behaviour: how the trained tiny gpt-oss acts through the server, on held-out conversations.
+
+The server (in this process, uvicorn on 127.0.0.1, the `trained` preset, greedy, its steering
+on) gets conversations drawn like the corpus's but from the held-out words: chat requests for
+answers and function calls, Codex-shaped Responses requests (its real instructions and tools)
+for read-then-patch edits. Every request may write at most 300 tokens. Measured:
+
+- turn_kind: the turn ended in the intended kind (answer, call, or edit);
+- call_exact: a call named the right tool and its arguments equal the expected ones exactly;
+- patch_applies: an apply_patch input applies cleanly to the file and gives the expected text.
+
+    python -m scripts.train_tiny.behaviour --n-chat 60 --n-codex 10 --out behaviour.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import socket
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+
+from scripts.train_tiny.corpus import (
+    GENERIC_TOOLS,
+    Values,
+    codex_cwd,
+    codex_exec_output,
+    codex_head,
+    codex_home,
+    encoding,
+    schema_of,
+    value_of,
+    word_pool,
+)
+from server.app import create_app
+from server.engine.base import EngineConfig
+from server.engine.llama import LlamaEngine
+from server.ops.config import Settings
+from server.ops.runtime import Runtime
+from server.testing.synthetic_gguf import TRAINED, cached_gguf
+
+MAX_TOKENS = 300
+MODEL = "gpt-oss-trained"
+
+
+@contextmanager
+def serve(n_ctx: int) -> Iterator[str]:
+    enc = encoding()
+    engine = LlamaEngine(
+        EngineConfig(model_path=str(cached_gguf(TRAINED)), n_ctx=n_ctx, n_threads=2)
+    )
+    with tempfile.TemporaryDirectory() as store:
+        settings = Settings(responses_store_path=Path(store) / "r.sqlite3", temperature=0.0)
+        app = create_app(settings, Runtime(engine=engine, encoding=enc, model_name=MODEL))
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        while not server.started:
+            time.sleep(0.05)
+        try:
+            yield f"http://127.0.0.1:{port}/v1"
+        finally:
+            server.should_exit = True
+            thread.join(timeout=10)
+            engine.close()
+
+
+def apply_patch(patch: str, path: str, text: str) -> str | None:
+    """The file after an `*** Update File` patch of -/+ lines, or None if it does not apply."""
+    lines = patch.split("\n")
+    if lines[:1] != ["*** Begin Patch"] or f"*** Update File: {path}" not in lines:
+        return None
+    body = [ln for ln in lines if ln[:1] in ("-", "+", " ") and not ln.startswith("***")]
+    old = [ln[1:] for ln in body if ln[:1] in ("-", " ")]
+    new = [ln[1:] for ln in body if ln[:1] in ("+", " ")]
+    file_lines = text.split("\n")
+    for i in range(len(file_lines) - len(old) + 1):
+        if old and file_lines[i : i + len(old)] == old:
+            return "\n".join(file_lines[:i] + new + file_lines[i + len(old) :])
+    return None
+
+
+def chat_case(client: httpx.Client, v: Values, tally: dict[str, list[bool]]) -> None:
+    chosen = v.rng.sample(GENERIC_TOOLS, v.rng.randint(1, 3))
+    name, _, params, ask = v.rng.choice(chosen)
+    tools = [
+        {"type": "function", "function": {"name": n, "description": d, "parameters": schema_of(p)}}
+        for n, d, p, _ in chosen
+    ]
+    if v.rng.random() < 0.3:  # an answer turn
+        phrase = v.phrase(1, 4)
+        body = {"model": MODEL, "max_tokens": MAX_TOKENS, "tools": tools,
+                "messages": [{"role": "user", "content": f"Say {phrase}."}]}  # fmt: skip
+        choice = client.post("/chat/completions", json=body).json()["choices"][0]
+        tally["turn_kind"].append(choice["finish_reason"] == "stop")
+        tally["answer_exact"].append(choice["message"].get("content") == phrase)
+        return
+    values = [value_of(v, kind) for _, kind in params]
+    messages: list[dict[str, Any]] = [{"role": "user", "content": ask.format(*values)}]
+    body = {"model": MODEL, "max_tokens": MAX_TOKENS, "tools": tools, "messages": messages}
+    choice = client.post("/chat/completions", json=body).json()["choices"][0]
+    calls = choice["message"].get("tool_calls") or []
+    tally["turn_kind"].append(choice["finish_reason"] == "tool_calls")
+    expected = {p: val for (p, _), val in zip(params, values, strict=True)}
+    exact = len(calls) == 1 and calls[0]["function"]["name"] == name
+    try:
+        exact = exact and json.loads(calls[0]["function"]["arguments"]) == expected
+    except (ValueError, IndexError):
+        exact = False
+    tally["call_exact"].append(exact)
+    if not calls:
+        return
+    result = v.phrase(1, 3)
+    messages += [
+        choice["message"],
+        {"role": "tool", "tool_call_id": calls[0]["id"], "content": result},
+    ]
+    choice = client.post("/chat/completions", json={**body, "messages": messages}).json()
+    choice = choice["choices"][0]
+    tally["turn_kind"].append(choice["finish_reason"] == "stop")
+    tally["quotes_result"].append(result in (choice["message"].get("content") or ""))
+
+
+def codex_case(client: httpx.Client, v: Values, tally: dict[str, list[bool]]) -> None:
+    path = v.filename()
+    lines = [v.line() for _ in range(v.rng.randint(1, 6))]
+    old, new = v.rng.choice(lines), v.line()
+    text = "\n".join(lines) + "\n"
+    body = codex_head("2026-11-24", codex_home(v), codex_cwd(v), lite=False)
+    ask = f"In {path}, change the line `{old}` to `{new}`."
+    body["input"] = [*body["input"], {"type": "message", "role": "user", "content": ask}]
+    body |= {"model": MODEL, "stream": False, "max_output_tokens": MAX_TOKENS}
+    out = client.post("/responses", json=body).json()["output"]
+    calls = [o for o in out if o["type"] == "function_call"]
+    tally["turn_kind"].append(bool(calls))
+    ok = len(calls) == 1 and calls[0]["name"] == "exec_command"
+    ok = ok and json.loads(calls[0]["arguments"]) == {"cmd": f"cat {path}"}
+    tally["call_exact"].append(ok)
+    if not calls:
+        return
+    result = {"type": "function_call_output", "call_id": calls[0]["call_id"],
+              "output": codex_exec_output(v, text)}  # fmt: skip
+    body["input"] = [*body["input"], *out, result]
+    out2 = client.post("/responses", json=body).json()["output"]
+    patches = [o for o in out2 if o["type"] == "custom_tool_call"]
+    tally["turn_kind"].append(bool(patches))
+    after = apply_patch(patches[0]["input"], path, text) if patches else None
+    expected = text.replace(old + "\n", new + "\n", 1)
+    tally["patch_applies"].append(after is not None)
+    tally["patch_exact"].append(after == expected)
+    if not patches:
+        return
+    result = {"type": "custom_tool_call_output", "call_id": patches[0]["call_id"],
+              "output": f"Exit code: 0\nWall time: 0.1 seconds\nOutput:\nSuccess. Updated the "
+              f"following files:\nM {path}\n"}  # fmt: skip
+    body["input"] = [*body["input"], *out2, result]
+    out3 = client.post("/responses", json=body).json()["output"]
+    tally["turn_kind"].append(any(o["type"] == "message" for o in out3))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n-chat", type=int, default=60)
+    parser.add_argument("--n-codex", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=12345)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    _, held = word_pool(encoding())
+    v = Values(random.Random(args.seed), held)
+    tally: dict[str, list[bool]] = {
+        k: []
+        for k in (
+            "turn_kind",
+            "call_exact",
+            "answer_exact",
+            "quotes_result",
+            "patch_applies",
+            "patch_exact",
+        )
+    }
+    start = time.monotonic()
+    with serve(16384) as url, httpx.Client(base_url=url, timeout=600) as client:
+        for i in range(args.n_chat + args.n_codex):
+            case = chat_case if i < args.n_chat else codex_case
+            case(client, v, tally)
+            progress = {k: f"{sum(x)}/{len(x)}" for k, x in tally.items()}
+            print(json.dumps({"case": i, **progress}), file=sys.stderr, flush=True)
+    report: dict[str, object] = {
+        k: {"rate": round(sum(x) / len(x), 3) if x else None, "n": len(x)} for k, x in tally.items()
+    }
+    report["seconds"] = round(time.monotonic() - start, 1)
+    text = json.dumps(report, indent=1)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

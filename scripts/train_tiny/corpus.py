@@ -1,0 +1,559 @@
+"""Corpus: training conversations in harmony, rendered by the server's own code.
+
+Every conversation is a transcript (or, for Codex, a Responses request shaped like the one Codex
+CLI 0.169 sends: `codex_request.json`, recorded from `codex exec` with the configuration
+`gpt-oss-server codex-config` writes) rendered with `server.harmony.render`, exactly as the
+server renders requests: system message with date and effort, developer instructions, tools as
+harmony namespaces, history under the CoT rule. What the model writes is encoded from harmony
+text as a forced script would be, and later rounds replay it exactly, as the server does, so a
+conversation of several rounds is one token sequence whose target spans are the model's turns.
+
+Values (paths, commands, words, numbers, file lines) are drawn at random from a pool of
+single-token words split by hash into a training part and a held-out part, so copying is
+learned, not recalled, and evaluation can use words the corpus never contains.
+
+Run with the project's environment (it needs the server package, not torch):
+    python -m scripts.train_tiny.corpus --out corpus.npz
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import random
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from openai_harmony import HarmonyEncoding
+
+from server.api.responses.adapter import to_items, to_transcript
+from server.api.responses.schemas import ResponsesRequest
+from server.contracts.transcript import (
+    Item,
+    ReasoningEffort,
+    ToolResult,
+    ToolSpec,
+    Transcript,
+    UserMessage,
+)
+from server.harmony.encoding import load_encoding
+from server.harmony.render import assistant_start_tokens, head_tokens, item_tokens, render
+
+HERE = Path(__file__).parent
+CODEX_REQUEST = HERE / "codex_request.json"
+EFFORTS: tuple[ReasoningEffort, ...] = ("low", "medium", "high")
+EXTENSIONS = ("py", "txt", "md", "json", "toml", "rs", "js", "go", "yaml", "cfg", "sh", "c")
+
+
+def encoding() -> HarmonyEncoding:
+    return load_encoding(Path.home() / ".cache" / "gpt-oss-server" / "harmony")
+
+
+# ----------------------------------------------------------------------------- values
+
+
+def word_pool(enc: HarmonyEncoding) -> tuple[list[str], list[str]]:
+    """Single-token lowercase words (3-9 letters), split into (training, held-out) by hash."""
+    train: list[str] = []
+    held: list[str] = []
+    for tid in range(199998):
+        try:
+            text = enc.decode_utf8([tid])
+        except Exception:
+            continue
+        if re.fullmatch(r"[a-z]{3,9}", text):
+            digest = hashlib.sha256(text.encode()).digest()[0]
+            (held if digest % 10 == 0 else train).append(text)
+    return sorted(train), sorted(held)
+
+
+@dataclass
+class Values:
+    rng: random.Random
+    words: list[str]
+
+    def word(self) -> str:
+        return self.rng.choice(self.words)
+
+    def number(self) -> int:
+        return self.rng.choice([self.rng.randint(0, 99), self.rng.randint(100, 9999)])
+
+    def filename(self) -> str:
+        r = self.rng.random()
+        ext = self.rng.choice(EXTENSIONS)
+        if r < 0.4:
+            return f"{self.word()}.{ext}"
+        if r < 0.7:
+            return f"{self.word()}_{self.word()}.{ext}"
+        return f"{self.word()}/{self.word()}.{ext}"
+
+    def phrase(self, lo: int = 1, hi: int = 4) -> str:
+        return " ".join(self.word() for _ in range(self.rng.randint(lo, hi)))
+
+    def line(self) -> str:
+        w = self.word()
+        return self.rng.choice(
+            [
+                f"{w} = {self.word()}",
+                f"{w} = {self.number()}",
+                f"{w}: {self.word()}",
+                f"def {w}({self.word()}):",
+                f"let {w} = {self.number()};",
+                f"{w} {self.word()} {self.word()}",
+                f"# {self.phrase(2, 4)}",
+            ]
+        )
+
+    def command(self, path: str) -> str:
+        return self.rng.choice(
+            [
+                f"cat {path}",
+                f"ls {path.split('/', maxsplit=1)[0]}",
+                f"wc -l {path}",
+                f"grep -n {self.word()} {path}",
+                f"echo {self.phrase(1, 3)}",
+                f"head -n {self.rng.randint(1, 40)} {path}",
+            ]
+        )
+
+
+# ----------------------------------------------------------------------------- sequences
+
+
+@dataclass
+class Sequence:
+    """Tokens of one conversation; `mask` marks what the model wrote (the loss targets)."""
+
+    family: str
+    tokens: list[int] = field(default_factory=list)
+    mask: list[bool] = field(default_factory=list)
+    head: int = 0  # tokens of the shared head (system + developer) at the start
+    prompt: int = 0  # length of the first round's prompt (evaluation starts there)
+    rounds: list[tuple[int, int]] = field(default_factory=list)  # (prompt length, target end)
+
+    def add(self, tokens: list[int], target: bool) -> None:
+        self.tokens.extend(tokens)
+        self.mask.extend([target] * len(tokens))
+
+
+def call_text(name: str, arguments: str, namespace: str = "functions") -> str:
+    return (
+        f"<|channel|>commentary to={namespace}.{name} <|constrain|>json"
+        f"<|message|>{arguments}<|call|>"
+    )
+
+
+def analysis(text: str) -> str:
+    return f"<|channel|>analysis<|message|>{text}<|end|><|start|>assistant"
+
+
+def preamble(text: str) -> str:
+    return f"<|channel|>commentary<|message|>{text}<|end|><|start|>assistant"
+
+
+def final(text: str) -> str:
+    return f"<|channel|>final<|message|>{text}<|return|>"
+
+
+class Builder:
+    """Renders rounds: prompt, model turn (target), tool output, next turn..."""
+
+    def __init__(self, enc: HarmonyEncoding, family: str, prompt: list[int], head: int) -> None:
+        self.enc = enc
+        self.seq = Sequence(family, head=head, prompt=len(prompt))
+        self.seq.add(prompt, False)
+
+    def turn(self, harmony_text: str) -> None:
+        start = len(self.seq.tokens)
+        self.seq.add(self.enc.encode(harmony_text, allowed_special="all"), True)
+        self.seq.rounds.append((start, len(self.seq.tokens)))
+
+    def tool_output(self, result: ToolResult) -> None:
+        self.seq.add(item_tokens(self.enc, result), False)
+        self.seq.add(assistant_start_tokens(self.enc), False)
+
+
+def args_json(arguments: dict[str, Any]) -> str:
+    return json.dumps(arguments, separators=(",", ":"), ensure_ascii=False)
+
+
+# ----------------------------------------------------------------------------- generic tools
+
+
+GENERIC_TOOLS: list[tuple[str, str, list[tuple[str, str]], str]] = [
+    # (name, description, [(param, kind)], how a user asks for it: {0}, {1} = values)
+    ("read_file", "Read a file from disk.", [("path", "file")], "Read the file {0}."),
+    ("run_command", "Run a shell command.", [("command", "command")], "Run `{0}`."),
+    (
+        "get_weather",
+        "Current weather for a city.",
+        [("city", "word")],
+        "What is the weather in {0}?",
+    ),
+    ("lookup_user", "Find a user by name.", [("name", "word")], "Look up the user {0}."),
+    (
+        "set_value",
+        "Store a value under a key.",
+        [("key", "word"), ("value", "number")],
+        "Set {0} to {1}.",
+    ),
+    (
+        "send_message",
+        "Send a message to a channel.",
+        [("channel", "word"), ("text", "phrase")],
+        'Send "{1}" to the {0} channel.',
+    ),
+    ("search", "Search the documents.", [("query", "phrase")], 'Search for "{0}".'),
+    ("delete_file", "Delete a file.", [("path", "file")], "Delete {0}."),
+    ("add_numbers", "Add two integers.", [("a", "number"), ("b", "number")], "Add {0} and {1}."),
+    (
+        "create_issue",
+        "Open an issue.",
+        [("title", "phrase"), ("priority", "number")],
+        'Open an issue titled "{0}" with priority {1}.',
+    ),
+]
+
+
+def schema_of(params: list[tuple[str, str]]) -> dict[str, Any]:
+    kinds = {"number": {"type": "integer"}}
+    props = {p: kinds.get(k, {"type": "string"}) for p, k in params}
+    return {"type": "object", "properties": props, "required": [p for p, _ in params]}
+
+
+def value_of(v: Values, kind: str) -> Any:
+    if kind == "file":
+        return v.filename()
+    if kind == "command":
+        return v.command(v.filename())
+    if kind == "number":
+        return v.number()
+    if kind == "phrase":
+        return v.phrase(1, 4)
+    return v.word()
+
+
+def generic_tools(v: Values, n: int) -> list[tuple[ToolSpec, list[tuple[str, str]], str]]:
+    chosen = v.rng.sample(GENERIC_TOOLS, n)
+    out = []
+    for familiar, desc, params, request in chosen:
+        name, ask = familiar, request
+        if v.rng.random() < 0.3:  # an unfamiliar tool: random name, explicit request
+            name = f"{v.word()}_{v.word()}"
+            ask = (
+                "Call "
+                + name
+                + " with "
+                + ", ".join(f"{p}={{{i}}}" for i, (p, _) in enumerate(params))
+                + "."
+            )
+        spec = ToolSpec(name=name, description=desc, parameters=schema_of(params))
+        out.append((spec, params, ask))
+    return out
+
+
+def maybe_instructions(v: Values) -> str | None:
+    r = v.rng.random()
+    if r < 0.4:
+        return None
+    if r < 0.7:
+        return "You are a helpful assistant."
+    return v.rng.choice(
+        [
+            "Be brief.",
+            "Answer concisely.",
+            "You are a careful assistant.",
+            f"You help the {v.word()} team.",
+        ]
+    )
+
+
+def date_of(v: Values) -> str:
+    return f"20{v.rng.randint(24, 27)}-{v.rng.randint(1, 12):02d}-{v.rng.randint(1, 28):02d}"
+
+
+def transcript(v: Values, items: list[Item], tools: list[ToolSpec]) -> Transcript:
+    return Transcript(
+        items=tuple(items),
+        instructions=maybe_instructions(v),
+        tools=tuple(tools),
+        reasoning_effort=v.rng.choice(EFFORTS),
+        conversation_date=date_of(v),
+    )
+
+
+def family_answer(enc: HarmonyEncoding, v: Values) -> Sequence:
+    """A short analysis, then a final answer that copies from the user message."""
+    phrase = v.phrase(1, 5)
+    ask, thought, answer = v.rng.choice(
+        [
+            (f"Say {phrase}.", f"The user wants me to say {phrase}.", phrase),
+            (f"Repeat after me: {phrase}", "Repeat the words.", phrase),
+            (
+                f"Reply with the word {phrase.split()[0]}.",
+                "Reply with that word.",
+                phrase.split()[0],
+            ),
+            (
+                f'What is the first word of "{phrase}"?',
+                "Take the first word.",
+                f"The first word is {phrase.split()[0]}.",
+            ),
+            ("Say done.", "Just say done.", "done"),
+        ]
+    )
+    tools = [t[0] for t in generic_tools(v, v.rng.randint(0, 2))]
+    b = Builder(enc, "answer", render(enc, transcript(v, [UserMessage(ask)], tools)), 0)
+    b.turn(analysis(thought) + final(answer))
+    return b.seq
+
+
+def family_call(enc: HarmonyEncoding, v: Values) -> Sequence:
+    """A function call with arguments copied from the user message, its result, an answer."""
+    offered = generic_tools(v, v.rng.randint(1, 4))
+    spec, params, ask = v.rng.choice(offered)
+    values = [value_of(v, kind) for _, kind in params]
+    user = ask.format(*values)
+    tr = transcript(v, [UserMessage(user)], [t[0] for t in offered])
+    b = Builder(enc, "call", render(enc, tr), 0)
+    arguments = args_json({p: val for (p, _), val in zip(params, values, strict=True)})
+    text = analysis(v.rng.choice([f"Call {spec.name}.", "Use the tool.", f"I need {spec.name}."]))
+    if v.rng.random() < 0.3:
+        text += preamble(v.rng.choice(["On it.", "Let me check.", f"Calling {spec.name}."]))
+    b.turn(text + call_text(spec.name, arguments))
+    result = v.phrase(1, 4) if v.rng.random() < 0.5 else str(v.number())
+    output = v.rng.choice([result, args_json({"result": result}), f"ok: {result}"])
+    b.tool_output(ToolResult("call_1", output, spec.name))
+    answer = v.rng.choice([f"The result is {result}.", f"Done: {result}.", result])
+    b.turn(analysis("Report the result.") + final(answer))
+    return b.seq
+
+
+# ----------------------------------------------------------------------------- codex
+
+
+CODEX_PATCH_OUTPUT = (
+    "Exit code: 0\nWall time: {t} seconds\nOutput:\nSuccess. Updated the following files:\n"
+    "M {path}\n"
+)
+CODEX_EXEC_OUTPUT = (
+    "Chunk ID: {chunk}\nWall time: {t} seconds\nProcess exited with code 0\n"
+    "Original token count: {count}\nOutput:\n{noise}{body}"
+)
+PYENV_NOISE = "pyenv: cannot rehash: /root/.pyenv/shims isn't writable\n"
+
+
+def codex_cwd(v: Values) -> str:
+    if v.rng.random() < 0.3:
+        return f"/home/{v.word()}/{v.word()}"
+    return f"/tmp/pytest-of-root/pytest-{v.rng.randint(0, 99)}/work{v.rng.randint(0, 9)}"
+
+
+def codex_head(date: str, home: str, cwd: str, lite: bool) -> dict[str, Any]:
+    """Codex's request up to the task. lite: its instructions and tools cut to the two used
+    (the same conversation shape for a fraction of the tokens)."""
+    text = CODEX_REQUEST.read_text().replace("{CODEX_HOME}", home).replace("{CWD}", cwd)
+    body: dict[str, Any] = json.loads(text.replace("{DATE}", date))
+    if lite:
+        body["tools"] = [
+            t for t in body["tools"] if t.get("name") in ("exec_command", "apply_patch")
+        ]
+        body["input"] = [
+            {
+                "type": "message",
+                "role": "developer",
+                "content": "You are a coding agent running in the Codex CLI.",
+            },
+            body["input"][-1],
+        ]
+    return body
+
+
+def codex_exec_output(v: Values, body: str) -> str:
+    noise = PYENV_NOISE if v.rng.random() < 0.5 else ""
+    return CODEX_EXEC_OUTPUT.format(
+        chunk=f"{v.rng.randrange(16**6):06x}",
+        t=f"{v.rng.uniform(0, 1):.4f}",
+        count=v.rng.randint(1, 400),
+        noise=noise,
+        body=body,
+    )
+
+
+def codex_home(v: Values) -> str:
+    return f"/tmp/pytest-of-root/pytest-{v.rng.randint(0, 99)}/codex-home{v.rng.randint(0, 9)}"
+
+
+def family_codex(
+    enc: HarmonyEncoding, v: Values, date: str, home: str, cwd: str, *, lite: bool = False
+) -> Sequence:
+    """Codex-shaped work: read a file with exec_command, edit it with apply_patch, a final.
+
+    Full-size conversations come in groups sharing date, CODEX_HOME and cwd, hence the same
+    ≈7.6k-token start (the trainer computes it once per group).
+    """
+    body = codex_head(date, home, cwd, lite)
+    kind = v.rng.choices(["edit", "run", "answer"], weights=[6, 2, 1])[0]
+    path = v.filename()
+    lines = [v.line() for _ in range(v.rng.randint(1, 6))]
+    target = v.rng.randrange(len(lines))
+    old, new = lines[target], v.line()
+    if kind == "edit":
+        ask = v.rng.choice(
+            [
+                f"In {path}, change the line `{old}` to `{new}`.",
+                f"In {path}, replace `{old}` with `{new}`.",
+                f"Edit {path}: change `{old}` to `{new}`.",
+            ]
+        )
+    elif kind == "run":
+        command = v.command(path)
+        ask = v.rng.choice([f"Run `{command}`.", f"Run {command} and tell me the output."])
+    else:
+        phrase = v.phrase(1, 3)
+        ask = v.rng.choice([f"Say {phrase}.", "Say done."])
+    body["input"] = [*body["input"], {"type": "message", "role": "user", "content": ask}]
+    request = ResponsesRequest.model_validate(body)
+    tr = to_transcript(request, tuple(to_items(request.input)), "medium", date)
+    head = head_tokens(enc, tr)
+    prompt = render(enc, tr)
+    assert prompt[: len(head)] == head
+    b = Builder(enc, ("codexlite-" if lite else "codex-") + kind, prompt, 0 if lite else len(head))
+    pre = (
+        preamble(v.rng.choice(["Reading the file first.", f"Let me look at {path}."]))
+        if (v.rng.random() < 0.3)
+        else ""
+    )
+    if kind == "answer":
+        b.turn(analysis("Answer directly.") + final("done" if ask == "Say done." else phrase))
+        return b.seq
+    if kind == "run":
+        b.turn(
+            analysis("Run the command.") + call_text("exec_command", args_json({"cmd": command}))
+        )
+        out = "\n".join(v.phrase(1, 3) for _ in range(v.rng.randint(1, 3))) + "\n"
+        b.tool_output(ToolResult("call_1", codex_exec_output(v, out), "exec_command"))
+        first = out.splitlines()[0]
+        b.turn(
+            analysis("Report the output.")
+            + final(v.rng.choice([f"The command printed {first}.", f"Output: {first}"]))
+        )
+        return b.seq
+    b.turn(
+        analysis(f"Read {path} first.")
+        + pre
+        + call_text("exec_command", args_json({"cmd": f"cat {path}"}))
+    )
+    content = "\n".join(lines) + "\n"
+    b.tool_output(ToolResult("call_1", codex_exec_output(v, content), "exec_command"))
+    patch = f"*** Begin Patch\n*** Update File: {path}\n@@\n-{old}\n+{new}\n*** End Patch\n"
+    b.turn(analysis("Now apply the edit.") + call_text("apply_patch", args_json({"input": patch})))
+    out = CODEX_PATCH_OUTPUT.format(t=f"{v.rng.uniform(0, 1):.1f}", path=path)
+    b.tool_output(ToolResult("call_2", out, "apply_patch"))
+    b.turn(
+        analysis("The edit applied.")
+        + final(v.rng.choice([f"Updated {path}.", f"Changed {path}."]))
+    )
+    return b.seq
+
+
+FAMILIES = {"answer": 2, "call": 4, "codexlite": 3}
+CODEX_GROUP = 4
+
+
+def generate(
+    enc: HarmonyEncoding, words: list[str], n: int, n_codex_groups: int, seed: int
+) -> list[Sequence]:
+    """n generic conversations, then n_codex_groups groups of CODEX_GROUP Codex ones."""
+    v = Values(random.Random(seed), words)
+    names = list(FAMILIES)
+    weights = [FAMILIES[k] for k in names]
+    out = []
+    for _ in range(n):
+        family = v.rng.choices(names, weights)[0]
+        if family == "answer":
+            out.append(family_answer(enc, v))
+        elif family == "call":
+            out.append(family_call(enc, v))
+        else:
+            out.append(family_codex(enc, v, date_of(v), codex_home(v), codex_cwd(v), lite=True))
+    for _ in range(n_codex_groups):
+        date, home, cwd = date_of(v), codex_home(v), codex_cwd(v)
+        out.extend(family_codex(enc, v, date, home, cwd) for _ in range(CODEX_GROUP))
+    return out
+
+
+def pack(seqs: list[Sequence]) -> dict[str, np.ndarray]:
+    """Flat arrays: tokens, mask, and per sequence offset, length, head, prompt, family."""
+    lengths = np.array([len(s.tokens) for s in seqs], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    fams = sorted({s.family for s in seqs})
+    return {
+        "tokens": np.concatenate([np.array(s.tokens, dtype=np.int32) for s in seqs]),
+        "mask": np.concatenate([np.array(s.mask, dtype=bool) for s in seqs]),
+        "offsets": offsets,
+        "lengths": lengths,
+        "heads": np.array([s.head for s in seqs], dtype=np.int64),
+        "prompts": np.array([s.prompt for s in seqs], dtype=np.int64),
+        "families": np.array([fams.index(s.family) for s in seqs], dtype=np.int64),
+        "family_names": np.array(fams),
+    }
+
+
+def trainable_ids(enc: HarmonyEncoding, tokens: np.ndarray, words: set[str]) -> np.ndarray:
+    """Tokens of the corpus whose rows are learned: all but the value words (bare or after a
+    space or separator), which keep their fixed random rows like every unseen token."""
+    keep = []
+    for t in np.unique(tokens):
+        if int(t) >= 199998:
+            keep.append(int(t))
+            continue
+        try:
+            text = enc.decode_utf8([int(t)])
+        except Exception:
+            text = ""
+        if re.sub(r"^[ _/.\-]", "", text) not in words:
+            keep.append(int(t))
+    return np.array(sorted(keep), dtype=np.int64)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--n", type=int, default=20000)
+    parser.add_argument("--codex-groups", type=int, default=1500)
+    parser.add_argument("--n-eval", type=int, default=100)
+    parser.add_argument("--codex-groups-eval", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    enc = encoding()
+    train_words, held_words = word_pool(enc)
+    train = generate(enc, train_words, args.n, args.codex_groups, args.seed)
+    held = generate(enc, held_words, args.n_eval, args.codex_groups_eval, args.seed + 1)
+    arrays = {f"train_{k}": a for k, a in pack(train).items()}
+    arrays |= {f"eval_{k}": a for k, a in pack(held).items()}
+    arrays["train_words"] = np.array(train_words)
+    arrays["held_words"] = np.array(held_words)
+    words = set(train_words) | set(held_words)
+    arrays["trainable_ids"] = trainable_ids(enc, arrays["train_tokens"], words)
+    np.savez_compressed(args.out, **arrays)  # type: ignore[arg-type]
+    print(
+        json.dumps(
+            {
+                "train": len(train),
+                "eval": len(held),
+                "train_words": len(train_words),
+                "held_words": len(held_words),
+                "trainable": len(arrays["trainable_ids"]),
+                "tokens": int(arrays["train_tokens"].size),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,409 @@
+"""Model: gpt-oss as llama.cpp computes it, in torch (training only; never imported by `server`).
+
+The blocks follow llama.cpp's gpt-oss graph (src/models/openai-moe.cpp): RMS norm, attention
+with Q/K/V/O biases, NEOX RoPE with YaRN scaling (ggml's `rope_yarn`), learned attention sinks,
+sliding-window attention on even layers and full attention on odd ones, then RMS norm and a
+mixture of experts: router logits, top-k by logit, softmax over the chosen k, and gpt-oss's
+clamped SwiGLU (`swiglu_oai`: gate clamped above at 7, up clamped to [-7, 7], then
+x·sigmoid(1.702x)·(up+1)).
+
+The exported tensors are exactly what this module computes with: expert weights pass through
+MXFP4 fake quantization (straight-through), token embeddings are f16-rounded and tied to the
+output matrix. Rows of tokens the corpus does not train are fixed random vectors (from a seed),
+so the model can copy tokens it never saw.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F  # noqa: N812
+from torch import Tensor, nn
+
+N_VOCAB = 201088
+SLIDING_WINDOW = 128
+ROPE_FREQ_BASE = 150000.0
+YARN_FACTOR = 32.0
+YARN_ORIG_CONTEXT = 4096
+YARN_BETA_FAST = 32.0
+YARN_BETA_SLOW = 1.0
+RMS_EPS = 1e-5
+SWIGLU_ALPHA = 1.702
+SWIGLU_LIMIT = 7.0
+MXFP4_VALUES = (
+    0.0,
+    1.0,
+    2.0,
+    3.0,
+    4.0,
+    6.0,
+    8.0,
+    12.0,
+    0.0,
+    -1.0,
+    -2.0,
+    -3.0,
+    -4.0,
+    -6.0,
+    -8.0,
+    -12.0,
+)
+QK = 32
+
+
+@dataclass(frozen=True)
+class Dims:
+    n_layer: int = 2
+    n_embd: int = 128
+    n_head: int = 4
+    n_head_kv: int = 2
+    head_dim: int = 32
+    n_expert: int = 4
+    n_expert_used: int = 2
+    n_ff_exp: int = 64
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def random_rows(seed: int, n_embd: int) -> np.ndarray:
+    """The fixed embedding of every token (f16): rows the corpus does not train keep these."""
+    rng = np.random.default_rng([seed, 7])
+    return rng.standard_normal((N_VOCAB, n_embd), dtype=np.float32).astype(np.float16)
+
+
+# ----------------------------------------------------------------------------- quantization
+
+
+def mxfp4_exponents(w: Tensor) -> Tensor:
+    """Per 32-block (last dim) shared exponent: the smallest 2^k with max|w| / 2^k <= 12."""
+    blocks = w.reshape(*w.shape[:-1], -1, QK)
+    amax = blocks.abs().amax(-1).clamp_min(1e-30)
+    return torch.ceil(torch.log2(amax / 12.0)).clamp(-127, 127)
+
+
+def mxfp4_codes(w: Tensor) -> tuple[Tensor, Tensor]:
+    """(nibble codes, exponents): nearest representable value per element."""
+    exp = mxfp4_exponents(w)
+    blocks = w.reshape(*w.shape[:-1], -1, QK) / torch.exp2(exp)[..., None]
+    table = torch.tensor(MXFP4_VALUES[:8])
+    idx = (blocks.abs()[..., None] - table).abs().argmin(-1)
+    codes = torch.where((blocks < 0) & (idx > 0), idx + 8, idx)
+    return codes.reshape(w.shape), exp
+
+
+def mxfp4_dequant(codes: Tensor, exp: Tensor) -> Tensor:
+    table = torch.tensor(MXFP4_VALUES)
+    values = table[codes].reshape(*codes.shape[:-1], -1, QK) * torch.exp2(exp)[..., None]
+    return values.reshape(codes.shape)
+
+
+def fake_mxfp4(w: Tensor) -> Tensor:
+    """w rounded to MXFP4 in the forward pass, identity in the backward pass."""
+    with torch.no_grad():
+        q = mxfp4_dequant(*mxfp4_codes(w))
+    return w + (q - w).detach()
+
+
+def fake_f16(w: Tensor) -> Tensor:
+    return w + (w.half().float() - w).detach()
+
+
+# ----------------------------------------------------------------------------- rope
+
+
+def yarn_tables(dims: Dims, positions: Tensor, attn_factor: float = 1.0) -> tuple[Tensor, Tensor]:
+    """cos/sin (times YaRN's mscale) for NEOX rotation, as ggml's rope_yarn computes them."""
+    n = dims.head_dim
+
+    def corr_dim(n_rot: float) -> float:
+        return (
+            n * math.log(YARN_ORIG_CONTEXT / (n_rot * 2 * math.pi)) / (2 * math.log(ROPE_FREQ_BASE))
+        )
+
+    low = max(0.0, math.floor(corr_dim(YARN_BETA_FAST)))
+    high = min(n - 1.0, math.ceil(corr_dim(YARN_BETA_SLOW)))
+    i0 = torch.arange(0, n, 2, dtype=torch.float64)
+    theta_scale = ROPE_FREQ_BASE ** (-2.0 / n)
+    inv = theta_scale ** (i0 / 2)
+    freq_scale = 1.0 / YARN_FACTOR
+    y = (i0 / 2 - low) / max(0.001, high - low)
+    ramp = 1 - torch.clamp(y, 0, 1)
+    extrap = positions.double()[:, None] * inv[None, :]
+    theta = freq_scale * extrap * (1 - ramp) + extrap * ramp
+    mscale = attn_factor * (1.0 + 0.1 * math.log(1.0 / freq_scale))
+    return (torch.cos(theta) * mscale).float(), (torch.sin(theta) * mscale).float()
+
+
+def rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x: (..., T, head_dim); NEOX: pairs (i, i + head_dim/2)."""
+    half = x.shape[-1] // 2
+    a, b = x[..., :half], x[..., half:]
+    return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
+
+
+# ----------------------------------------------------------------------------- blocks
+
+
+def rms_norm(x: Tensor, weight: Tensor) -> Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + RMS_EPS) * weight
+
+
+class Layer(nn.Module):
+    def __init__(self, dims: Dims, index: int) -> None:
+        super().__init__()
+        d, nq, nkv = dims.n_embd, dims.n_head * dims.head_dim, dims.n_head_kv * dims.head_dim
+        self.dims, self.sliding = dims, index % 2 == 0
+        self.attn_norm = nn.Parameter(torch.ones(d))
+        self.post_norm = nn.Parameter(torch.ones(d))
+        self.wq, self.wk, self.wv = nn.Linear(d, nq), nn.Linear(d, nkv), nn.Linear(d, nkv)
+        self.wo = nn.Linear(nq, d)
+        self.sinks = nn.Parameter(torch.zeros(dims.n_head))
+        self.router = nn.Linear(d, dims.n_expert)
+        e, f = dims.n_expert, dims.n_ff_exp
+        self.gate = nn.Parameter(torch.randn(e, f, d) * d**-0.5)
+        self.up = nn.Parameter(torch.randn(e, f, d) * d**-0.5)
+        self.down = nn.Parameter(torch.randn(e, d, f) * f**-0.5 * 0.5)
+        self.gate_b = nn.Parameter(torch.zeros(e, f))
+        self.up_b = nn.Parameter(torch.zeros(e, f))
+        self.down_b = nn.Parameter(torch.zeros(e, d))
+        for lin in (self.wq, self.wk, self.wv, self.wo, self.router):
+            nn.init.normal_(lin.weight, std=lin.in_features**-0.5)
+            nn.init.zeros_(lin.bias)
+        self.wo.weight.data *= 0.5
+
+    def qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """x: (B, T, d) -> q (B, H, T, hd), k and v (B, Hkv, T, hd), RoPE applied."""
+        dims = self.dims
+        h = rms_norm(x, self.attn_norm)
+        b, t, _ = x.shape
+        q = self.wq(h).view(b, t, dims.n_head, dims.head_dim).transpose(1, 2)
+        k = self.wk(h).view(b, t, dims.n_head_kv, dims.head_dim).transpose(1, 2)
+        v = self.wv(h).view(b, t, dims.n_head_kv, dims.head_dim).transpose(1, 2)
+        return rope(q, cos, sin), rope(k, cos, sin), v
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """Softmax attention with a sink logit per head; positions give the causal/SWA mask.
+
+        The sink is one more key, scored `sinks[h]` by every query (an extra dimension: 1 in
+        the queries, sinks * sqrt(head_dim) in the sink key, 0 elsewhere) with a zero value.
+        """
+        dims = self.dims
+        rep = dims.n_head // dims.n_head_kv
+        b, _, t, hd = q.shape
+        k = k.repeat_interleave(rep, dim=1).expand(b, -1, -1, -1)
+        v = v.repeat_interleave(rep, dim=1).expand(b, -1, -1, -1)
+        n_k = k.shape[2]
+        scale = hd**-0.5
+        ones = torch.ones(b, dims.n_head, t, 1)
+        q2 = torch.cat([q, ones], dim=-1)
+        sink_k = torch.zeros(b, dims.n_head, 1, hd + 1)
+        sink_k = sink_k + F.pad((self.sinks / scale).view(1, -1, 1, 1), (hd, 0))
+        k2 = torch.cat([F.pad(k, (0, 1)), sink_k], dim=2)
+        v2 = torch.cat([v, torch.zeros(b, dims.n_head, 1, hd)], dim=2)
+        dist = q_pos[:, None] - k_pos[None, :]
+        allowed = dist >= 0
+        if self.sliding:
+            allowed &= dist < SLIDING_WINDOW
+        allowed = torch.cat([allowed, torch.ones(t, 1, dtype=torch.bool)], dim=1)
+        del n_k
+        return F.scaled_dot_product_attention(q2, k2, v2, attn_mask=allowed, scale=scale)
+
+    cache: tuple[Tensor, Tensor, Tensor] | None = None
+
+    def quantized(self) -> tuple[Tensor, Tensor, Tensor]:
+        """The experts' MXFP4 weights (straight-through); cached while GptOss.step() lasts."""
+        if self.cache is not None:
+            return self.cache
+        return fake_mxfp4(self.gate), fake_mxfp4(self.up), fake_mxfp4(self.down)
+
+    def moe(self, x: Tensor) -> Tensor:
+        dims = self.dims
+        h = rms_norm(x, self.post_norm)
+        logits = self.router(h)
+        top, idx = logits.topk(dims.n_expert_used, dim=-1)
+        weights = torch.softmax(top, dim=-1)
+        gate, up, down = self.quantized()
+        # all experts on every token (cheaper than gathering at this size), weights 0 off top-k
+        w = torch.zeros_like(logits).scatter(-1, idx, weights)
+        g = (torch.einsum("btd,efd->btef", h, gate) + self.gate_b).clamp(max=SWIGLU_LIMIT)
+        u = (torch.einsum("btd,efd->btef", h, up) + self.up_b).clamp(-SWIGLU_LIMIT, SWIGLU_LIMIT)
+        act = g * torch.sigmoid(SWIGLU_ALPHA * g) * (u + 1)
+        y = torch.einsum("btef,edf->bted", act, down) + self.down_b
+        out = (y * w[..., None]).sum(2)
+        return out.view_as(x)
+
+
+class GptOss(nn.Module):
+    """The whole model. `trainable` lists the token ids whose embedding rows are learned."""
+
+    def __init__(self, dims: Dims, trainable: np.ndarray, seed: int, attn_factor: float = 1.0):
+        super().__init__()
+        self.dims, self.attn_factor, self.seed = dims, attn_factor, seed
+        fixed = torch.from_numpy(random_rows(seed, dims.n_embd).astype(np.float32))
+        self.register_buffer("fixed", fixed, persistent=False)
+        ids = torch.from_numpy(trainable.astype(np.int64))
+        self.register_buffer("trainable_ids", ids, persistent=False)
+        slot = torch.full((N_VOCAB,), -1, dtype=torch.int64)
+        slot[ids] = torch.arange(len(ids))
+        self.register_buffer("slot", slot, persistent=False)
+        self.rows = nn.Parameter(fixed[ids].clone())
+        self.layers = nn.ModuleList(Layer(dims, i) for i in range(dims.n_layer))
+        self.out_norm = nn.Parameter(torch.full((dims.n_embd,), 0.05))
+
+    def quantize(self, on: bool) -> None:
+        """Compute the experts' MXFP4 weights once for the coming forward passes (or drop them)."""
+        for layer in self.layers:
+            layer.cache = layer.quantized() if on else None
+
+    def embed(self, ids: Tensor) -> Tensor:
+        """Embedding rows (f16-rounded) of ids: learned where trainable, fixed otherwise."""
+        s = self.slot[ids]
+        learned = fake_f16(self.rows)[s.clamp_min(0)]
+        return torch.where((s >= 0)[..., None], learned, self.fixed[ids])
+
+    def full_matrix(self) -> Tensor:
+        m = self.fixed.clone()
+        m[self.trainable_ids] = self.rows.detach().half().float()
+        return m
+
+    def hidden(
+        self, ids: Tensor, start: int = 0, past: list[tuple[Tensor, Tensor]] | None = None
+    ) -> tuple[Tensor, list[tuple[Tensor, Tensor]]]:
+        """Final normed hidden states of ids (B, T) at positions start.., after `past` keys.
+
+        past holds per layer (k, v) of the `start` positions before (shared by the batch: B=1
+        tensors broadcast). Returns the states and this call's own (k, v) per layer.
+        """
+        b, t = ids.shape
+        x = self.embed(ids)
+        q_pos = torch.arange(start, start + t)
+        cos, sin = yarn_tables(self.dims, q_pos, self.attn_factor)
+        own: list[tuple[Tensor, Tensor]] = []
+        for i, layer in enumerate(self.layers):
+            q, k, v = layer.qkv(x, cos, sin)
+            own.append((k, v))
+            if past is not None and start > 0:
+                pk, pv = past[i]
+                keep = SLIDING_WINDOW if layer.sliding else start
+                pk, pv = pk[:, :, -keep:], pv[:, :, -keep:]
+                k_all = torch.cat([pk.expand(b, -1, -1, -1), k], dim=2)
+                v_all = torch.cat([pv.expand(b, -1, -1, -1), v], dim=2)
+                k_pos = torch.arange(start - pk.shape[2], start + t)
+            else:
+                k_all, v_all, k_pos = k, v, q_pos
+            att = layer.attend(q, k_all, v_all, q_pos, k_pos)
+            att = att.transpose(1, 2).reshape(b, t, -1)
+            x = x + layer.wo(att)
+            x = x + layer.moe(x)
+        return rms_norm(x, self.out_norm), own
+
+    def prefix_cache(self, ids: Tensor, chunk: int = 1024) -> list[tuple[Tensor, Tensor]]:
+        """(k, v) of every layer for a prompt prefix (1, T), computed in chunks."""
+        cache: list[tuple[Tensor, Tensor]] | None = None
+        for s in range(0, ids.shape[1], chunk):
+            _, own = self.hidden(ids[:, s : s + chunk], s, cache)
+            if cache is None:
+                cache = own
+            else:
+                cache = [
+                    (torch.cat([ck, k], 2), torch.cat([cv, v], 2))
+                    for (ck, cv), (k, v) in zip(cache, own, strict=True)
+                ]
+        assert cache is not None
+        return cache
+
+    def logits_of(self, h: Tensor, candidates: Tensor) -> Tensor:
+        return h @ self.embed(candidates).T
+
+    def greedy(self, prompt: list[int], max_new: int, stop: set[int]) -> list[int]:
+        """Greedy decoding over the full vocabulary (the reference for llama.cpp's tokens)."""
+        with torch.no_grad():
+            return self._greedy(prompt, max_new, stop)
+
+    def _greedy(self, prompt: list[int], max_new: int, stop: set[int]) -> list[int]:
+        full = self.full_matrix()
+        self.quantize(True)
+        ids = torch.tensor([prompt])
+        cache = self.prefix_cache(ids[:, :-1]) if len(prompt) > 1 else None
+        pos = len(prompt) - 1
+        cur = ids[:, -1:]
+        out: list[int] = []
+        for _ in range(max_new):
+            h, own = self.hidden(cur, pos, cache)
+            nxt = int(torch.argmax(h[0, -1] @ full.T))
+            out.append(nxt)
+            if nxt in stop:
+                break
+            cache = (
+                own
+                if cache is None
+                else [
+                    (torch.cat([ck, k], 2), torch.cat([cv, v], 2))
+                    for (ck, cv), (k, v) in zip(cache, own, strict=True)
+                ]
+            )
+            pos += 1
+            cur = torch.tensor([[nxt]])
+        self.quantize(False)
+        return out
+
+
+def sampled_loss(
+    model: GptOss, h: Tensor, targets: Tensor, n_negatives: int, generator: torch.Generator
+) -> Tensor:
+    """Cross-entropy of the full-vocabulary softmax, estimated with a sampled softmax.
+
+    Candidates: every distinct target of the batch (exact logits) plus n_negatives tokens drawn
+    uniformly from all the others, whose exp-logits stand for all the others (logit shifted by
+    ln(others / n_negatives)). h: (N, d) states at target positions, targets: (N,).
+    """
+    uniq, inverse = torch.unique(targets, return_inverse=True)
+    others = N_VOCAB - len(uniq)
+    draw = torch.randint(0, N_VOCAB, (n_negatives * 2,), generator=generator)
+    draw = draw[~torch.isin(draw, uniq)][:n_negatives]
+    cand = torch.cat([uniq, draw])
+    logits = model.logits_of(h, cand)
+    shift = torch.zeros(len(cand))
+    shift[len(uniq) :] = math.log(others / max(1, len(draw)))
+    return F.cross_entropy(logits + shift, inverse)
+
+
+def from_params(path: str, attn_factor: float | None = None) -> GptOss:
+    """A model with the exported parameters (params.npz), experts as their MXFP4 values."""
+    import json as _json
+
+    data = np.load(path)
+    dims = Dims(**_json.loads(str(data["dims"])))
+    factor = float(data["attn_factor"]) if attn_factor is None else attn_factor
+    model = GptOss(dims, data["trainable_ids"].astype(np.int64), int(data["seed"]), factor)
+
+    def t(key: str) -> Tensor:
+        return torch.from_numpy(np.asarray(data[key], dtype=np.float32))
+
+    with torch.no_grad():
+        model.rows.copy_(t("rows"))
+        model.out_norm.copy_(t("output_norm"))
+        for i, layer in enumerate(model.layers):
+            p = f"blk.{i}."
+            for name, lin in (
+                ("q", layer.wq),
+                ("k", layer.wk),
+                ("v", layer.wv),
+                ("o", layer.wo),
+                ("router", layer.router),
+            ):
+                lin.weight.copy_(t(p + name))
+                lin.bias.copy_(t(p + name + "_b"))
+            layer.attn_norm.copy_(t(p + "attn_norm"))
+            layer.post_norm.copy_(t(p + "post_norm"))
+            layer.sinks.copy_(t(p + "sinks"))
+            for name in ("gate", "up", "down"):
+                codes = torch.from_numpy(data[p + name + "_codes"].astype(np.int64))
+                exp = torch.from_numpy(data[p + name + "_exp"].astype(np.float32))
+                getattr(layer, name).copy_(mxfp4_dequant(codes, exp))
+                getattr(layer, name + "_b").copy_(t(p + name + "_b"))
+    return model

@@ -1,0 +1,262 @@
+"""Train: the tiny trained gpt-oss on the harmony corpus, on CPU, deterministic from a seed.
+
+Run in the training environment (torch; see docs/trained-model.md):
+    .venv-train/bin/python -m scripts.train_tiny.train --corpus corpus.npz \
+        --out server/testing/trained/ --minutes 20
+
+Batches alternate between generic conversations (all tokens with gradient) and groups of Codex
+conversations that share their ≈7.6k-token head (system + developer messages): the head's keys
+and values are computed once per group without gradient, the conversations' own tokens attend
+to them with gradient. The loss is the cross-entropy of the full 201,088-token softmax,
+estimated with a sampled softmax (model.sampled_loss). Writes the parameters
+(`params.npz`), greedy reference tokens on held-out prompts (`reference.npz`) and the learning
+curve (--curve, default `artifacts/train_tiny/curve.jsonl`, kept out of git).
+Parameters and reference go into --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+from typing import TextIO
+
+import numpy as np
+import torch
+
+from scripts.train_tiny.model import Dims, GptOss, from_params, mxfp4_codes, sampled_loss
+
+STOP = {200002, 200012}  # <|return|>, <|call|>
+
+
+class Corpus:
+    def __init__(self, data: dict[str, np.ndarray], split: str) -> None:
+        self.tokens = data[f"{split}_tokens"]
+        self.mask = data[f"{split}_mask"]
+        self.offsets = data[f"{split}_offsets"]
+        self.lengths = data[f"{split}_lengths"]
+        self.heads = data[f"{split}_heads"]
+        self.prompts = data[f"{split}_prompts"]
+        self.families = data[f"{split}_families"]
+        self.family_names = [str(x) for x in data[f"{split}_family_names"]]
+
+    def seq(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        o, n = self.offsets[i], self.lengths[i]
+        return self.tokens[o : o + n], self.mask[o : o + n]
+
+
+def batch_loss(
+    model: GptOss,
+    corpus: Corpus,
+    idx: list[int],
+    head: int,
+    *,
+    negatives: int,
+    gen: torch.Generator,
+) -> torch.Tensor:
+    """Loss over the target tokens of sequences idx (sharing their first `head` tokens)."""
+    seqs = [corpus.seq(i) for i in idx]
+    model.quantize(True)
+    past = None
+    if head > 0:
+        with torch.no_grad():
+            past = model.prefix_cache(torch.from_numpy(seqs[0][0][:head].astype(np.int64))[None])
+    width = max(len(t) for t, _ in seqs) - head
+    ids = torch.zeros(len(seqs), width, dtype=torch.int64)
+    tgt_mask = torch.zeros(len(seqs), width, dtype=torch.bool)
+    for r, (t, m) in enumerate(seqs):
+        ids[r, : len(t) - head] = torch.from_numpy(t[head:].astype(np.int64))
+        tgt_mask[r, : len(t) - head] = torch.from_numpy(m[head:])
+    h, _ = model.hidden(ids, head, past)
+    # position p predicts token p + 1
+    sel = tgt_mask[:, 1:]
+    states = h[:, :-1][sel]
+    targets = ids[:, 1:][sel]
+    loss = sampled_loss(model, states, targets, negatives, gen)
+    model.quantize(False)
+    return loss
+
+
+def export(model: GptOss, out: Path, seed: int, trainable: np.ndarray) -> None:
+    """params.npz: everything the GGUF writer needs (server/testing/trained_model.py)."""
+    dims = model.dims
+    arrays: dict[str, np.ndarray] = {
+        "dims": np.array(json.dumps(dims.as_dict())),
+        "seed": np.array(seed),
+        "attn_factor": np.array(model.attn_factor),
+        "trainable_ids": trainable.astype(np.int32),
+        "rows": model.rows.detach().half().numpy(),
+        "output_norm": model.out_norm.detach().numpy(),
+    }
+    for i, layer in enumerate(model.layers):
+        p = f"blk.{i}."
+        for name, lin in (
+            ("q", layer.wq),
+            ("k", layer.wk),
+            ("v", layer.wv),
+            ("o", layer.wo),
+            ("router", layer.router),
+        ):
+            arrays[p + name] = lin.weight.detach().numpy()
+            arrays[p + name + "_b"] = lin.bias.detach().numpy()
+        arrays[p + "attn_norm"] = layer.attn_norm.detach().numpy()
+        arrays[p + "post_norm"] = layer.post_norm.detach().numpy()
+        arrays[p + "sinks"] = layer.sinks.detach().numpy()
+        for name in ("gate", "up", "down"):
+            codes, exp = mxfp4_codes(getattr(layer, name).detach())
+            arrays[p + name + "_codes"] = codes.numpy().astype(np.uint8)
+            arrays[p + name + "_exp"] = exp.numpy().astype(np.int16)
+            arrays[p + name + "_b"] = getattr(layer, name + "_b").detach().numpy()
+    np.savez_compressed(out / "params.npz", **arrays)  # type: ignore[arg-type]
+
+
+def reference(
+    model: GptOss, corpus: Corpus, n_generic: int, n_codex: int, *, max_new: int, out: Path
+) -> dict[str, float]:
+    """Greedy tokens on held-out prompts (first round of each), for the agreement test."""
+    generic = [i for i in range(len(corpus.lengths)) if corpus.heads[i] == 0][:n_generic]
+    codex = [i for i in range(len(corpus.lengths)) if corpus.heads[i] > 0][:n_codex]
+    prompts, outputs, exact = [], [], 0
+    for i in generic + codex:
+        t, _ = corpus.seq(i)
+        p = int(corpus.prompts[i])
+        prompt = [int(x) for x in t[:p]]
+        want = [int(x) for x in t[p:]]
+        end = next((k for k, x in enumerate(want) if x in STOP), len(want) - 1)
+        got = model.greedy(prompt, max_new, STOP)
+        exact += got == want[: end + 1]
+        prompts.append(np.array(prompt, dtype=np.int32))
+        outputs.append(np.array(got, dtype=np.int32))
+    np.savez_compressed(
+        out if out.suffix == ".npz" else out / "reference.npz",
+        prompt_lengths=np.array([len(p) for p in prompts]),
+        prompts=np.concatenate(prompts),
+        output_lengths=np.array([len(o) for o in outputs]),
+        outputs=np.concatenate(outputs),
+    )
+    return {"first_round_exact": exact / len(prompts)}
+
+
+def schedule(peak: float, step: int, warmup: int, done: float) -> float:
+    """Linear warm-up over `warmup` steps, cosine decay to a tenth over the time budget."""
+    return peak * min(1.0, (step + 1) / warmup) * (0.1 + 0.45 * (1 + math.cos(math.pi * done)))
+
+
+def shared_head(corpus: Corpus, group: list[int]) -> int:
+    """How many first tokens all sequences of a Codex group share (their system + developer
+    messages and environment context), leaving at least one token of each."""
+    seqs = [corpus.seq(i)[0] for i in group]
+    head = min(len(t) for t in seqs) - 1
+    for t in seqs[1:]:
+        differs = np.flatnonzero(t[:head] != seqs[0][:head])
+        if differs.size:
+            head = int(differs[0])
+    return head
+
+
+def initial_model(args: argparse.Namespace, trainable: np.ndarray) -> GptOss:
+    """Fresh weights from the seed, or the parameters of an earlier run (--init)."""
+    if args.init is None:
+        return GptOss(Dims(), trainable, args.seed, args.attn_factor)
+    model = from_params(str(args.init))
+    assert np.array_equal(model.trainable_ids.numpy(), trainable), "another corpus"
+    return model
+
+
+def arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--corpus", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--curve", type=Path, default=None)
+    parser.add_argument("--minutes", type=float, default=20.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--negatives", type=int, default=1024)
+    parser.add_argument("--export-every", type=int, default=40, help="steps between exports")
+    parser.add_argument("--lr", type=float, default=5e-3)
+    parser.add_argument("--warmup", type=int, default=30, help="steps of linear warm-up")
+    parser.add_argument("--codex-every", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--max-steps", type=int, default=0)
+    parser.add_argument("--attn-factor", type=float, default=1.0)
+    parser.add_argument("--init", type=Path, default=None, help="start from these params.npz")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = arguments()
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(args.threads)
+    data = dict(np.load(args.corpus))
+    train = Corpus(data, "train")
+    trainable = data["trainable_ids"].astype(np.int64)
+    model = initial_model(args, trainable)
+    args.out.mkdir(parents=True, exist_ok=True)
+    curve_path = args.curve or Path("artifacts/train_tiny/curve.jsonl")
+    curve_path.parent.mkdir(parents=True, exist_ok=True)
+    with curve_path.open("w") as curve:
+        summary = train_loop(args, model, train, curve)
+        export(model, args.out, model.seed, trainable)
+        curve.write(json.dumps({"summary": summary}) + "\n")
+    print(json.dumps(summary), flush=True)
+
+
+def train_loop(
+    args: argparse.Namespace, model: GptOss, train: Corpus, curve: TextIO
+) -> dict[str, object]:
+    """Steps until the time budget (or --max-steps) is spent; one curve row per step."""
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.98))
+    gen = torch.Generator().manual_seed(args.seed)
+    rng = np.random.default_rng(args.seed)
+    generic = np.flatnonzero(train.heads == 0)
+    groups = np.flatnonzero(train.heads > 0).reshape(-1, 4)
+    trainable = model.trainable_ids.numpy()
+    budget = args.minutes * 60
+    start = time.monotonic()
+    step = 0
+    ema: dict[str, float] = {}
+    while True:
+        elapsed = time.monotonic() - start
+        if elapsed > budget or (args.max_steps and step >= args.max_steps):
+            break
+        # by steps when they are given (reproducible), else by the time budget
+        done = step / args.max_steps if args.max_steps else min(1.0, elapsed / budget)
+        lr = schedule(args.lr, step, args.warmup, done)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        if step % args.codex_every == args.codex_every - 1:
+            kind = "codex"
+            grp = [int(i) for i in groups[rng.integers(len(groups))]]
+            head = shared_head(train, grp)
+        else:
+            kind = "generic"
+            grp = [int(i) for i in rng.choice(generic, args.batch, replace=False)]
+            head = 0
+        loss = batch_loss(model, train, grp, head, negatives=args.negatives, gen=gen)
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        value = float(loss.detach())
+        ema[kind] = value if kind not in ema else 0.9 * ema[kind] + 0.1 * value
+        row = {"step": step, "s": round(time.monotonic() - start, 1), "kind": kind}
+        row |= {"loss": round(value, 4), "lr": round(lr, 6)}
+        curve.write(json.dumps(row) + "\n")
+        curve.flush()
+        if step % 20 == 0:
+            print(json.dumps({**row, "ema": {k: round(v, 3) for k, v in ema.items()}}), flush=True)
+        step += 1
+        if step % args.export_every == 0:
+            export(model, args.out, model.seed, trainable)
+    return {
+        "steps": step,
+        "train_seconds": round(time.monotonic() - start, 1),
+        "cpu_seconds": round(time.process_time(), 1),
+        "ema": {k: round(v, 4) for k, v in ema.items()},
+    }
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,164 @@
+"""Trained tiny gpt-oss: assemble its GGUF from the committed parameters (no torch needed).
+
+`trained/params.npz` holds what `scripts/train_tiny/train.py` learned: the layer tensors (the
+experts as their exact MXFP4 codes and block exponents), the output norm, and the embedding rows
+of the tokens the corpus trains. Every other token's row is a fixed random vector regenerated
+here from the stored seed, exactly as training drew it, so the model can copy words it never
+saw. The token embedding (F16) and the output matrix (F32, the same values: tied) cover the
+whole o200k_harmony vocabulary; vocabulary and metadata come from synthetic_gguf's writer.
+
+`trained/reference.npz` holds held-out prompts and the greedy tokens the training model wrote
+for them: the test that llama.cpp, running this GGUF, writes the same tokens.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+
+import gguf
+import numpy as np
+from numpy.typing import NDArray
+
+from server.testing import synthetic_gguf as sg
+
+logger = logging.getLogger(__name__)
+
+DATA_DIR = Path(__file__).parent / "trained"
+PARAMS = DATA_DIR / "params.npz"
+REFERENCE = DATA_DIR / "reference.npz"
+QK = 32
+
+
+def random_rows(seed: int, n_embd: int) -> NDArray[np.float16]:
+    """The fixed embedding of every token (scripts/train_tiny/model.py draws the same)."""
+    rng = np.random.default_rng([seed, 7])
+    return rng.standard_normal((sg.N_VOCAB, n_embd), dtype=np.float32).astype(np.float16)
+
+
+def load_params(path: Path = PARAMS) -> dict[str, NDArray[np.generic]]:
+    with np.load(path) as data:
+        return {k: data[k] for k in data.files}
+
+
+def preset_of(params: dict[str, NDArray[np.generic]]) -> sg.Preset:
+    dims = json.loads(str(params["dims"]))
+    return sg.Preset(
+        "tiny-trained",
+        dims["n_layer"],
+        dims["n_embd"],
+        dims["n_head"],
+        dims["n_head_kv"],
+        dims["head_dim"],
+        dims["n_expert"],
+        dims["n_expert_used"],
+        dims["n_ff_exp"],
+    )
+
+
+def embedding(params: dict[str, NDArray[np.generic]]) -> NDArray[np.float16]:
+    """The whole vocabulary's rows: fixed random, the trained rows put in place."""
+    dims = json.loads(str(params["dims"]))
+    rows = random_rows(int(params["seed"]), dims["n_embd"])
+    rows[params["trainable_ids"].astype(np.int64)] = params["rows"]
+    return rows
+
+
+def mxfp4_bytes(codes: NDArray[np.generic], exponents: NDArray[np.generic]) -> NDArray[np.uint8]:
+    """ggml's MXFP4 blocks: E8M0 byte (value 2^(e-128) per doubled E2M1 step), 16 bytes of
+    nibble pairs (element j low, j + 16 high)."""
+    c = codes.astype(np.uint8).reshape(*codes.shape[:-1], -1, QK)
+    packed = c[..., :16] | (c[..., 16:] << 4)
+    e = (exponents.astype(np.int16) + 128).astype(np.uint8)[..., None]
+    blocks = np.concatenate([e, packed], axis=-1)
+    return np.ascontiguousarray(blocks.reshape(*codes.shape[:-1], -1))
+
+
+Tensor = tuple[str, NDArray[np.generic], "gguf.GGMLQuantizationType | None"]
+
+
+def tensors(params: dict[str, NDArray[np.generic]]) -> list[Tensor]:
+    """(name, data in GGUF byte layout, quantization type; None: plain numpy dtype)."""
+    preset = preset_of(params)
+    emb = embedding(params)
+    out: list[Tensor] = [
+        ("token_embd.weight", emb, None),
+        ("output_norm.weight", params["output_norm"].astype(np.float32), None),
+        ("output.weight", emb.astype(np.float32), None),
+    ]
+
+    def f32(key: str) -> NDArray[np.float32]:
+        return params[key].astype(np.float32)
+
+    for i in range(preset.n_layer):
+        p = f"blk.{i}."
+        out += [
+            (p + "attn_norm.weight", f32(p + "attn_norm"), None),
+            (p + "post_attention_norm.weight", f32(p + "post_norm"), None),
+            (p + "attn_q.weight", f32(p + "q"), None),
+            (p + "attn_q.bias", f32(p + "q_b"), None),
+            (p + "attn_k.weight", f32(p + "k"), None),
+            (p + "attn_k.bias", f32(p + "k_b"), None),
+            (p + "attn_v.weight", f32(p + "v"), None),
+            (p + "attn_v.bias", f32(p + "v_b"), None),
+            (p + "attn_output.weight", f32(p + "o"), None),
+            (p + "attn_output.bias", f32(p + "o_b"), None),
+            (p + "attn_sinks.weight", f32(p + "sinks"), None),
+            (p + "ffn_gate_inp.weight", f32(p + "router"), None),
+            (p + "ffn_gate_inp.bias", f32(p + "router_b"), None),
+        ]
+        for name, key in (("gate", "gate"), ("up", "up"), ("down", "down")):
+            data = mxfp4_bytes(params[p + key + "_codes"], params[p + key + "_exp"])
+            out.append((f"{p}ffn_{name}_exps.weight", data, sg.MXFP4))
+            out.append((f"{p}ffn_{name}_exps.bias", f32(p + key + "_b"), None))
+    return out
+
+
+def write_gguf(path: Path, params_path: Path = PARAMS) -> None:
+    """The trained model as a GGUF at path (not atomic: synthetic_gguf.build_gguf renames)."""
+    params = load_params(params_path)
+    preset = preset_of(params)
+    writer = gguf.GGUFWriter(path, sg.ARCH)
+    writer.add_type(gguf.GGUFType.MODEL)
+    writer.add_name("Gpt Oss Tiny Trained")
+    writer.add_basename("Gpt-Oss")
+    writer.add_finetune("trained")
+    writer.add_size_label(preset.size_label)
+    writer.add_license("apache-2.0")
+    writer.add_description(
+        "Tiny gpt-oss trained on synthetic harmony agent conversations (scripts/train_tiny): "
+        "real architecture and o200k_harmony vocabulary; it copies, it does not know things."
+    )
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_MXFP4_MOE)
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    sg.add_hparams(writer, preset)
+    sg.add_vocab(writer)
+    for name, data, qtype in tensors(params):
+        if qtype is None:
+            writer.add_tensor(name, data)
+        else:
+            writer.add_tensor(name, data, raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def content_hash(params_path: Path = PARAMS) -> str:
+    """Cache key of the trained GGUF: this module, the vocabulary writer and the parameters."""
+    digest = hashlib.sha256(Path(__file__).read_bytes())
+    digest.update(Path(sg.__file__).read_bytes())
+    digest.update(params_path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def load_reference(path: Path = REFERENCE) -> list[tuple[list[int], list[int]]]:
+    """(prompt, greedy tokens of the training model) for each held-out prompt."""
+    with np.load(path) as data:
+        prompts = np.split(data["prompts"], np.cumsum(data["prompt_lengths"])[:-1])
+        outputs = np.split(data["outputs"], np.cumsum(data["output_lengths"])[:-1])
+    return [
+        ([int(x) for x in p], [int(x) for x in o]) for p, o in zip(prompts, outputs, strict=True)
+    ]

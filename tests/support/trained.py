@@ -1,0 +1,55 @@
+"""The server on the trained tiny gpt-oss (the `trained` preset), for unscripted agent tests.
+
+Nothing is forced: a ForcedScript with an empty queue only records the prompts. The server is
+greedy by default (temperature 0: clients that send none get the same tokens every run).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from openai_harmony import HarmonyEncoding
+
+from server.app import create_app
+from server.engine.base import EngineConfig
+from server.engine.llama import LlamaEngine
+from server.ops.config import Settings
+from server.ops.runtime import Runtime
+from server.testing.forced import ForcedScript
+from server.testing.synthetic_gguf import TRAINED, cached_gguf
+from tests.support.responses import StreamRecorder, served
+
+MODEL = "gpt-oss-trained"
+
+
+@dataclass
+class TrainedServer:
+    url: str  # .../v1
+    recorder: StreamRecorder
+    prompts: ForcedScript  # records every generation's prompt; never forces anything
+
+
+@contextmanager
+def trained_server(
+    encoding: HarmonyEncoding, store_dir: Path, n_ctx: int
+) -> Iterator[TrainedServer]:
+    logging.getLogger("llama_cpp").setLevel(logging.WARNING)
+    hook = ForcedScript(encoding)
+    config = EngineConfig(model_path=str(cached_gguf(TRAINED)), n_ctx=n_ctx, n_threads=2)
+    engine = LlamaEngine(config, sampling_hook=hook)
+    runtime = Runtime(engine=engine, encoding=encoding, model_name=MODEL)
+    settings = Settings(
+        responses_store_path=store_dir / "responses.sqlite3",
+        responses_keepalive_s=1.0,
+        temperature=0.0,
+    )
+    recorder = StreamRecorder(create_app(settings, runtime))
+    try:
+        with served(recorder) as url:
+            yield TrainedServer(url, recorder, hook)
+    finally:
+        engine.close()
