@@ -45,8 +45,8 @@ from scripts.train_tiny.corpus import (
 from server.app import create_app
 from server.engine.base import EngineConfig
 from server.engine.llama import LlamaEngine
-from server.ops.config import Settings
 from server.ops.runtime import Runtime
+from server.ops.settings import Settings
 from server.testing.synthetic_gguf import TRAINED, cached_gguf
 
 MAX_TOKENS = 300

@@ -17,8 +17,8 @@ from openai_harmony import HarmonyEncoding
 from server.app import create_app
 from server.engine.base import EngineConfig
 from server.engine.llama import LlamaEngine
-from server.ops.config import Settings
 from server.ops.runtime import Runtime
+from server.ops.settings import Settings
 from server.testing.forced import ForcedScript
 from server.testing.synthetic_gguf import TRAINED, cached_gguf
 from tests.support.responses import StreamRecorder, served
