@@ -170,10 +170,20 @@ class Layer(nn.Module):
         self.gate_b = nn.Parameter(torch.zeros(e, f))
         self.up_b = nn.Parameter(torch.zeros(e, f))
         self.down_b = nn.Parameter(torch.zeros(e, d))
-        for lin in (self.wq, self.wk, self.wv, self.wo, self.router):
+        for _, lin in self.linears():
             nn.init.normal_(lin.weight, std=lin.in_features**-0.5)
             nn.init.zeros_(lin.bias)
         self.wo.weight.data *= 0.5
+
+    def linears(self) -> tuple[tuple[str, nn.Linear], ...]:
+        """The layer's linear maps by their names in the parameter file (export and import)."""
+        return (
+            ("q", self.wq),
+            ("k", self.wk),
+            ("v", self.wv),
+            ("o", self.wo),
+            ("router", self.router),
+        )
 
     def qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """x: (B, T, d) -> q (B, H, T, hd), k and v (B, Hkv, T, hd), RoPE applied."""
@@ -389,13 +399,7 @@ def from_params(path: str, attn_factor: float | None = None) -> GptOss:
         model.out_norm.copy_(t("output_norm"))
         for i, layer in enumerate(model.layers):
             p = f"blk.{i}."
-            for name, lin in (
-                ("q", layer.wq),
-                ("k", layer.wk),
-                ("v", layer.wv),
-                ("o", layer.wo),
-                ("router", layer.router),
-            ):
+            for name, lin in layer.linears():
                 lin.weight.copy_(t(p + name))
                 lin.bias.copy_(t(p + name + "_b"))
             layer.attn_norm.copy_(t(p + "attn_norm"))

@@ -92,13 +92,7 @@ def export(model: GptOss, out: Path, seed: int, trainable: np.ndarray) -> None:
     }
     for i, layer in enumerate(model.layers):
         p = f"blk.{i}."
-        for name, lin in (
-            ("q", layer.wq),
-            ("k", layer.wk),
-            ("v", layer.wv),
-            ("o", layer.wo),
-            ("router", layer.router),
-        ):
+        for name, lin in layer.linears():
             arrays[p + name] = lin.weight.detach().numpy()
             arrays[p + name + "_b"] = lin.bias.detach().numpy()
         arrays[p + "attn_norm"] = layer.attn_norm.detach().numpy()
