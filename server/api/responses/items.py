@@ -99,32 +99,43 @@ class Lifecycle:
     final: Callable[[str], str] = _as_written
 
 
+@dataclass(frozen=True)
+class _TextEvents:
+    """The delta and done events of an item's one text part (reasoning text, output text)."""
+
+    delta_type: type[ReasoningTextDelta] | type[OutputTextDelta]
+    done_type: type[ReasoningTextDone] | type[OutputTextDone]
+    part_type: type[ReasoningTextPart] | type[OutputTextPart]
+
+    def delta(self, item: OpenItem, sequence: int, text: str) -> StreamEvent:
+        return self.delta_type(
+            sequence_number=sequence,
+            item_id=item.id,
+            output_index=item.output_index,
+            content_index=0,
+            delta=text,
+        )
+
+    def done(self, item: OpenItem, next_sequence: NextSequence, text: str) -> list[StreamEvent]:
+        done = self.done_type(
+            sequence_number=next_sequence(),
+            item_id=item.id,
+            output_index=item.output_index,
+            content_index=0,
+            text=text,
+        )
+        return [done, _part_done(item, next_sequence(), self.part_type(text=text))]
+
+
+_REASONING_TEXT = _TextEvents(ReasoningTextDelta, ReasoningTextDone, ReasoningTextPart)
+_OUTPUT_TEXT = _TextEvents(OutputTextDelta, OutputTextDone, OutputTextPart)
+
+
 # -------------------------------------------------------------------------- reasoning
 
 
 def _reasoning_part(raw: bool) -> TextPart | None:
     return ReasoningTextPart() if raw else None
-
-
-def _reasoning_delta(item: OpenItem, sequence: int, text: str) -> StreamEvent:
-    return ReasoningTextDelta(
-        sequence_number=sequence,
-        item_id=item.id,
-        output_index=item.output_index,
-        content_index=0,
-        delta=text,
-    )
-
-
-def _reasoning_done(item: OpenItem, next_sequence: NextSequence, text: str) -> list[StreamEvent]:
-    done = ReasoningTextDone(
-        sequence_number=next_sequence(),
-        item_id=item.id,
-        output_index=item.output_index,
-        content_index=0,
-        text=text,
-    )
-    return [done, _part_done(item, next_sequence(), ReasoningTextPart(text=text))]
 
 
 def _reasoning_item(item: OpenItem, status: ItemStatus, text: str, raw: bool) -> OutputItem:
@@ -140,27 +151,6 @@ def _reasoning_item(item: OpenItem, status: ItemStatus, text: str, raw: bool) ->
 
 def _message_part(_: bool) -> TextPart | None:
     return OutputTextPart()
-
-
-def _message_delta(item: OpenItem, sequence: int, text: str) -> StreamEvent:
-    return OutputTextDelta(
-        sequence_number=sequence,
-        item_id=item.id,
-        output_index=item.output_index,
-        content_index=0,
-        delta=text,
-    )
-
-
-def _message_done(item: OpenItem, next_sequence: NextSequence, text: str) -> list[StreamEvent]:
-    done = OutputTextDone(
-        sequence_number=next_sequence(),
-        item_id=item.id,
-        output_index=item.output_index,
-        content_index=0,
-        text=text,
-    )
-    return [done, _part_done(item, next_sequence(), OutputTextPart(text=text))]
 
 
 def _message_item(item: OpenItem, status: ItemStatus, text: str, _: bool) -> OutputItem:
@@ -255,9 +245,11 @@ def _namespace(target: ToolTarget) -> str | None:
 
 LIFECYCLES: dict[ItemKind, Lifecycle] = {
     "reasoning": Lifecycle(
-        "rs_", _reasoning_part, _reasoning_delta, _reasoning_done, _reasoning_item
+        "rs_", _reasoning_part, _REASONING_TEXT.delta, _REASONING_TEXT.done, _reasoning_item
     ),
-    "message": Lifecycle("msg_", _message_part, _message_delta, _message_done, _message_item),
+    "message": Lifecycle(
+        "msg_", _message_part, _OUTPUT_TEXT.delta, _OUTPUT_TEXT.done, _message_item
+    ),
     "function_call": Lifecycle(
         "fc_", _no_part, _arguments_delta, _arguments_done, _function_call_item
     ),
