@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +66,7 @@ from server.harmony.render import assistant_start_tokens
 from tests.support.anthropic import check_messages_sse
 from tests.support.chat_grammar import check_chat_body, check_chat_stream
 from tests.support.event_grammar import check_stream
+from tests.support.generation import Generation
 from tests.support.sse import parse_sse
 
 pytestmark = pytest.mark.slow  # hypothesis runs thousands of token sequences
@@ -190,17 +191,6 @@ def mutate(samples: Sequence[list[int]], base: int, mutations: Sequence[Mutation
 # ------------------------------------------------------------------------------ the pipeline
 
 
-class _Events:
-    """A finished generation's events, replayed as `Prepared.events()` would yield them."""
-
-    def __init__(self, events: Sequence[GenerationEvent]) -> None:
-        self._events = events
-
-    async def events(self) -> AsyncIterator[GenerationEvent]:
-        for event in self._events:
-            yield event
-
-
 ENGINE_STOPS = {  # why the engine stopped when no stop token ended the output
     FinishReason.LENGTH: StopReason.MAX_TOKENS,
     FinishReason.CANCELLED: StopReason.CANCELLED,
@@ -284,7 +274,7 @@ def check_chat(
 
     def run(include_usage: bool) -> tuple[ChatEmitter, list[ChatEvent]]:
         emitter = ChatEmitter(factory, include_reasoning, include_usage=include_usage)
-        chat_run = StreamRun(_Events(events), emitter, name="completion chatcmpl-fuzz")
+        chat_run = StreamRun(Generation(events), emitter, name="completion chatcmpl-fuzz")
 
         async def collect() -> list[ChatEvent]:
             return [event async for event in chat_run.events()]
@@ -324,7 +314,7 @@ def check_responses(
         finished.append((fold_response(last), list(ended)))
 
     async def collect() -> list[Any]:
-        run = StreamRun(_Events(events), emitter, name="response resp_fuzz", finish=finish)
+        run = StreamRun(Generation(events), emitter, name="response resp_fuzz", finish=finish)
         return [event async for event in run.events()]
 
     stream_events = loop.run_until_complete(collect())
@@ -359,7 +349,7 @@ def check_messages(
     )
 
     async def collect() -> list[MessageEvent]:
-        run = StreamRun(_Events(events), emitter, name="message msg_fuzz")
+        run = StreamRun(Generation(events), emitter, name="message msg_fuzz")
         return [event async for event in run.events()]
 
     streamed = loop.run_until_complete(collect())

@@ -5,7 +5,6 @@ stream just stops. (The Responses emitter's run: tests/unit/api/responses/test_s
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -28,6 +27,7 @@ from server.contracts.events import (
     SegmentStart,
 )
 from tests.support.chat_grammar import check_chat_stream
+from tests.support.generation import Generation
 from tests.support.sse import parse_sse
 
 ANSWER: list[GenerationEvent] = [
@@ -36,20 +36,6 @@ ANSWER: list[GenerationEvent] = [
     SegmentDelta(0, SegmentKind.FINAL, " there"),
     SegmentEnd(0, SegmentKind.FINAL, "Hi there", (1, 2, 3)),
 ]
-
-
-class Generation:
-    """A producer of generation events that may fail after them (as a decoder bug would)."""
-
-    def __init__(self, events: list[GenerationEvent], error: Exception | None = None) -> None:
-        self._events = events
-        self._error = error
-
-    async def events(self) -> AsyncIterator[GenerationEvent]:
-        for event in self._events:
-            yield event
-        if self._error is not None:
-            raise self._error
 
 
 def run_all(run: StreamRun[Any]) -> list[Any]:

@@ -20,6 +20,7 @@ from server.contracts.events import (
     SegmentStart,
 )
 from tests.support.event_grammar import CheckedStream, check_stream
+from tests.support.generation import Generation
 
 
 class SlowSource:
@@ -85,20 +86,6 @@ def test_leaving_between_events_closes_the_generation() -> None:
 
     asyncio.run(consume_one())
     assert source.ended == "closed"
-
-
-class Generation:
-    """What Prepared.events() yields, scripted, to drive StreamRun's own logic."""
-
-    def __init__(self, events: list[GenerationEvent], error: Exception | None = None) -> None:
-        self._events = events
-        self._error = error
-
-    async def events(self) -> AsyncIterator[GenerationEvent]:
-        for event in self._events:
-            yield event
-        if self._error is not None:
-            raise self._error
 
 
 def run_response(
