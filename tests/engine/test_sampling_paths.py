@@ -11,6 +11,7 @@ picked from the same logits.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,11 +33,11 @@ PROMPT = [200006, 17360, 200008, 12194]  # <|start|>user<|message|>...
 DIGITS = "root ::= [0-9]+"
 TOP, SECOND = 1000, 2000  # the two likeliest tokens of the fixed logits (not digits)
 TINY = [5e-324, 1e-300, 1e-45, 1e-40, 1e-38]  # 1/T or logits/T overflow (float64 or float32)
-SETTINGS = {
-    "plain": {},
-    "top-k": {"top_k": 40},
-    "top-p": {"top_p": 0.9},
-    "min-p": {"min_p": 0.05},
+SETTINGS = {  # at temperature 1 and seed 3, which the tests replace
+    "plain": SamplingParams(max_tokens=64, seed=3),
+    "top-k": SamplingParams(max_tokens=64, top_k=40, seed=3),
+    "top-p": SamplingParams(max_tokens=64, top_p=0.9, seed=3),
+    "min-p": SamplingParams(max_tokens=64, min_p=0.05, seed=3),
 }
 
 
@@ -85,7 +86,9 @@ def position(ctx: LlamaContext, logits: Floats) -> int:
     return index
 
 
-def pick(ctx: LlamaContext, index: int, params: SamplingParams, script: Script, n: int) -> list[int]:
+def pick(
+    ctx: LlamaContext, index: int, params: SamplingParams, script: Script, n: int
+) -> list[int]:
     picker = TokenPicker(ctx, params, script, None)
     out: list[int] = []
     try:
@@ -99,7 +102,7 @@ def pick(ctx: LlamaContext, index: int, params: SamplingParams, script: Script, 
 
 
 def _params(temperature: float, setting: str, seed: int | None = 3) -> SamplingParams:
-    return SamplingParams(max_tokens=64, temperature=temperature, seed=seed, **SETTINGS[setting])
+    return dataclasses.replace(SETTINGS[setting], temperature=temperature, seed=seed)
 
 
 # 1. temperatures whose 1/T or logits/T overflow act as greedy, on every path
