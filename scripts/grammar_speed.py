@@ -71,7 +71,7 @@ def _generate(ctx: LlamaContext, constraint: Constrain, tokens: int, seed: int) 
     started, cpu_started = time.perf_counter(), time.process_time()
     while produced < tokens:
         sampler: GrammarSampler | _Unconstrained = (
-            GrammarSampler(ctx, params, constraint)
+            GrammarSampler(ctx, params, constraint, np.random.default_rng(params.seed))
             if constraint.grammar is not None
             else _Unconstrained(ctx, params, constraint)
         )

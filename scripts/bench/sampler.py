@@ -38,6 +38,7 @@ from server.engine.base import EngineConfig, SamplingParams
 from server.engine.llama import LlamaEngine
 from server.engine.llama_context import BatchPart, LlamaContext
 from server.engine.sampling.banned import Banned
+from server.engine.sampling.llama_chain import chain_seed
 from server.engine.sampling.numpy_sampler import NumpySampler
 from server.harmony.tokens import RETURN, SPECIALS
 from server.testing.synthetic_gguf import cached_gguf
@@ -70,9 +71,9 @@ def sampler_part(model: Path, threads: int, calls: int, repetitions: int) -> dic
         index = ctx.decode([BatchPart(0, prompt, 0, True)])[-1]
         results = {}
         for name, (params, constraint) in CASES.items():
-            chain = ctx.new_chain(params, constraint)
-            banned = Banned.of(constraint.banned, ctx.info.n_vocab) if constraint else None
             rng = np.random.default_rng(params.seed)
+            chain = ctx.new_chain(params, chain_seed(rng), constraint)
+            banned = Banned.of(constraint.banned, ctx.info.n_vocab) if constraint else None
             ours = NumpySampler(ctx.workspace, params, rng)
             full = NumpySampler(ctx.workspace, params, rng, rejection=False)
             times: dict[str, list[float]] = {"chain": [], "full": [], "ours": []}

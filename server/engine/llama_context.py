@@ -188,10 +188,11 @@ class LlamaContext:
         return indices
 
     def new_chain(
-        self, params: SamplingParams, constraint: Constrain | None = None
+        self, params: SamplingParams, seed: int, constraint: Constrain | None = None
     ) -> LlamaSamplerChain:
-        """llama.cpp's sampler chain for these settings, reading this context's logits."""
-        return LlamaSamplerChain(self._ctx, self._vocab, params, constraint)
+        """llama.cpp's sampler chain for these settings, reading this context's logits; `seed`
+        from sampling.llama_chain.chain_seed."""
+        return LlamaSamplerChain(self._ctx, self._vocab, params, seed, constraint)
 
     def logits(self, index: int) -> np.ndarray[Any, np.dtype[np.float32]]:
         """The logits of batch position `index`, as a view (no copy).
@@ -213,25 +214,3 @@ class LlamaContext:
         if not sampler:
             raise ValueError("llama.cpp rejected the grammar")
         lc.llama_sampler_free(sampler)
-
-    def sample_among(
-        self,
-        index: int,
-        allowed: Sequence[int],
-        params: SamplingParams,
-        rng: np.random.Generator,
-    ) -> int:
-        """Sample from the logits at batch `index` restricted to `allowed` (temperature, top-p)."""
-        logits = self.logits(index)
-        candidates = np.asarray(allowed, dtype=np.int64)
-        chosen = logits[candidates].astype(np.float64)
-        if params.temperature <= 0 or len(candidates) == 1:
-            return int(candidates[int(np.argmax(chosen))])
-        weights = np.exp((chosen - chosen.max()) / params.temperature)
-        probs = weights / weights.sum()
-        if params.top_p < 1.0:
-            order = np.argsort(-probs)
-            keep = order[: int(np.searchsorted(np.cumsum(probs[order]), params.top_p)) + 1]
-            probs = np.zeros_like(probs)
-            probs[keep] = weights[keep] / weights[keep].sum()
-        return int(candidates[rng.choice(len(candidates), p=probs)])

@@ -1,24 +1,32 @@
 """TokenPicker: decides each next token of one generation, following its Steering.
 
 Forced tokens are emitted as they are; an allowed set is sampled from the logits in Python (only
-ever a handful of header tokens); a constraint with a grammar goes through a GrammarSampler
-(sampling/grammar_sampler.py), one per distinct constraint, created on first use and kept for the
-generation (a grammar keeps its state across the tokens sampled under it); everything else,
-banned tokens included, is drawn by the numpy sampler (sampling/numpy_sampler.py) straight from the
-logits buffer (or by llama.cpp's chain with EngineConfig.sampler "llama", for comparisons). A
-test hook may replace sampled tokens.
+ever a handful of header tokens: sampling/among.py); a constraint with a grammar goes through a
+GrammarSampler (sampling/grammar_sampler.py), one per distinct constraint, created on first use
+and kept for the generation (a grammar keeps its state across the tokens sampled under it);
+everything else, banned tokens included, is drawn by the numpy sampler
+(sampling/numpy_sampler.py) straight from the logits buffer (or by llama.cpp's chain with
+EngineConfig.sampler "llama", for comparisons). A test hook may replace sampled tokens.
+
+A generation has one random stream, seeded with the request's seed: every sampler of the
+generation draws from it, and llama.cpp's chains are seeded from it (llama_chain.chain_seed), so
+no stretch of a generation replays the numbers of another and the same seed gives the same
+tokens.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
 from server.contracts.directives import Allow, Constrain, Force, Steering
 from server.engine.base import SamplingParams, TokenChooser
 from server.engine.llama_context import LlamaContext
+from server.engine.sampling.among import sample_among
 from server.engine.sampling.banned import Banned
 from server.engine.sampling.grammar_sampler import GrammarSampler
-from server.engine.sampling.llama_chain import LlamaSamplerChain
+from server.engine.sampling.llama_chain import LlamaSamplerChain, chain_seed
 from server.engine.sampling.numpy_sampler import NumpySampler
 
 
@@ -54,12 +62,13 @@ class TokenPicker:
         if isinstance(directive, Force):
             return directive.tokens
         if isinstance(directive, Allow):
-            token = self._ctx.sample_among(index, directive.tokens, self._params, self._rng)
+            logits = self._ctx.logits(index)
+            token = sample_among(logits, directive.tokens, self._params, self._rng)
             self._count_choice(index, directive.tokens)
         elif isinstance(directive, Constrain) and directive.grammar is not None:
             token = self._grammar_for(directive).sample(index)
         elif self._ctx.llama_sampling:
-            token = self._chain_for(directive).sample(index)
+            token = self._chain_sample(directive, index)
         else:
             banned = self._banned_for(directive) if directive is not None else None
             token = self._sampler.sample(self._ctx.logits(index), banned)
@@ -91,16 +100,27 @@ class TokenPicker:
             self._banned[constraint] = banned
         return banned
 
+    def _chain_sample(self, constraint: Constrain | None, index: int) -> int:
+        """A token from llama.cpp's chain; never one whose logit is NaN (its greedy stage keeps
+        a NaN that comes first): the NaN are then set to -inf in the buffer and it draws again."""
+        chain = self._chain_for(constraint)
+        token = chain.sample(index)
+        logits = self._ctx.logits(index)
+        if math.isnan(logits[token]):
+            logits[np.isnan(logits)] = -np.inf
+            token = chain.sample(index)
+        return token
+
     def _chain_for(self, constraint: Constrain | None) -> LlamaSamplerChain:
         chain = self._chains.get(constraint)
         if chain is None:
-            chain = self._ctx.new_chain(self._params, constraint)
+            chain = self._ctx.new_chain(self._params, chain_seed(self._rng), constraint)
             self._chains[constraint] = chain
         return chain
 
     def _grammar_for(self, constraint: Constrain) -> GrammarSampler:
         sampler = self._grammars.get(constraint)
         if sampler is None:
-            sampler = GrammarSampler(self._ctx, self._params, constraint)
+            sampler = GrammarSampler(self._ctx, self._params, constraint, self._rng)
             self._grammars[constraint] = sampler
         return sampler

@@ -16,13 +16,17 @@ mass), p(t) / Z in all. Whether draws are tried depends only on the grammar's st
 the token's random numbers, so choosing per token keeps that exact. Other settings (greedy,
 top-k/top-p/min-p) draw one token with llama.cpp's chain and check it, like llama.cpp's common
 sampler, and otherwise apply the chain to the allowed tokens.
+
+Every random number comes from the generation's own stream (the generator its other tokens are
+drawn with; llama.cpp's chains are seeded from it), so a constrained stretch goes on drawing
+where the generation stands instead of replaying the numbers it started with. A token whose
+logit is NaN is never taken.
 """
 
 from __future__ import annotations
 
 import codecs
 import ctypes
-import dataclasses
 import functools
 import math
 from collections.abc import Hashable
@@ -33,10 +37,12 @@ import numpy as np
 
 from server.contracts.directives import Constrain
 from server.engine.base import ModelInfo, SamplingParams
+from server.engine.sampling.among import draw, tempered
 from server.engine.sampling.banned import Banned
 from server.engine.sampling.block_draws import BlockDraws
-from server.engine.sampling.llama_chain import LlamaSamplerChain
+from server.engine.sampling.llama_chain import LlamaSamplerChain, chain_seed
 from server.engine.sampling.numpy_sampler import Workspace
+from server.engine.sampling.temperature import is_greedy
 from server.engine.sampling.vocab_trie import (
     Descent,
     Ids,
@@ -69,9 +75,9 @@ class SamplingContext(Hashable, Protocol):
         """The logits of batch position `index`, as a view."""
 
     def new_chain(
-        self, params: SamplingParams, constraint: Constrain | None = None
+        self, params: SamplingParams, seed: int, constraint: Constrain | None = None
     ) -> LlamaSamplerChain:
-        """llama.cpp's sampler chain for these settings."""
+        """llama.cpp's sampler chain for these settings, its draws seeded with `seed`."""
 
 
 class _Candidates:
@@ -147,15 +153,32 @@ def _first_level(trie: VocabTrie, banned: frozenset[int]) -> tuple[Ids, Ids]:
     return np.concatenate((trie.roots, extras)), ids[~np.isin(ids, trie.extras)]
 
 
+def _repaired(logits: np.ndarray[Any, np.dtype[np.float32]]) -> np.ndarray[Any, Any]:
+    """A copy of candidates' logits that llama.cpp's stages handle: NaN to -inf, and when some
+    are +inf, those at 0 and the others at -inf (the infinite ones take all the mass)."""
+    repaired = np.where(np.isnan(logits), np.float32(-np.inf), logits)
+    infinite = repaired == np.inf
+    if infinite.any():
+        repaired = np.where(infinite, np.float32(0.0), np.float32(-np.inf))
+    return repaired
+
+
 @functools.lru_cache(maxsize=16)
 def _banned(banned: frozenset[int], n_vocab: int) -> Banned | None:
     return Banned.of(banned, n_vocab) if banned else None
 
 
 class GrammarSampler:
-    """The sampler of one grammar-constrained stretch of a generation (engine thread only)."""
+    """The sampler of one grammar-constrained stretch of a generation (engine thread only);
+    `rng` is the generation's random stream, shared with its other samplers."""
 
-    def __init__(self, ctx: SamplingContext, params: SamplingParams, constraint: Constrain) -> None:
+    def __init__(
+        self,
+        ctx: SamplingContext,
+        params: SamplingParams,
+        constraint: Constrain,
+        rng: np.random.Generator,
+    ) -> None:
         assert constraint.grammar is not None
         self._ctx = ctx
         self._params = params
@@ -169,9 +192,9 @@ class GrammarSampler:
         self._transparent = negates_non_ascii(constraint.grammar)
         self._first, self._tree_banned = _first_level(self._trie, constraint.banned)
         self._banned = _banned(constraint.banned, ctx.info.n_vocab)
-        self._plain = params.temperature > 0 and params.top_k <= 0 and params.top_p >= 1.0
-        self._plain = self._plain and params.min_p <= 0.0
-        self._rng = np.random.default_rng(params.seed)
+        self._plain = not is_greedy(params.temperature) and params.top_k <= 0
+        self._plain = self._plain and params.top_p >= 1.0 and params.min_p <= 0.0
+        self._rng = rng
         self._draws = (
             BlockDraws(ctx.workspace, params.temperature, self._rng) if self._plain else None
         )
@@ -239,38 +262,34 @@ class GrammarSampler:
         return None
 
     def _among(self, allowed: Ids, logits: np.ndarray[Any, np.dtype[np.float32]]) -> int:
-        """A token drawn among `allowed` by its probability at the temperature."""
-        scaled = logits[allowed].astype(np.float64) / self._params.temperature
-        top = float(scaled.max()) if len(scaled) else -math.inf
-        if not math.isfinite(top):  # NaN to -inf, +inf to float32's largest
-            np.nan_to_num(scaled, copy=False, nan=-np.inf, posinf=float(np.finfo(np.float32).max))
-            top = float(scaled.max()) if len(scaled) else -math.inf
-        if not math.isfinite(top):
-            raise RuntimeError("the grammar allows no token here")
-        weights = np.exp(scaled - top)
+        """A token drawn among `allowed` by its probability at the temperature (NaN never; a
+        +inf logit takes all the mass)."""
+        x = logits[allowed].astype(np.float64)
+        weights = tempered(x, self._params.temperature)
         while True:  # a token that would break the text's UTF-8 is masked too, and drawn again
-            cumsum = np.cumsum(weights)
-            if not cumsum[-1] > 0.0:
-                raise RuntimeError("the grammar allows no token here")
-            i = int(cumsum.searchsorted(self._rng.random() * cumsum[-1], side="right"))
-            if i == len(weights):  # the draw rounded up to the total
-                i = int(np.flatnonzero(weights)[-1])
+            if not weights.any():  # a +inf token masked: the others, by their weights
+                weights = tempered(x, self._params.temperature)
+                if not weights.any():
+                    raise RuntimeError("the grammar allows no token here")
+            i = draw(weights, self._rng)
             token = int(allowed[i])
             if self._text.fits(token):
                 return token
             weights[i] = 0.0
+            x[i] = -math.inf
 
     def _choose_with_chain(self, index: int) -> int:
         free, resample = self._llama_chains()
         token = free.sample(index)
-        if self._check(np.array([token], dtype=np.int32))[0] and self._text.fits(token):
+        fine = not math.isnan(self._ctx.logits(index)[token])  # llama.cpp's greedy may keep NaN
+        if fine and self._check(np.array([token], dtype=np.int32))[0] and self._text.fits(token):
             return token
         self.masked += 1
         allowed = self._allowed(self._walk())
         if not len(allowed):
             raise RuntimeError("the grammar allows no token here")
         candidates = _Candidates(len(allowed))
-        logits = self._ctx.logits(index)[allowed].copy()
+        logits = _repaired(self._ctx.logits(index)[allowed])
         while True:  # a token that would break the text's UTF-8 is masked too, and drawn again
             resample.apply(candidates.load(allowed, logits))
             chosen = candidates.data[candidates.array.selected]
@@ -283,12 +302,9 @@ class GrammarSampler:
 
     def _llama_chains(self) -> tuple[LlamaSamplerChain, LlamaSamplerChain]:
         if self._chains is None:
-            params = self._params
-            seed = None if params.seed is None else params.seed + 1
-            self._chains = (
-                self._ctx.new_chain(params, Constrain(banned=self._constraint.banned)),
-                self._ctx.new_chain(dataclasses.replace(params, seed=seed)),
-            )
+            params, banned = self._params, Constrain(banned=self._constraint.banned)
+            free = self._ctx.new_chain(params, chain_seed(self._rng), banned)
+            self._chains = (free, self._ctx.new_chain(params, chain_seed(self._rng)))
         return self._chains
 
     def free(self) -> None:

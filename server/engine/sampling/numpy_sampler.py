@@ -12,7 +12,10 @@ the token inside that block by a cumulative sum of that block only.
 The other stages of llama.cpp's chain keep their order and meaning (top-k, then top-p and min-p
 on the probabilities at temperature 1, then temperature): top-k and top-p select candidates by
 partial selection (`np.argpartition`), never a full sort, and the draw among the few candidates
-left is the same cumulative-sum search. Greedy decoding (temperature 0) is an argmax.
+left is the same cumulative-sum search (sampling/among.py). Greedy decoding (temperature 0, and
+the temperatures that act as greedy: sampling/temperature.py) is an argmax that never takes a
+NaN; so is a full draw whose scaled logits are not finite (a +inf logit, or a temperature so small
+that logits / T overflows float32: the distribution is the argmax there anyway).
 
 A sampler belongs to one generation (its parameters and seeded generator: the same seed gives
 the same tokens); the `Workspace` buffers are shared by every generation of the engine thread.
@@ -26,8 +29,10 @@ from typing import Any
 import numpy as np
 
 from server.engine.base import SamplingParams
+from server.engine.sampling.among import draw, nucleus, tempered
 from server.engine.sampling.banned import Banned
 from server.engine.sampling.rejection import Outcomes, RejectionDraw
+from server.engine.sampling.temperature import is_greedy
 
 Floats = np.ndarray[Any, np.dtype[np.float32]]
 Doubles = np.ndarray[Any, np.dtype[np.float64]]
@@ -66,12 +71,16 @@ class Workspace:
 
     def exponentiate(self, logits: Floats, scale: np.float32, banned: Banned | None) -> bool:
         """Load the weights exp(scale * logits - max), banned tokens at 0, into the work buffer,
-        with their block sums and the running sums of those. False when no logit is finite:
-        the buffer then holds the masked logits (NaN repaired), for an argmax."""
+        with their block sums and the running sums of those (NaN logits weigh 0). False when
+        the largest scaled logit is not finite (+inf, or no logit finite): the distribution is
+        then the argmax of the logits, which the caller takes."""
         values = self.masked(logits, banned, scale)
-        top = _finite_max(values)
-        if top is None:
-            return False
+        top = float(values.max())
+        if not math.isfinite(top):  # NaN, +inf (a logit, or one scaled past float32) or none
+            np.nan_to_num(values, copy=False, nan=-np.inf, posinf=np.inf, neginf=-np.inf)
+            top = float(values.max())
+            if not math.isfinite(top):
+                return False
         np.subtract(values, top, out=values)
         np.exp(values, out=values)
         np.add.reduce(self.blocks, axis=1, out=self.block_sums)
@@ -92,8 +101,8 @@ class NumpySampler:
         self._ws = workspace
         self._rng = rng
         self._temperature = params.temperature
-        self._greedy = params.temperature <= 0.0
-        self._scale = np.float32(1.0 / params.temperature) if not self._greedy else np.float32(1)
+        self._greedy = is_greedy(params.temperature)
+        self._scale = np.float32(1.0 if self._greedy else 1.0 / params.temperature)
         self._top_k = params.top_k if 0 < params.top_k < workspace.n_vocab else 0
         self._top_p = params.top_p
         self._min_p = params.min_p
@@ -120,17 +129,20 @@ class NumpySampler:
         return self._draw_among(kept, kept_logits)
 
     def _argmax(self, logits: Floats, banned: Banned | None) -> int:
-        """Greedy: the first largest logit (as llama.cpp's greedy sampler), banned ones aside."""
+        """Greedy: the first largest logit (as llama.cpp's greedy sampler), banned ones and NaN
+        aside (numpy's argmax returns the first NaN: only then are the logits repaired)."""
         token = int(np.argmax(logits))
-        if banned is None or token not in banned.tokens:
+        if (banned is None or token not in banned.tokens) and not math.isnan(logits[token]):
             return token
-        return int(np.argmax(self._ws.masked(logits, banned, None)))
+        values = self._ws.masked(logits, banned, None)
+        np.nan_to_num(values, copy=False, nan=-np.inf, posinf=np.inf, neginf=-np.inf)
+        return int(np.argmax(values))
 
     def _draw_full(self, logits: Floats, banned: Banned | None) -> int:
         """Temperature and the random draw over the whole vocabulary: the common case."""
         ws = self._ws
         if not ws.exponentiate(logits, self._scale, banned):
-            return int(np.argmax(ws.values))
+            return self._argmax(logits, banned)
         target = self._rng.random() * float(ws.block_cumsum[-1])
         # the first block whose running sum passes the draw (it has mass: a block without any
         # leaves the running sum unchanged, so an earlier block would pass first)
@@ -157,7 +169,7 @@ class NumpySampler:
             kept = self._top_k_of(values)
             if self._top_p < 1.0:
                 weights = np.exp(values[kept].astype(np.float64) - top)
-                kept = _nucleus(kept, weights, self._top_p * float(weights.sum()))
+                kept = nucleus(kept, weights, self._top_p * float(weights.sum()))
         elif self._top_p < 1.0:
             kept = self._nucleus_of_all(values, top)
         else:
@@ -197,18 +209,15 @@ class NumpySampler:
             kept = np.flatnonzero(weights >= math.exp(-gap))
             kept_weights = weights[kept]
             if float(np.sum(kept_weights, dtype=np.float64)) >= mass:
-                return _nucleus(kept, kept_weights, mass)
+                return nucleus(kept, kept_weights, mass)
         kept = np.flatnonzero(weights > 0.0)
-        return _nucleus(kept, weights[kept], mass)
+        return nucleus(kept, weights[kept], mass)
 
     def _draw_among(self, kept: Indices, kept_logits: Doubles) -> int:
         """Temperature and the random draw over a few candidates."""
         if len(kept) == 1:
             return int(kept[0])
-        scaled = kept_logits / self._temperature
-        cumsum = np.cumsum(np.exp(scaled - scaled.max()))
-        i = int(cumsum.searchsorted(self._rng.random() * cumsum[-1], side="right"))
-        return int(kept[min(i, len(kept) - 1)])
+        return int(kept[draw(tempered(kept_logits, self._temperature), self._rng)])
 
 
 def _finite_max(values: Floats) -> float | None:
@@ -222,15 +231,3 @@ def _finite_max(values: Floats) -> float | None:
     np.nan_to_num(values, copy=False, nan=-np.inf, posinf=_FLOAT32_MAX, neginf=-np.inf)
     top = float(values.max())
     return top if math.isfinite(top) else None
-
-
-def _nucleus(kept: Indices, weights: Floats | Doubles, mass: float) -> Indices:
-    """The most probable of `kept` whose `weights` (probabilities, any scale) add up to `mass`.
-
-    As llama.cpp's top-p: sorted by probability, cut after the first token at which the running
-    sum reaches the mass (p times the total), so at least one token is kept.
-    """
-    order = np.argsort(weights)[::-1]  # ties in any order, as llama.cpp's partial sort
-    cumsum = np.cumsum(weights[order], dtype=np.float64)
-    cut = int(cumsum.searchsorted(mass, side="left")) + 1
-    return kept[order[: min(cut, len(order))]]

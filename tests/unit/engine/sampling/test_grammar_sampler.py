@@ -211,7 +211,8 @@ def test_tokens_follow_the_masked_distribution(
     grammar.free()
     logits = _logits(ctx, digits, bias)
     params = SamplingParams(max_tokens=1, temperature=0.9, seed=3)
-    sampler = GrammarSampler(ctx, params, Constrain(banned=SPECIALS - {CALL}, grammar=DIGITS))
+    constraint = Constrain(banned=SPECIALS - {CALL}, grammar=DIGITS)
+    sampler = GrammarSampler(ctx, params, constraint, np.random.default_rng(params.seed))
     try:
         tokens = [sampler.choose(logits) for _ in range(N_DRAWS)]
     finally:
@@ -237,14 +238,15 @@ def test_greedy_and_top_k_go_through_llama_cpp_chain(ctx: LlamaContext) -> None:
     logits = ctx.logits(index).copy()
     assert int(np.argmax(logits)) not in set(digits.tolist())
     constraint = Constrain(banned=SPECIALS - {CALL}, grammar=DIGITS)
-    greedy = GrammarSampler(ctx, SamplingParams(max_tokens=1, temperature=0.0), constraint)
+    greedy_params = SamplingParams(max_tokens=1, temperature=0.0)
+    greedy = GrammarSampler(ctx, greedy_params, constraint, np.random.default_rng())
     try:
         assert greedy.sample(index) == int(digits[np.argmax(logits[digits])])
         assert greedy.masked == 1
     finally:
         greedy.free()
     params = SamplingParams(max_tokens=4, temperature=1.0, top_k=20, seed=5)
-    top_k = GrammarSampler(ctx, params, constraint)
+    top_k = GrammarSampler(ctx, params, constraint, np.random.default_rng(params.seed))
     try:
         assert {top_k.sample(index) for _ in range(4)} <= set(digits.tolist()) | {CALL}
     finally:
@@ -264,7 +266,8 @@ def test_banned_tokens_the_grammar_allows_are_never_sampled(
     likeliest = digits[np.argsort(logits[digits])[::-1][:n_banned]]
     banned = frozenset(int(t) for t in likeliest) | (SPECIALS - {CALL})
     params = SamplingParams(max_tokens=1, temperature=1.0, seed=8)
-    sampler = GrammarSampler(ctx, params, Constrain(banned=banned, grammar=DIGITS))
+    constraint = Constrain(banned=banned, grammar=DIGITS)
+    sampler = GrammarSampler(ctx, params, constraint, np.random.default_rng(params.seed))
     try:
         tokens = {sampler.choose(logits) for _ in range(300)}
     finally:

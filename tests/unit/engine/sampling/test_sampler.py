@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import math
+import warnings
 from typing import Any
 
 import llama_cpp.llama_cpp as lc
@@ -20,8 +21,9 @@ import pytest
 
 from server.engine.base import SamplingParams
 from server.engine.sampling.banned import Banned
-from server.engine.sampling.llama_chain import _sampler_stages
+from server.engine.sampling.llama_chain import chain_seed, sampler_stages
 from server.engine.sampling.numpy_sampler import NumpySampler, Workspace
+from server.engine.sampling.temperature import is_greedy
 from tests.support.chi_square import (
     exact_distribution,
     goodness_of_fit,
@@ -63,7 +65,7 @@ def llama_draws(
         lc.llama_sampler_chain_add(
             chain, lc.llama_sampler_init_logit_bias(len(logits), len(ids), biases)
         )
-    for stage in _sampler_stages(params):
+    for stage in sampler_stages(params, chain_seed(np.random.default_rng(params.seed))):
         lc.llama_sampler_chain_add(chain, stage)
     template = (lc.llama_token_data * len(logits))(
         *(lc.llama_token_data(i, float(x), 0.0) for i, x in enumerate(logits))
@@ -151,6 +153,32 @@ def test_greedy_is_the_first_largest_allowed_logit() -> None:
     assert our_draws(logits, greedy, frozenset(), 1) == [5]  # a tie: the first
     allowed = np.where(np.isin(np.arange(VOCAB), list(BANNED)), -np.inf, logits)
     assert our_draws(logits, greedy, BANNED, 1) == [int(np.argmax(allowed))]
+
+
+@pytest.mark.parametrize("temperature", [5e-324, 1e-300, 1e-45, 1e-40, 1e-38, 1e-30])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_temperatures_whose_scaling_overflows_are_greedy(case: str, temperature: float) -> None:
+    """1/T or logits/T overflow float32 or float64 there: the numpy sampler and llama.cpp's
+    chain (as sampler_stages builds it) both take the argmax, banned tokens aside."""
+    logits = fixed_logits()
+    params = _at(CASES[case], temperature)
+    allowed = np.where(np.isin(np.arange(VOCAB), list(BANNED)), -np.inf, logits)
+    with warnings.catch_warnings():
+        # greedy: nothing is scaled, nothing overflows; at 1e-30 the rejection draws' banned
+        # proposals overflow exp (an infinite weight), and are rejected as banned
+        warnings.simplefilter("error" if is_greedy(temperature) else "ignore", RuntimeWarning)
+        assert set(our_draws(logits, params, BANNED, 20)) == {int(np.argmax(allowed))}
+    assert set(llama_draws(logits, params, BANNED, 5)) == {int(np.argmax(allowed))}
+
+
+@pytest.mark.parametrize("banned", [frozenset(), BANNED], ids=["open", "banned"])
+def test_greedy_never_takes_nan(banned: frozenset[int]) -> None:
+    """numpy's argmax returns the first NaN: greedy takes the first largest finite logit."""
+    logits = fixed_logits()
+    logits[[0, 1, 700, 2950]] = np.nan
+    allowed = np.where(np.isin(np.arange(VOCAB), list(banned)), -np.inf, logits)
+    greedy = SamplingParams(max_tokens=1, temperature=0.0)
+    assert our_draws(logits, greedy, banned, 3) == [int(np.nanargmax(allowed))] * 3
 
 
 @pytest.mark.parametrize("params", [CASES["temperature"], CASES["top-p"], CASES["top-k"]])
