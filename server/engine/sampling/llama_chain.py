@@ -32,6 +32,7 @@ class LlamaSamplerChain:
         self, ctx: Any, vocab: Any, params: SamplingParams, seed: int, constraint: Constrain | None
     ) -> None:
         self._ctx = ctx
+        _check_seed(seed)  # before any stage is made: none leaks
         stages = _constraint_stages(vocab, constraint) + sampler_stages(params, seed)
         self._chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
         for stage in stages:
@@ -79,8 +80,7 @@ def chain_seed(rng: np.random.Generator) -> int:
 def sampler_stages(params: SamplingParams, seed: int) -> list[Any]:
     """The stages after the constraints: top-k, top-p, min-p, temperature and the draw seeded
     with `seed` (a 32-bit seed other than LLAMA_DEFAULT_SEED), or greedy."""
-    if not 0 <= seed < lc.LLAMA_DEFAULT_SEED:
-        raise ValueError(f"chain seed {seed} is not a 32-bit seed llama.cpp keeps")
+    _check_seed(seed)
     if is_greedy(params.temperature):
         return [lc.llama_sampler_init_greedy()]
     stages = []
@@ -93,3 +93,8 @@ def sampler_stages(params: SamplingParams, seed: int) -> list[Any]:
     stages.append(lc.llama_sampler_init_temp(params.temperature))
     stages.append(lc.llama_sampler_init_dist(seed))
     return stages
+
+
+def _check_seed(seed: int) -> None:
+    if not 0 <= seed < lc.LLAMA_DEFAULT_SEED:
+        raise ValueError(f"chain seed {seed} is not a 32-bit seed llama.cpp keeps")

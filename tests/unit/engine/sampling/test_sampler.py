@@ -210,3 +210,15 @@ def _at(params: SamplingParams, temperature: float) -> SamplingParams:
 
 def _seeded(params: SamplingParams, seed: int) -> SamplingParams:
     return dataclasses.replace(params, seed=seed)
+
+
+def test_chain_seeds_are_never_llama_default_seed() -> None:
+    """llama.cpp draws at random with LLAMA_DEFAULT_SEED: a chain never gets it."""
+    params = CASES["temperature"]
+    with pytest.raises(ValueError, match="not a 32-bit seed"):
+        sampler_stages(params, lc.LLAMA_DEFAULT_SEED)
+    for seed in (2**32 - 1, 2**64 - 1, 2**33 - 1, 0):
+        seeds = [chain_seed(np.random.default_rng(seed)) for _ in range(2)]
+        assert seeds[0] == seeds[1]
+        assert 0 <= seeds[0] < lc.LLAMA_DEFAULT_SEED
+    assert chain_seed(np.random.default_rng(1)) != chain_seed(np.random.default_rng(1 + 2**32))
