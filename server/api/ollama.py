@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse, Response
 from server import __version__
 from server.ops.runtime import Runtime
 
-router = APIRouter()
+router = APIRouter(include_in_schema=False)  # Ollama's shape, not part of the OpenAPI schema
 
 OLLAMA_API_VERSION = "0.13.4"  # the Ollama API level these probes answer as (Codex's minimum)
 NDJSON = "application/x-ndjson"
@@ -84,7 +84,7 @@ def _not_served(runtime: Runtime, name: str) -> str:
     return (
         f"gpt-oss-server serves one model and downloads nothing: {name!r} is not it. Ask for "
         f"{' or '.join(runtime.names)} (codex: -m {runtime.model_name}), or restart the server "
-        "with --model or --model-alias"
+        "with --model or --model-aliases"
     )
 
 

@@ -46,7 +46,7 @@ def _name_list(value: object) -> object:
 
 
 def _alias_list(value: object) -> object:
-    """--model-alias "a,b" (flag, variable) or a TOML list: a tuple of names, each once."""
+    """--model-aliases "a,b" (flag, variable) or a TOML list: a tuple of names, each once."""
     if value is None:
         return None
     items = value.split(",") if isinstance(value, str) else value

@@ -102,7 +102,7 @@ BIG_MODEL_PARAMS = 60e9  # between gpt-oss-20b's 20.9B and gpt-oss-120b's 116.8B
 
 
 def model_aliases(settings: Settings, n_params: int) -> tuple[str, ...]:
-    """The names the model also answers to: --model-alias, else the names Codex's --oss asks
+    """The names the model also answers to: --model-aliases, else the names Codex's --oss asks
     Ollama and LM Studio for (gpt-oss:20b, openai/gpt-oss-20b), for the model's size."""
     if settings.model_aliases is not None:
         return settings.model_aliases
