@@ -76,6 +76,7 @@ async def server_facts(request: Request) -> dict[str, Any]:
         "idle_unload_s": residency.idle_unload_s,
         "reloads": residency.loads,
         "last_reload_s": residency.last_load_s,
+        "last_unload_s": residency.last_unload_s,
         "description": info.description,
         "size": info.size_bytes,
         "n_ctx": info.n_ctx,
