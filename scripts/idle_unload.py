@@ -40,6 +40,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--idle", default="5s", help="--idle-unload of the server")
     parser.add_argument("--modes", default="cache,no-cache")
+    parser.add_argument(
+        "--skip-cold-repeat",
+        action="store_true",
+        help="without the prompt cache, send no request before the unload (it would cost what "
+        "the first request with the cache cost: a cold prompt); the server unloads its model "
+        "after --idle from its start",
+    )
     parser.add_argument("--out", type=Path, default=Path("idle-unload.json"))
     return parser.parse_args(argv)
 
@@ -89,7 +96,7 @@ def measure(args: argparse.Namespace, work: Path, cache: bool) -> dict[str, Any]
         ServerProcess(command, work / f"server-{port}.log", health, timeout_s=1800) as proc,
         httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=None) as client,
     ):
-        first = request(client, body)
+        first = None if args.skip_cold_repeat and not cache else request(client, body)
         rss_loaded = psutil.Process(proc.pid).memory_info().rss
         wait_unloaded(client)
         rss_unloaded = psutil.Process(proc.pid).memory_info().rss

@@ -1,9 +1,11 @@
 """--idle-unload on a real `gpt-oss-server serve` process: the idle model is unloaded (its
 memory goes back: the process's RSS drops), /health, /v1/server and /metrics say so, and the
-next request loads it again while the requests beyond the 429 bound are still refused."""
+next request loads it again while the requests beyond the 429 bound are still refused; and in
+process, a reload that fails."""
 
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -13,10 +15,18 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
+from openai_harmony import HarmonyEncoding
 
+from server.app import create_app
 from server.bench.procs import ServerProcess
+from server.engine.base import EngineConfig
+from server.engine.llama import LlamaEngine
+from server.ops.runtime import Runtime
+from server.ops.settings import Settings
+from server.ops.startup import idle_unloading
 from server.testing.synthetic_gguf import TRAINED, cached_gguf
 from tests.e2e.conftest import server_process
+from tests.support.responses import served
 
 pytestmark = pytest.mark.slow  # a server process on the 160 MB trained model, loaded 3 times
 
@@ -117,3 +127,34 @@ def test_first_answer_after_a_reload_counts_the_wait(server: ServerProcess) -> N
     reload_s = httpx.get(f"{base(server)}/v1/server").json()["last_reload_s"]
     assert metric(server, "gpt_oss_model_reloads_total") == reloads + 1
     assert timings["ttft_ms"] >= reload_s * 1000 * 0.9
+
+
+def test_a_failed_reload_fails_the_waiting_request_and_the_next_one_retries(
+    tiny_gguf: Path, encoding: HarmonyEncoding, tmp_path: Path
+) -> None:
+    """In process: the model file goes away while the model is unloaded; the request that
+    waited for the load gets the reason, and once the file is back the next one loads it."""
+    model = tmp_path / "model.gguf"
+    shutil.copyfile(tiny_gguf, model)
+    config = EngineConfig(model_path=str(model), n_ctx=1024, n_threads=2)
+    settings = Settings(idle_unload="0.5s", responses_store_path=tmp_path / "store.sqlite3")
+    residency = idle_unloading(settings, LlamaEngine(config), lambda: LlamaEngine(config))
+    runtime = Runtime(residency, encoding, "tiny", residency=residency)
+    try:
+        with served(create_app(settings, runtime)) as url:
+            root = url.removesuffix("/v1")
+
+            def unloaded() -> bool:
+                return bool(httpx.get(f"{root}/health").json()["model_state"] == "unloaded")
+
+            wait_for(unloaded)
+            model.rename(tmp_path / "gone.gguf")
+            failed = httpx.post(f"{url}/chat/completions", json=CHAT, timeout=60)
+            assert failed.status_code == 500
+            assert "could not be loaded again" in failed.json()["error"]["message"]
+            assert unloaded()  # back to unloaded: the next request tries again
+            (tmp_path / "gone.gguf").rename(model)
+            assert httpx.post(f"{url}/chat/completions", json=CHAT, timeout=60).status_code == 200
+            assert httpx.get(f"{root}/v1/server").json()["reloads"] == 1
+    finally:
+        runtime.close()
