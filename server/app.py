@@ -22,6 +22,7 @@ from server.api.metrics import Metrics, RequestMetricsMiddleware
 from server.api.metrics import router as metrics_router
 from server.api.models import health_router
 from server.api.models import router as models_router
+from server.api.ollama import router as ollama_router
 from server.api.responses.router import ResponsesState
 from server.api.responses.router import router as responses_router
 from server.api.web import router as web_router
@@ -65,6 +66,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
             stream_interval_s=settings.stream_interval_ms / 1000,
         )
         app.state.metrics.watch(app.state.generator.admission)
+        app.state.metrics.watch_model(loaded)
         app.state.responses = ResponsesState.from_settings(settings)
         app.state.messages = MessagesState.from_settings(settings, signer)
         try:
@@ -84,7 +86,8 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     app.include_router(health_router)
     app.include_router(metrics_router)
     app.include_router(web_router)  # the chat page at `/`: static files, no key
-    for router in (models_router, chat_router, responses_router, messages_router):
+    routers = (models_router, ollama_router, chat_router, responses_router, messages_router)
+    for router in routers:
         app.include_router(router, dependencies=[Depends(require_api_key)])
     return app
 

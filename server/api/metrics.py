@@ -19,13 +19,14 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.contracts.events import Finished
 from server.core.admission import Admission
 from server.engine.base import Engine
+from server.ops.runtime import Runtime
 
 router = APIRouter()
 
@@ -127,6 +128,10 @@ class Metrics:
         highest.set_function(lambda: admission.highest_waiting)
         admission.on_refused = self.refused.inc
 
+    def watch_model(self, runtime: Runtime) -> None:
+        """Whether the model is in memory, and its reloads (--idle-unload)."""
+        self.registry.register(ResidencyCollector(runtime))
+
     def observe(self, finished: Finished) -> None:
         usage, timings = finished.usage, finished.timings
         for kind, value in (
@@ -195,6 +200,40 @@ class PromptCacheCollector(Collector):
             family = CounterMetricFamily(f"gpt_oss_prompt_cache_disk_{name}", help_text)
             family.add_metric([], values[name])
             yield family
+
+
+class ResidencyCollector(Collector):
+    """The model's residency (loaded, unloading, unloaded, loading) and its reloads."""
+
+    STATES = ("loaded", "unloading", "unloaded", "loading")
+
+    def __init__(self, runtime: Runtime) -> None:
+        self._runtime = runtime
+
+    def collect(self) -> Iterator[Metric]:
+        report = self._runtime.residency_report
+        state = GaugeMetricFamily(
+            "gpt_oss_model_state",
+            "1 for the state the model is in: loaded, unloading, unloaded (--idle-unload) or "
+            "loading again.",
+            labels=["state"],
+        )
+        for name in self.STATES:
+            state.add_metric([name], 1.0 if report.state.value == name else 0.0)
+        yield state
+        yield CounterMetricFamily(
+            "gpt_oss_model_unloads", "Unloads after --idle-unload without a request.",
+            value=report.unloads,
+        )  # fmt: skip
+        yield CounterMetricFamily(
+            "gpt_oss_model_reloads", "Loads after an unload, for a request.", value=report.loads
+        )
+        if report.last_load_s is not None:
+            yield GaugeMetricFamily(
+                "gpt_oss_model_last_reload_seconds",
+                "How long the last load after an unload took.",
+                value=report.last_load_s,
+            )
 
 
 class RequestMetricsMiddleware:

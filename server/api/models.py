@@ -1,4 +1,9 @@
-"""/health, /v1/models and /v1/server (the facts the chat page shows about this server)."""
+"""/health, /v1/models and /v1/server (the facts the chat page shows about this server).
+
+Each says whether the model is in memory (`model_state`: loaded, unloading, unloaded, loading;
+see server.ops.residency); /v1/models lists the model under its name and its aliases (the names
+Codex's --oss asks LM Studio for).
+"""
 
 from __future__ import annotations
 
@@ -17,38 +22,42 @@ health_router = APIRouter()
 
 @health_router.get("/health", response_model=None)
 async def health(request: Request) -> dict[str, Any] | JSONResponse:
-    """200 while the engine can generate; 503 with the reason once it cannot (an RPC host left)."""
+    """200 while the engine can generate (also while the model is unloaded: the next request loads
+    it); 503 with the reason once it cannot (an RPC host left)."""
     runtime: Runtime = request.app.state.runtime
+    state = runtime.residency_report.state.value
     failure = runtime.engine.failure
     if failure is not None:
-        body = {"status": "error", "model": runtime.model_name, "error": failure}
-        return JSONResponse(body, status_code=503)
-    return {"status": "ok", "model": runtime.model_name}
+        body = {"status": "error", "model": runtime.model_name, "model_state": state}
+        return JSONResponse({**body, "error": failure}, status_code=503)
+    return {"status": "ok", "model": runtime.model_name, "model_state": state}
 
 
 @router.get("/v1/models")
 async def list_models(request: Request) -> dict[str, Any]:
     runtime: Runtime = request.app.state.runtime
     info = runtime.engine.info
-    return {
-        "object": "list",
-        "data": [
-            {
-                "id": runtime.model_name,
-                "object": "model",
-                "created": request.app.state.started_at,
-                "owned_by": "openai",
-                "context_length": info.n_ctx,
-                "meta": {
-                    "description": info.description,
-                    "n_ctx_train": info.n_ctx_train,
-                    "n_params": info.n_params,
-                    "size": info.size_bytes,
-                    "n_vocab": info.n_vocab,
-                },
-            }
-        ],
+    meta = {
+        "description": info.description,
+        "n_ctx_train": info.n_ctx_train,
+        "n_params": info.n_params,
+        "size": info.size_bytes,
+        "n_vocab": info.n_vocab,
     }
+    models = [
+        {
+            "id": name,
+            "object": "model",
+            "created": request.app.state.started_at,
+            "owned_by": "openai",
+            "context_length": info.n_ctx,
+            "meta": meta
+            if name == runtime.model_name
+            else {**meta, "alias_of": runtime.model_name},
+        }
+        for name in runtime.names
+    ]
+    return {"object": "list", "data": models}
 
 
 @router.get("/v1/server")
@@ -57,10 +66,17 @@ async def server_facts(request: Request) -> dict[str, Any]:
     runtime: Runtime = request.app.state.runtime
     settings: Settings = request.app.state.settings
     info, load = runtime.engine.info, runtime.engine.load
+    residency = runtime.residency_report
     return {
         "object": "server",
         "version": __version__,
         "model": runtime.model_name,
+        "aliases": list(runtime.aliases),
+        "model_state": residency.state.value,
+        "idle_unload_s": residency.idle_unload_s,
+        "reloads": residency.loads,
+        "last_reload_s": residency.last_load_s,
+        "last_unload_s": residency.last_unload_s,
         "description": info.description,
         "size": info.size_bytes,
         "n_ctx": info.n_ctx,

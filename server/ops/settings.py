@@ -7,6 +7,7 @@ $GPT_OSS_CONFIG, see server.ops.config_file) > defaults.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -44,6 +45,42 @@ def _name_list(value: object) -> object:
     return tuple(dict.fromkeys(str(item).strip().lower() for item in items if str(item).strip()))
 
 
+def _alias_list(value: object) -> object:
+    """--model-aliases "a,b" (flag, variable) or a TOML list: a tuple of names, each once."""
+    if value is None:
+        return None
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list | tuple):
+        return value  # pydantic reports the type error
+    return tuple(dict.fromkeys(str(item).strip() for item in items if str(item).strip()))
+
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|s|m|h)")
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(value: object) -> object:
+    """A duration as Ollama's keep_alive writes it ("5m", "1h30m", "90s", "500ms", or bare
+    seconds) -> seconds; "0", "off", "none" or "" -> None (off)."""
+    if value is None or isinstance(value, int | float):
+        return None if value is None or value == 0 else float(value)
+    if not isinstance(value, str):
+        return value  # pydantic reports the type error
+    text = value.strip().lower()
+    if text in ("", "0", "off", "none", "false"):
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        parts = _DURATION_PART.findall(text)
+        if not parts or "".join(number + unit for number, unit in parts) != text:
+            raise ValueError(
+                f"{value!r} is not a duration: write it as 90s, 5m, 1h30m or seconds"
+            ) from None
+        seconds = sum(float(number) * _DURATION_UNITS[unit] for number, unit in parts)
+    return None if seconds == 0 else seconds
+
+
 def default_cache_dir() -> Path:
     return Path.home() / ".cache" / "gpt-oss-server"
 
@@ -78,6 +115,15 @@ class Settings(BaseSettings):
     served_model_name: str | None = Field(
         None, description="Model id reported by /v1/models; default: the alias or file name."
     )
+    model_aliases: Annotated[tuple[str, ...] | None, NoDecode, BeforeValidator(_alias_list)] = (
+        Field(
+            None,
+            description="Other names the model answers to, NAME[,NAME...]: listed by /v1/models "
+            "and Ollama's /api/tags, so `codex --oss` finds its model. Default: Ollama's and LM "
+            "Studio's names for the model's size (gpt-oss:20b and openai/gpt-oss-20b; 120b for "
+            "a model of 60B parameters or more); '' for none.",
+        )
+    )
     host: str = Field("127.0.0.1", description="Address to bind.")
     allowed_hosts: Annotated[tuple[str, ...], NoDecode, BeforeValidator(_name_list)] = Field(
         (),
@@ -94,6 +140,14 @@ class Settings(BaseSettings):
         description="On SIGTERM or Ctrl-C, seconds in-flight requests may take to finish; then "
         "their generations are stopped and each stream ends with its terminal event. Under "
         "Docker's default 10 s stop timeout.",
+    )
+    idle_unload: Annotated[float | None, BeforeValidator(parse_duration)] = Field(
+        None,
+        gt=0,
+        description="Unload the model after this long without a request (90s, 5m, 1h; 0 or off: "
+        "never, the default), giving its GPU and host memory back; the next request loads it "
+        "again (waiting in the queue meanwhile) and the prompt cache on disk spares it the "
+        "prompt it has seen. Off by default: a reload costs seconds to minutes.",
     )
     n_ctx: int = Field(
         32768,

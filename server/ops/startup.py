@@ -1,8 +1,10 @@
-"""Start-up: Settings -> a Runtime: resolve the model, connect RPC hosts, place it, load it."""
+"""Start-up: Settings -> a Runtime: resolve the model, connect RPC hosts, place it, load it;
+with --idle-unload, the residency that unloads it when idle and loads it again (placed anew)."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,11 +16,13 @@ from server.engine.llama import LlamaEngine
 from server.engine.loading import offload
 from server.engine.loading.gguf_header import GGUFFormatError, vocabulary_bytes
 from server.engine.loading.placement import Placement, PlacementOptions
+from server.engine.loading.vocabulary import Vocabulary
 from server.engine.rpc import backend as rpc
 from server.engine.rpc.hosts import RpcError
 from server.harmony import tokens
 from server.harmony.encoding import load_encoding
 from server.ops.model_source import resolve_model
+from server.ops.residency import ModelResidency
 from server.ops.runtime import Runtime
 from server.ops.settings import Settings
 from server.private_files import PrivatePathError, private_dir
@@ -69,7 +73,41 @@ def load_runtime(settings: Settings, sampling_hook: SamplingHook | None = None) 
     engine, placement = start_engine(settings, config, sampling_hook)
     check_token_ids(engine, encoding)
     name = settings.served_model_name or model.name
-    return Runtime(engine=engine, encoding=encoding, model_name=name, placement=placement)
+    aliases = model_aliases(settings, engine.info.n_params)
+    if settings.idle_unload is None:
+        return Runtime(engine, encoding, name, placement, aliases)
+    residency = idle_unloading(
+        settings, engine, lambda: load_engine(settings, config, sampling_hook)[0]
+    )
+    return Runtime(residency, encoding, name, placement, aliases, residency)
+
+
+def idle_unloading(
+    settings: Settings, engine: Engine, open_engine: Callable[[], Engine]
+) -> ModelResidency:
+    """The residency of a loaded engine: unloaded after --idle-unload, opened again on demand."""
+    assert settings.idle_unload is not None
+    try:
+        vocabulary = Vocabulary(engine.info.path)
+    except RuntimeError as exc:
+        engine.close()
+        raise StartupError(str(exc)) from exc
+    log.info(
+        "--idle-unload: the model is unloaded after %g s without a request", settings.idle_unload
+    )
+    return ModelResidency(engine, open_engine, vocabulary, settings.idle_unload)
+
+
+BIG_MODEL_PARAMS = 60e9  # between gpt-oss-20b's 20.9B and gpt-oss-120b's 116.8B
+
+
+def model_aliases(settings: Settings, n_params: int) -> tuple[str, ...]:
+    """The names the model also answers to: --model-aliases, else the names Codex's --oss asks
+    Ollama and LM Studio for (gpt-oss:20b, openai/gpt-oss-20b), for the model's size."""
+    if settings.model_aliases is not None:
+        return settings.model_aliases
+    size = "120b" if n_params >= BIG_MODEL_PARAMS else "20b"
+    return (f"gpt-oss:{size}", f"openai/gpt-oss-{size}")
 
 
 def start_engine(
@@ -79,6 +117,14 @@ def start_engine(
     it cannot)."""
     check_prompt_cache_dir(config)
     connect_rpc_hosts(settings)
+    return load_engine(settings, config, sampling_hook)
+
+
+def load_engine(
+    settings: Settings, config: EngineConfig, sampling_hook: SamplingHook | None = None
+) -> tuple[LlamaEngine, Placement]:
+    """Place the model on the devices (their free memory now) and load it (StartupError when
+    it cannot); the RPC hosts are connected already."""
     placement = place_model(config, settings)
     config = replace(
         config,

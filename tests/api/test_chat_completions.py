@@ -220,7 +220,8 @@ def test_unknown_route_is_an_openai_404(client: TestClient) -> None:
 
 
 def test_health_and_models(client: TestClient) -> None:
-    assert client.get("/health").json() == {"status": "ok", "model": "gpt-oss-tiny"}
+    health = client.get("/health").json()
+    assert health == {"status": "ok", "model": "gpt-oss-tiny", "model_state": "loaded"}
     models = client.get("/v1/models").json()
     assert models["object"] == "list"
     (model,) = models["data"]

@@ -148,3 +148,28 @@ def test_placement_defaults_and_refusals() -> None:
         Settings(n_gpu_layers=-2)
     with pytest.raises(ValidationError):
         Settings(n_cpu_moe=-1)
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("5m", 300.0), ("1h30m", 5400.0), ("90s", 90.0), ("500ms", 0.5), ("300", 300.0),
+     ("1.5s", 1.5), ("0", None), ("off", None), ("", None)],
+)  # fmt: skip
+def test_idle_unload_takes_ollamas_durations(text: str, seconds: float | None) -> None:
+    assert parse_serve(["--idle-unload", text]).idle_unload == seconds
+
+
+def test_idle_unload_is_off_by_default() -> None:
+    assert Settings().idle_unload is None
+
+
+@pytest.mark.parametrize("text", ["5 minutes", "m", "5x", "-1", "1h-5m"])
+def test_a_bad_idle_unload_names_the_option(text: str) -> None:
+    with pytest.raises(ValidationError, match="idle_unload"):
+        Settings(idle_unload=text)
+
+
+def test_model_aliases_from_a_flag_or_automatic() -> None:
+    assert parse_serve(["--model-aliases", "a:1, openai/b"]).model_aliases == ("a:1", "openai/b")
+    assert parse_serve(["--model-aliases", ""]).model_aliases == ()
+    assert Settings().model_aliases is None  # automatic: see server.ops.startup.model_aliases

@@ -1,0 +1,160 @@
+"""--idle-unload on a real `gpt-oss-server serve` process: the idle model is unloaded (its
+memory goes back: the process's RSS drops), /health, /v1/server and /metrics say so, and the
+next request loads it again while the requests beyond the 429 bound are still refused; and in
+process, a reload that fails."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+from openai_harmony import HarmonyEncoding
+
+from server.app import create_app
+from server.bench.procs import ServerProcess
+from server.engine.base import EngineConfig
+from server.engine.llama import LlamaEngine
+from server.ops.runtime import Runtime
+from server.ops.settings import Settings
+from server.ops.startup import idle_unloading
+from server.testing.synthetic_gguf import TRAINED, cached_gguf
+from tests.e2e.conftest import server_process
+from tests.support.responses import served
+
+pytestmark = pytest.mark.slow  # a server process on the 160 MB trained model, loaded 3 times
+
+N_CTX = 4096
+CHAT = {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4}
+
+
+@pytest.fixture(scope="module")
+def model() -> Path:
+    return cached_gguf(TRAINED)  # big enough (≈160 MB of weights) to see in the RSS
+
+
+@pytest.fixture(scope="module")
+def server(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """One sequence and no waiting room: slots + max waiting = 1 request at a time."""
+    options = ("--idle-unload", "1s", "--n-ctx", str(N_CTX), "--n-threads", "2", "--n-slots",
+               "1", "--max-waiting", "0", "--log-level", "info")  # fmt: skip
+    with server_process(model, tmp_path_factory.mktemp("idle"), *options) as proc:
+        yield proc
+
+
+def base(proc: ServerProcess) -> str:
+    return proc.health_url.removesuffix("/health")
+
+
+def state(proc: ServerProcess) -> str:
+    return str(httpx.get(proc.health_url).json()["model_state"])
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.05)
+
+
+def metric(proc: ServerProcess, name: str) -> float:
+    for line in httpx.get(f"{base(proc)}/metrics").text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.split()[-1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
+def chat(proc: ServerProcess) -> httpx.Response:
+    return httpx.post(f"{base(proc)}/v1/chat/completions", json=CHAT, timeout=120)
+
+
+def test_idle_model_is_unloaded_and_loaded_again_on_demand(
+    server: ServerProcess, model: Path
+) -> None:
+    assert chat(server).status_code == 200
+    rss_loaded = psutil.Process(server.pid).memory_info().rss
+    wait_for(lambda: state(server) == "unloaded")
+    rss_unloaded = psutil.Process(server.pid).memory_info().rss
+    facts = httpx.get(f"{base(server)}/v1/server").json()
+    assert facts["model_state"] == "unloaded"
+    assert facts["idle_unload_s"] == 1.0
+    assert metric(server, 'gpt_oss_model_state{state="unloaded"}') == 1.0
+    assert metric(server, "gpt_oss_model_unloads_total") >= 1
+    # the model's weights are gone from the process (it keeps the vocabulary, ≈20 MB)
+    freed = rss_loaded - rss_unloaded
+    assert freed > 0.7 * model.stat().st_size, (rss_loaded, rss_unloaded)
+
+    seen: list[str] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            seen.append(state(server))
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        with ThreadPoolExecutor(2) as pool:  # two at once, while the model is unloaded
+            statuses = sorted(r.status_code for r in pool.map(lambda _: chat(server), range(2)))
+    finally:
+        done.set()
+        watcher.join()
+    assert statuses == [200, 429]  # the waiting one holds the only place: the bound holds
+    assert "loading" in seen
+    assert metric(server, "gpt_oss_model_reloads_total") == 1
+    reload_s = httpx.get(f"{base(server)}/v1/server").json()["last_reload_s"]
+    assert reload_s > 0
+    log = server.log_path.read_text()
+    assert "unloading the model (--idle-unload)" in log
+    assert "a request is waiting: loading the model again" in log
+    assert "model loaded again in" in log
+
+
+def test_first_answer_after_a_reload_counts_the_wait(server: ServerProcess) -> None:
+    """The response's timings (and /metrics' queue time) include the load it waited for."""
+    wait_for(lambda: state(server) == "unloaded")
+    reloads = metric(server, "gpt_oss_model_reloads_total")
+    response = chat(server)
+    assert response.status_code == 200
+    timings = response.json()["timings"]
+    reload_s = httpx.get(f"{base(server)}/v1/server").json()["last_reload_s"]
+    assert metric(server, "gpt_oss_model_reloads_total") == reloads + 1
+    assert timings["ttft_ms"] >= reload_s * 1000 * 0.9
+
+
+def test_a_failed_reload_fails_the_waiting_request_and_the_next_one_retries(
+    tiny_gguf: Path, encoding: HarmonyEncoding, tmp_path: Path
+) -> None:
+    """In process: the model file goes away while the model is unloaded; the request that
+    waited for the load gets the reason, and once the file is back the next one loads it."""
+    model = tmp_path / "model.gguf"
+    shutil.copyfile(tiny_gguf, model)
+    config = EngineConfig(model_path=str(model), n_ctx=1024, n_threads=2)
+    settings = Settings(idle_unload="0.5s", responses_store_path=tmp_path / "store.sqlite3")
+    residency = idle_unloading(settings, LlamaEngine(config), lambda: LlamaEngine(config))
+    runtime = Runtime(residency, encoding, "tiny", residency=residency)
+    try:
+        with served(create_app(settings, runtime)) as url:
+            root = url.removesuffix("/v1")
+
+            def unloaded() -> bool:
+                return bool(httpx.get(f"{root}/health").json()["model_state"] == "unloaded")
+
+            wait_for(unloaded)
+            model.rename(tmp_path / "gone.gguf")
+            failed = httpx.post(f"{url}/chat/completions", json=CHAT, timeout=60)
+            assert failed.status_code == 500
+            assert "could not be loaded again" in failed.json()["error"]["message"]
+            assert unloaded()  # back to unloaded: the next request tries again
+            (tmp_path / "gone.gguf").rename(model)
+            assert httpx.post(f"{url}/chat/completions", json=CHAT, timeout=60).status_code == 200
+            assert httpx.get(f"{root}/v1/server").json()["reloads"] == 1
+    finally:
+        runtime.close()
