@@ -44,6 +44,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         reasoning_content=settings.reasoning_content,
         summaries=shown.summary is not None,
         include_usage=bool(body.stream_options and body.stream_options.include_usage),
+        logprobs=generator.token_bytes if body.logprobs else None,
+        reasoning_logprobs=bool(body.reasoning_logprobs),
     )
     run: StreamRun[ChatEvent] = StreamRun(prepared, emitter, name=f"completion {factory.id}")
     if body.stream:
