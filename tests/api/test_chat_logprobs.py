@@ -104,7 +104,7 @@ def test_no_logprobs_unless_asked(client: TestClient, forced: ForcedScript) -> N
 
 
 def test_bad_logprobs_requests_get_a_clear_400(client: TestClient) -> None:
-    cases = [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
         ({"top_logprobs": 2}, "top_logprobs"),
         ({"reasoning_logprobs": True}, "reasoning_logprobs"),
