@@ -70,9 +70,7 @@ def test_stream_chunks_carry_their_tokens_logprobs(
     client: TestClient, forced: ForcedScript
 ) -> None:
     forced.push(GREETING)
-    datas = stream(
-        client, messages=USER_HI, logprobs=True, top_logprobs=1, reasoning_logprobs=True
-    )
+    datas = stream(client, messages=USER_HI, logprobs=True, top_logprobs=1, reasoning_logprobs=True)
     chunks = chunks_of(datas)
     content: list[dict[str, Any]] = []
     reasoning: list[dict[str, Any]] = []

@@ -69,10 +69,10 @@ def test_text_prompt_generates_raw_tokens(client: TestClient, forced: ForcedScri
     assert choice.text == "Lima, Peru."
     assert choice.finish_reason == "stop"
     assert choice.logprobs is not None
-    assert "".join(choice.logprobs.tokens or []) == "Lima, Peru."
+    assert "".join(choice.logprobs.tokens or []) == "Lima, Peru.<|return|>"  # text: not its end
     assert all(top == {} for top in choice.logprobs.top_logprobs or [])
     assert body.usage is not None
-    assert body.usage.completion_tokens == len(choice.logprobs.tokens or []) + 1  # <|return|>
+    assert body.usage.completion_tokens == len(choice.logprobs.tokens or [])
 
 
 def test_echo_and_generation_together(
@@ -85,7 +85,7 @@ def test_echo_and_generation_together(
     assert choice["text"] == prompt + " Lima"
     lists = choice["logprobs"]
     n_prompt = len(encoding.encode(prompt))
-    assert len(lists["tokens"]) == n_prompt + len(encoding.encode(" Lima"))
+    assert len(lists["tokens"]) == n_prompt + len(encoding.encode(" Lima")) + 1  # + <|return|>
     assert lists["text_offset"][n_prompt] == len(prompt)
     assert all(v is not None for v in lists["token_logprobs"][1:])
 
@@ -134,7 +134,8 @@ def test_stream_is_the_same_text(client: TestClient, forced: ForcedScript) -> No
     assert all(choice["finish_reason"] is None for choice in choices[:-1])
     usage = chunks[-1]["usage"]
     scored = [choice["logprobs"] for choice in choices if choice["logprobs"]]
-    assert sum(len(lp["tokens"]) for lp in scored) == usage["completion_tokens"] - 1  # <|return|>
+    assert sum(len(lp["tokens"]) for lp in scored) == usage["completion_tokens"]
+    assert scored[-1]["tokens"][-1] == "<|return|>"
     assert b"".join(t.encode() for lp in scored for t in lp["tokens"]).count(b"world") == 1
 
 

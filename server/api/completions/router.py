@@ -4,7 +4,9 @@ Each prompt is one choice, generated side by side in the batch (server/core/raw.
 `echo`, the prompt comes back before the completion, and with `logprobs` each prompt token's
 logprob too (the first is null: nothing comes before it): what loglikelihood evaluation reads.
 `max_tokens: 0` evaluates the prompt only. Text is cut at a `stop` string; the engine's stop
-token (<|return|>, <|call|>, <|end|>, <|endoftext|>) ends the completion and is not part of it.
+token (<|return|>, <|call|>, <|end|>, <|endoftext|>) ends the completion: it is not part of the
+text, but is listed with its logprob (every generated token is; clients such as lm-eval count on
+`max_tokens` tokens after the prompt).
 """
 
 from __future__ import annotations
@@ -185,10 +187,9 @@ async def _complete(
     scores: list[TokenLogprob | None] = []
     async with aclosing(run.chunks()) as chunks:
         async for chunk in chunks:
-            kept = [t for t in chunk if t not in run.params.stop_tokens]
-            tokens += kept
-            scores += [s for t, s in zip(chunk, chunk.logprobs, strict=False) if t in kept]
-            text.add(kept)
+            tokens += chunk
+            scores += chunk.logprobs
+            text.add([t for t in chunk if t not in run.params.stop_tokens])
             if text.stopped:
                 break
     text.add((), final=True)
@@ -202,7 +203,7 @@ async def _complete(
         if body.echo:
             parts.append(legacy(run.prompt_tokens, result.prompt_logprobs, vocab, n_top=n_top))
         generated = legacy(tokens, scores, vocab, n_top=n_top, offset=len(prefix))
-        parts.append(_cut(generated, len(prefix) + len(text.text)))
+        parts.append(_cut(generated, len(prefix) + len(text.text)) if text.stopped else generated)
         logprobs = joined(parts)
     choice = CompletionChoice(
         index=index,
@@ -271,13 +272,13 @@ async def _stream(
     text = _Text(vocab, _stops(body))
     async with aclosing(run.chunks()) as chunks:
         async for tokens in chunks:
-            kept = [t for t in tokens if t not in run.params.stop_tokens]
             offset = len(text.text)
-            delta = text.add(kept)
+            delta = text.add([t for t in tokens if t not in run.params.stop_tokens])
             logprobs = None
             if body.logprobs is not None:
-                scores = [s for t, s in zip(tokens, tokens.logprobs, strict=False) if t in kept]
-                logprobs = legacy(kept, scores, vocab, n_top=body.logprobs, offset=offset)
+                logprobs = legacy(
+                    tokens, tokens.logprobs, vocab, n_top=body.logprobs, offset=offset
+                )
             if delta or (logprobs is not None and logprobs["tokens"]):
                 yield sse_data(chunk(delta, logprobs, None))
             if text.stopped:
