@@ -42,8 +42,6 @@ WIRE_NAMES = {
 
 
 def check_supported(request: ChatCompletionRequest) -> None:
-    if request.n not in (None, 1):
-        raise InvalidRequest("only n=1 is supported", param="n")
     if request.top_logprobs is not None and not request.logprobs:
         raise InvalidRequest("top_logprobs needs logprobs: true", param="top_logprobs")
     if request.reasoning_logprobs and not request.logprobs:

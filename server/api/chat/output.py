@@ -223,6 +223,11 @@ class ChatEmitter:
         out.append("[DONE]")
         return out
 
+    def usage(self) -> UsageOut:
+        """This choice's usage (once finished)."""
+        finished = self.finished or Finished(FinishReason.ERROR)
+        return usage_out(finished.usage, finished.summaries)
+
     @property
     def finish_reason(self) -> str:
         reason = self.finished.reason if self.finished else FinishReason.ERROR
@@ -280,6 +285,7 @@ class ChunkFactory:
     id: str
     created: int
     model: str
+    index: int = 0  # the choice (`n` > 1)
 
     def chunk(self, delta: Delta, finish_reason: str | None = None) -> ChatCompletionChunk:
         return ChatCompletionChunk(
@@ -288,7 +294,12 @@ class ChunkFactory:
             created=self.created,
             model=self.model,
             choices=[
-                {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
+                {
+                    "index": self.index,
+                    "delta": delta,
+                    "finish_reason": finish_reason,
+                    "logprobs": None,
+                }
             ],
         )
 
@@ -340,7 +351,7 @@ def fold(events: Sequence[ChatEvent], emitter: ChatEmitter) -> ChatCompletion:
         model=factory.model,
         choices=[
             {
-                "index": 0,
+                "index": factory.index,
                 "message": message,
                 "finish_reason": emitter.finish_reason,
                 "logprobs": _merged_logprobs(events, emitter),
