@@ -12,6 +12,7 @@ from fastapi import Depends, FastAPI
 from server import __version__
 from server.api.auth import require_api_key
 from server.api.chat.router import router as chat_router
+from server.api.completions.router import router as completions_router
 from server.api.error_handlers import install_error_handlers
 from server.api.host_check import HostCheckMiddleware
 from server.api.limits import BodyLimitMiddleware
@@ -86,8 +87,14 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     app.include_router(health_router)
     app.include_router(metrics_router)
     app.include_router(web_router)  # the chat page at `/`: static files, no key
-    routers = (models_router, ollama_router, chat_router, responses_router, messages_router)
-    for router in routers:
+    for router in (
+        models_router,
+        ollama_router,
+        chat_router,
+        completions_router,
+        responses_router,
+        messages_router,
+    ):
         app.include_router(router, dependencies=[Depends(require_api_key)])
     return app
 

@@ -59,12 +59,31 @@ class SegmentStart:
 
 
 @dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """The log-probability of one token the model produced, and the most likely alternatives.
+
+    From the model's own distribution at that position (log-softmax of the logits: before
+    temperature, top-p/k, steering and grammars; see docs/sampling.md#log-probabilities).
+    `top` is sorted from the most likely token down.
+    """
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class SegmentDelta:
-    """Decoded content text of the open segment (complete UTF-8 characters only)."""
+    """Decoded content text of the open segment (complete UTF-8 characters only).
+
+    `logprobs`: the content tokens this text came from, when the request asked for them (a
+    token that completes no character is reported with the next delta of its segment).
+    """
 
     index: int
     kind: SegmentKind
     text: str
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

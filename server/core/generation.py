@@ -10,9 +10,10 @@ for, the events of a short summary generation per reasoning segment are merged i
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import weakref
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
@@ -31,6 +32,8 @@ from server.contracts.events import (
     GenerationEvent,
     SegmentDelta,
     SegmentEnd,
+    SegmentStart,
+    TokenLogprob,
 )
 from server.contracts.transcript import ResponseFormat, ToolChoice, Transcript
 from server.core.admission import Admission, Ticket
@@ -45,8 +48,10 @@ from server.grammars.tools import call_grammar
 from server.harmony.decoder import HarmonyDecoder
 from server.harmony.renderer import Renderer
 from server.harmony.steering import HarmonySteering, SteeringPlan, plan_steering
+from server.harmony.token_bytes import TokenBytes
 from server.harmony.tokens import CALL as CALL_TOKEN
 from server.harmony.tokens import END as END_TOKEN
+from server.harmony.tokens import MESSAGE_TERMINATORS as TERMINATORS
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +71,7 @@ class GenerationOptions:
     reasoning_budget: int | None = None  # analysis tokens before the answer is forced to start
     stop: tuple[str, ...] = ()  # strings that end the final answer
     summary: SummaryStyle | None = None  # summarize each reasoning segment in this style
+    logprobs: int | None = None  # content tokens' logprobs on the deltas, with this many others
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +113,11 @@ class Generator:
         self.strict_tools = strict_tools  # enforce schemas of tools that do not say `strict`
         self.stream_interval_s = stream_interval_s  # engine chunks at most this often
         self._checked_grammars: dict[str, bool] = {}  # grammar -> llama.cpp accepts it
+
+    @functools.cached_property
+    def token_bytes(self) -> TokenBytes:
+        """Each token's bytes (read once, when logprobs are first asked for)."""
+        return TokenBytes.load(self.encoding)
 
     def prepare(self, transcript: Transcript, options: GenerationOptions) -> Prepared:
         """Render and validate; raises InvalidRequest / ContextLengthExceeded / ServerBusy.
@@ -221,6 +232,7 @@ class Generator:
             min_p=self.defaults.min_p,
             seed=None if options.seed is None else options.seed % SEED_RANGE,
             stop_tokens=self._stop_tokens,
+            logprobs=options.logprobs,
         )
 
     def _steering(
@@ -332,7 +344,7 @@ class Prepared:
         consumed = False
         try:
             async for chunk in stream.paced(self.generator.stream_interval_s):
-                for event in client.feed(chunk):
+                for event in client.feed(chunk, chunk.logprobs):
                     yield event
                 if client.stopped:
                     break
@@ -403,7 +415,8 @@ class ClientEvents:
     The decoder parses the tokens, stop strings cut the final answer, and tool names go back to
     the client's names; consecutive deltas of one segment in a chunk are joined (one delta per
     segment and chunk goes out, not one per token). Once a stop string matched, nothing more
-    is decoded.
+    is decoded. Where the request asked for logprobs, each content token's (the tokens of a
+    segment after its header, before its terminator) goes out with the next delta of its segment.
     """
 
     def __init__(
@@ -413,6 +426,8 @@ class ClientEvents:
         self._stops = stops
         self._names = names
         self.ended: list[SegmentEnd] = []  # messages completed while sampling (the history's)
+        self._open = False  # a segment's content is being sampled
+        self._scores: list[TokenLogprob] = []  # content tokens not yet sent with a delta
 
     @property
     def stopped(self) -> bool:
@@ -423,22 +438,24 @@ class ClientEvents:
     def stop_sequence(self) -> str | None:
         return self._stops.matched
 
-    def feed(self, tokens: list[int]) -> Iterator[GenerationEvent]:
-        texts: list[str] = []
+    def feed(
+        self, tokens: list[int], logprobs: Sequence[TokenLogprob | None] = ()
+    ) -> Iterator[GenerationEvent]:
+        texts: list[SegmentDelta] = []
         pending: SegmentDelta | None = None
-        for event in self._filtered(tokens):
+        for event in self._filtered(tokens, logprobs):
             if (
                 isinstance(event, SegmentDelta)
                 and pending is not None
                 and event.index == pending.index
             ):
-                texts.append(event.text)
+                texts.append(event)
                 continue
             if pending is not None:
                 yield self._for_client(_joined(pending, texts))
                 pending = None
             if isinstance(event, SegmentDelta):
-                pending, texts = event, [event.text]
+                pending, texts = event, [event]
             else:
                 yield self._for_client(event)
         if pending is not None:
@@ -450,22 +467,42 @@ class ClientEvents:
             for passed in self._stops.filter(event):
                 yield self._for_client(passed)
 
-    def _filtered(self, tokens: list[int]) -> Iterator[GenerationEvent]:
-        for token in tokens:
+    def _filtered(
+        self, tokens: list[int], logprobs: Sequence[TokenLogprob | None]
+    ) -> Iterator[GenerationEvent]:
+        for at, token in enumerate(tokens):
+            score = logprobs[at] if at < len(logprobs) else None
+            if score is not None and self._open and token not in TERMINATORS:
+                self._scores.append(score)
             for event in self._decoder.feed(token):
+                if isinstance(event, SegmentStart | SegmentEnd):
+                    self._open = isinstance(event, SegmentStart)
                 for passed in self._stops.filter(event):
                     if isinstance(passed, SegmentEnd):  # complete messages only: the history
                         self.ended.append(passed)
-                    yield passed
+                        self._scores = []
+                    yield self._scored(passed)
                 if self._stops.hit:
                     return
+
+    def _scored(self, event: GenerationEvent) -> GenerationEvent:
+        """A delta with the logprobs of the content tokens it is the text of."""
+        if not isinstance(event, SegmentDelta) or not self._scores:
+            return event
+        scores, self._scores = tuple(self._scores), []
+        return dataclasses.replace(event, logprobs=scores)
 
     def _for_client(self, event: GenerationEvent) -> GenerationEvent:
         return self._names.to_client(event) if self._names is not None else event
 
 
-def _joined(first: SegmentDelta, texts: list[str]) -> SegmentDelta:
-    return first if len(texts) == 1 else dataclasses.replace(first, text="".join(texts))
+def _joined(first: SegmentDelta, deltas: list[SegmentDelta]) -> SegmentDelta:
+    if len(deltas) == 1:
+        return first
+    text = "".join(d.text for d in deltas)
+    return dataclasses.replace(
+        first, text=text, logprobs=tuple(lp for d in deltas for lp in d.logprobs)
+    )
 
 
 def _find(tokens: list[int], token: int, start: int = 0) -> int:

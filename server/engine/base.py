@@ -9,7 +9,7 @@ from enum import Enum
 from typing import Protocol
 
 from server.contracts.directives import Steering, SteeringStats
-from server.contracts.events import Timings, Usage
+from server.contracts.events import Timings, TokenLogprob, Usage
 
 TokenChooser = Callable[[int], int]
 """Given the token the sampler picked, returns the token to use instead (tests force scripts)."""
@@ -31,6 +31,8 @@ class SamplingParams:
     min_p: float = 0.0
     seed: int | None = None
     stop_tokens: frozenset[int] = frozenset()
+    logprobs: int | None = None  # report each sampled token's logprob and this many alternatives
+    prompt_logprobs: bool = False  # also every prompt token's (evaluates the prompt in full)
 
 
 class StopReason(str, Enum):
@@ -51,6 +53,8 @@ class EngineResult:
     stop_token: int | None = None
     error: str | None = None
     steering: SteeringStats = field(default_factory=SteeringStats)  # overrides of the model
+    # SamplingParams.prompt_logprobs: one per prompt token, None for the first (nothing before it)
+    prompt_logprobs: tuple[TokenLogprob | None, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,12 +129,25 @@ class ModelInfo:
     size_bytes: int
 
 
+class TokenChunk(list[int]):
+    """Tokens handed over together; `logprobs` holds one entry per token when the request asked
+    for them (None for a token steering forced: no distribution was sampled), else is empty."""
+
+    __slots__ = ("logprobs",)
+
+    def __init__(
+        self, tokens: list[int] | None = None, logprobs: list[TokenLogprob | None] | None = None
+    ) -> None:
+        super().__init__(tokens or ())
+        self.logprobs: list[TokenLogprob | None] = logprobs or []
+
+
 class TokenStream(Protocol):
     """The sampled tokens of one generation, in chunks, as they come."""
 
-    def __aiter__(self) -> AsyncIterator[list[int]]: ...
+    def __aiter__(self) -> AsyncIterator[TokenChunk]: ...
 
-    def paced(self, interval_s: float) -> AsyncIterator[list[int]]:
+    def paced(self, interval_s: float) -> AsyncIterator[TokenChunk]:
         """The chunks, at most one per `interval_s` while tokens come faster (the first chunk
         and the end are not held back): tokens that come in between are handed over together."""
         ...

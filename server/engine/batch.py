@@ -23,6 +23,7 @@ class BatchPart:
     tokens: Sequence[int]
     start_pos: int
     logits: bool  # keep the logits of the last token (to sample from)
+    all_logits: bool = False  # keep every token's (prompt log-probabilities)
 
 
 class Batch:
@@ -52,7 +53,8 @@ class Batch:
         )
 
     def fill(self, parts: Sequence[BatchPart]) -> list[int]:
-        """Write the parts in order; the batch index of each part's logits (-1: none kept)."""
+        """Write the parts in order; the batch index of each part's last logits (-1: none kept;
+        a part with `all_logits` has its tokens' logits at the indices just before)."""
         n = 0
         indices = []
         for part in parts:
@@ -63,9 +65,11 @@ class Batch:
             np.add(self._steps[: end - n], part.start_pos, out=self._pos[n:end])
             self._seq_id[n:end] = part.seq_id
             self._logits[n:end] = 0
-            if part.logits:
+            if part.all_logits:
+                self._logits[n:end] = 1
+            elif part.logits:
                 self._logits[end - 1] = 1
-            indices.append(end - 1 if part.logits else -1)
+            indices.append(end - 1 if part.logits or part.all_logits else -1)
             n = end
         self.struct.n_tokens = n
         return indices

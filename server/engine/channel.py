@@ -5,7 +5,8 @@ looked, so a slow consumer gets larger chunks instead of a growing backlog of wa
 is woken at most once per drained chunk, and not at all while the consumer is busy or pacing:
 a paced consumer takes at most one chunk per interval while tokens come faster than that, so
 each chunk (one decoder pass, one network write downstream) carries several tokens. The first
-token and the end of the generation are never held back.
+token and the end of the generation are never held back. A token's logprob (when the request
+asked for them) travels with it, in the chunk's `logprobs`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import contextlib
 import threading
 from collections.abc import AsyncIterator, Callable
 
-from server.engine.base import EngineResult
+from server.contracts.events import TokenLogprob
+from server.engine.base import EngineResult, TokenChunk
 
 
 class TokenChannel:
@@ -24,7 +26,7 @@ class TokenChannel:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._lock = threading.Lock()
-        self._tokens: list[int] = []
+        self._tokens = TokenChunk()
         self._result: EngineResult | None = None
         self._wake_pending = False
         self._ready = asyncio.Event()
@@ -33,9 +35,15 @@ class TokenChannel:
 
     # engine-thread side
 
-    def push(self, token: int) -> None:
+    def push(
+        self, token: int, logprob: TokenLogprob | None = None, *, scored: bool = False
+    ) -> None:
+        """Hand over one token; `scored`: the request asked for logprobs (`logprob` is then the
+        token's, or None for a token no distribution was sampled for)."""
         with self._lock:
             self._tokens.append(token)
+            if scored:
+                self._tokens.logprobs.append(logprob)
             if self._wake_pending:
                 return
             self._wake_pending = True
@@ -80,16 +88,16 @@ class TokenChannel:
             raise RuntimeError("the generation has not finished")
         return self._result
 
-    def __aiter__(self) -> AsyncIterator[list[int]]:
+    def __aiter__(self) -> AsyncIterator[TokenChunk]:
         return self.paced(0.0)
 
-    async def paced(self, interval_s: float) -> AsyncIterator[list[int]]:
+    async def paced(self, interval_s: float) -> AsyncIterator[TokenChunk]:
         """The chunks, at most one per `interval_s` while tokens come faster (see the module)."""
         loop = self._loop
         while True:
             self._ready.clear()
             with self._lock:
-                chunk, self._tokens = self._tokens, []
+                chunk, self._tokens = self._tokens, TokenChunk()
                 done = self._result is not None
                 if not chunk:  # nothing new: the next token wakes the loop
                     self._wake_pending = False

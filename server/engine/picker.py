@@ -50,6 +50,7 @@ class TokenPicker:
         self._chooser = chooser
         self.choices = 0
         self.overrides = 0
+        self.forced = False  # the last tokens were forced by steering (nothing was sampled)
         self._grammars: dict[Constrain, GrammarSampler] = {}
         self._rng = np.random.default_rng(params.seed)
         self._sampler = NumpySampler(ctx.workspace, params, self._rng)
@@ -59,6 +60,7 @@ class TokenPicker:
     def next_tokens(self, index: int) -> tuple[int, ...]:
         """The forced tokens, or one token picked from the logits at batch position `index`."""
         directive = self._steering.next() if self._steering is not None else None
+        self.forced = isinstance(directive, Force)
         if isinstance(directive, Force):
             return directive.tokens
         if isinstance(directive, Allow):

@@ -10,6 +10,11 @@ prompt's save points are saved as its prefill reaches them (chunks end there), a
 conversation is saved before it is dropped, every conversation is saved at shutdown, and a new
 prompt starts from the longest saved prefix when the disk holds more of it than the memory (read
 only once a slot is free for it, one read for the requests waiting on the same entry).
+
+Log-probabilities are computed only for requests that ask (SamplingParams.logprobs): each
+sampled token's travels with it to the channel. A request for the prompt's own
+(`prompt_logprobs`) evaluates its whole prompt, reusing nothing cached, in chunks of
+`PROMPT_LOGPROBS_CHUNK` tokens whose every position keeps its logits.
 """
 
 from __future__ import annotations
@@ -22,17 +27,19 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from server.contracts.directives import Steering, SteeringStats
-from server.contracts.events import Timings, Usage
+from server.contracts.events import Timings, TokenLogprob, Usage
 from server.engine.base import EngineResult, SamplingHook, SamplingParams, StopReason
 from server.engine.channel import TokenChannel
 from server.engine.disk_cache.prompt_cache import Found, PromptCache
 from server.engine.llama_context import BatchPart, DecodeError, LlamaContext
 from server.engine.picker import TokenPicker
+from server.engine.sampling.logprobs import token_logprob
 from server.engine.slots import Slot, SlotChoice, choose_slot, eviction_order, longest_prefix
 
 log = logging.getLogger(__name__)
 
 NO_ROOM = 1  # llama_decode: no KV cells left for the batch
+PROMPT_LOGPROBS_CHUNK = 64  # prompt tokens per step when each keeps its logits (n_vocab floats)
 
 
 class _Phase(Enum):
@@ -66,6 +73,7 @@ class Job:
     prefilled: float = 0.0
     first_token: float = 0.0
     last_token: float = 0.0
+    prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)
 
     @property
     def prefilling(self) -> bool:
@@ -90,7 +98,15 @@ class Job:
         steering = SteeringStats()
         if self.picker is not None:
             steering = SteeringStats(self.picker.choices, self.picker.overrides)
-        return EngineResult(reason, usage, timings, self.stop_token, error, steering)
+        return EngineResult(
+            reason,
+            usage,
+            timings,
+            self.stop_token,
+            error,
+            steering,
+            prompt_logprobs=tuple(self.prompt_logprobs),
+        )
 
 
 class Scheduler:
@@ -191,7 +207,7 @@ class Scheduler:
                 continue
             if self._free_slots() <= 0:
                 return
-            if self._cache is not None and not job.looked_up:
+            if self._cache is not None and not job.looked_up and not job.params.prompt_logprobs:
                 job.looked_up = True
                 cached = longest_prefix(self.slots, job.prompt_tokens)
                 future = self._cache.lookup(job.prompt_tokens, cached)
@@ -218,9 +234,13 @@ class Scheduler:
         ctx, slot = self._ctx, choice.slot
         slot.busy = True
         job.slot = slot
-        keep = ctx.truncate(slot.seq_id, ctx.reusable_prefix(slot.seq_id, choice.keep))
+        reuse = 0 if job.params.prompt_logprobs else choice.keep  # every position is computed
+        keep = ctx.truncate(slot.seq_id, ctx.reusable_prefix(slot.seq_id, reuse))
         del slot.tokens[keep:]
-        if choice.donor is not None:
+        if job.params.prompt_logprobs:
+            job.disk = None
+            job.prompt_logprobs = [None]  # the first token has nothing before it
+        elif choice.donor is not None:
             shared = ctx.reusable_prefix(choice.donor.seq_id, choice.shared)
             if shared > keep:
                 ctx.share_prefix(choice.donor.seq_id, slot.seq_id, shared)
@@ -249,9 +269,12 @@ class Scheduler:
             start = prefill.next_prompt
             if self._cache is not None:  # end the chunk at the next save point
                 cap = min([cap, *(p - start for p in prefill.save_points if p > start)])
+            scored = prefill.params.prompt_logprobs
+            if scored:
+                cap = min(cap, PROMPT_LOGPROBS_CHUNK)
             chunk = prefill.prompt_tokens[start : start + cap]
             last = start + len(chunk) == len(prefill.prompt_tokens)
-            parts.append(BatchPart(prefill.slot.seq_id, chunk, start, last))
+            parts.append(BatchPart(prefill.slot.seq_id, chunk, start, last, all_logits=scored))
             owners.append(prefill)
         return parts, owners
 
@@ -283,6 +306,8 @@ class Scheduler:
         assert job.picker is not None
         job.slot.tokens.extend(part.tokens)
         if job.prefilling:
+            if part.all_logits:
+                self._score_prompt(job, part, index)
             job.next_prompt += len(part.tokens)
             job.evaluated += len(part.tokens)
             if job.next_prompt in job.save_points:
@@ -291,15 +316,39 @@ class Scheduler:
                 job.prefilled = time.perf_counter()
         else:
             job.pending = ()
-        if index < 0:
+        if index < 0 or job.prefilling:  # a prompt chunk whose logits were kept for scoring
+            return
+        if job.params.max_tokens <= 0:  # the prompt alone was asked for (its logprobs)
+            self._finish(job, StopReason.MAX_TOKENS)
             return
         tokens = job.picker.next_tokens(index)
-        for token in tokens:
-            if self._emit(job, token):
+        scores = self._scores(job, index, tokens)
+        for token, score in zip(tokens, scores, strict=True):
+            if self._emit(job, token, score):
                 return
         job.pending = tokens
 
-    def _emit(self, job: Job, token: int) -> bool:
+    def _scores(self, job: Job, index: int, tokens: tuple[int, ...]) -> list[TokenLogprob | None]:
+        """The logprobs to report with `tokens` (None: not asked for, or forced by steering)."""
+        assert job.picker is not None
+        n_top = job.params.logprobs
+        if n_top is None or job.picker.forced:
+            return [None] * len(tokens)
+        return [token_logprob(self._ctx.logits(index), tokens[0], n_top)]
+
+    def _score_prompt(self, job: Job, part: BatchPart, index: int) -> None:
+        """The logprob of each prompt token after this chunk's positions (the logits at batch
+        index `first + j` predict the token after the chunk's j-th)."""
+        first = index - len(part.tokens) + 1
+        n_top = job.params.logprobs or 0
+        prompt = job.prompt_tokens
+        for j in range(len(part.tokens)):
+            following = part.start_pos + j + 1
+            if following < len(prompt):
+                logits = self._ctx.logits(first + j)
+                job.prompt_logprobs.append(token_logprob(logits, prompt[following], n_top))
+
+    def _emit(self, job: Job, token: int, score: TokenLogprob | None = None) -> bool:
         """Hand one token to the client; True when the generation ended with it."""
         assert job.picker is not None
         job.picker.accept(token)
@@ -308,7 +357,7 @@ class Scheduler:
             job.first_token = now
         job.last_token = now
         job.completed += 1
-        job.channel.push(token)
+        job.channel.push(token, score, scored=job.params.logprobs is not None)
         if token in job.params.stop_tokens:
             job.stop_token = token
             self._finish(job, StopReason.STOP_TOKEN)

@@ -171,7 +171,7 @@ def test_unknown_fields_are_ignored(client: TestClient, forced: ForcedScript) ->
     [
         ({"messages": []}, "messages"),
         ({"messages": [{"role": "robot", "content": "x"}]}, "messages.0.role"),
-        ({"messages": USER_HI, "n": 2}, "n"),
+        ({"messages": USER_HI, "n": 5}, "n"),  # more than the 4 slots
         ({"messages": USER_HI, "temperature": 5}, "temperature"),
         ({"messages": USER_HI, "reasoning": {"effort": "extreme"}}, "reasoning.effort"),
         (

@@ -42,10 +42,10 @@ WIRE_NAMES = {
 
 
 def check_supported(request: ChatCompletionRequest) -> None:
-    if request.n not in (None, 1):
-        raise InvalidRequest("only n=1 is supported", param="n")
-    if request.logprobs:
-        raise InvalidRequest("logprobs are not supported", param="logprobs")
+    if request.top_logprobs is not None and not request.logprobs:
+        raise InvalidRequest("top_logprobs needs logprobs: true", param="top_logprobs")
+    if request.reasoning_logprobs and not request.logprobs:
+        raise InvalidRequest("reasoning_logprobs needs logprobs: true", param="reasoning_logprobs")
 
 
 def to_transcript(
@@ -86,6 +86,7 @@ def generation_options(
         reasoning_budget=budget,
         stop=(stop,) if isinstance(stop, str) else tuple(stop or ()),
         summary=summary,
+        logprobs=(request.top_logprobs or 0) if request.logprobs else None,
     )
 
 

@@ -21,6 +21,7 @@ from typing import Any, Literal
 from server.api.chat.schemas import (
     ChatCompletion,
     ChatCompletionChunk,
+    ChoiceLogprobs,
     Delta,
     MessageOut,
     ReasoningDetailOut,
@@ -29,6 +30,7 @@ from server.api.chat.schemas import (
     ToolCallOut,
     UsageOut,
 )
+from server.api.logprobs import TokenLogprobOut, token_entries
 from server.api.response_fields import summary_timings_out, timings_out
 from server.api.sse import DONE, sse_data
 from server.contracts.errors import ServerError, error_envelope
@@ -44,6 +46,7 @@ from server.contracts.events import (
     SummaryStart,
     Usage,
 )
+from server.harmony.token_bytes import TokenBytes
 
 FINISH_REASONS = {
     FinishReason.STOP: "stop",
@@ -90,6 +93,8 @@ class ChatEmitter:
     reasoning_content: bool = True  # also send the reasoning as `reasoning_content`
     summaries: bool = False  # the reasoning summaries
     include_usage: bool = False  # a usage chunk after the finish reason
+    logprobs: TokenBytes | None = None  # the content tokens' logprobs were asked for
+    reasoning_logprobs: bool = False  # and the reasoning tokens' (`logprobs.reasoning`)
     finished: Finished | None = None
     _has_reasoning: bool = False
     _needs_separator: bool = False
@@ -116,7 +121,26 @@ class ChatEmitter:
             return []
         if isinstance(event, Finished):
             return self._finish(event)
-        return [self.factory.chunk(delta) for delta in self._deltas(event)]
+        chunks = [self.factory.chunk(delta) for delta in self._deltas(event)]
+        if chunks and isinstance(event, SegmentDelta) and event.logprobs:
+            scored = self._scored(event)
+            if scored is not None:
+                chunks[0]["choices"][0]["logprobs"] = scored
+        return list[ChatEvent](chunks)
+
+    def _scored(self, delta: SegmentDelta) -> ChoiceLogprobs | None:
+        """The logprobs a chunk carries with this delta's text (content, or reasoning when asked
+        for); none for tool-call arguments."""
+        if self.logprobs is None:
+            return None
+        if delta.kind in (SegmentKind.FINAL, SegmentKind.PREAMBLE):
+            return ChoiceLogprobs(
+                content=token_entries(delta.logprobs, self.logprobs), refusal=None
+            )
+        if delta.kind is SegmentKind.REASONING and self.reasoning_logprobs:
+            entries = token_entries(delta.logprobs, self.logprobs)
+            return ChoiceLogprobs(content=[], refusal=None, reasoning=entries)
+        return None
 
     def _deltas(self, event: GenerationEvent) -> list[Delta]:
         if isinstance(event, SegmentStart):
@@ -199,6 +223,11 @@ class ChatEmitter:
         out.append("[DONE]")
         return out
 
+    def usage(self) -> UsageOut:
+        """This choice's usage (once finished)."""
+        finished = self.finished or Finished(FinishReason.ERROR)
+        return usage_out(finished.usage, finished.summaries)
+
     @property
     def finish_reason(self) -> str:
         reason = self.finished.reason if self.finished else FinishReason.ERROR
@@ -256,6 +285,7 @@ class ChunkFactory:
     id: str
     created: int
     model: str
+    index: int = 0  # the choice (`n` > 1)
 
     def chunk(self, delta: Delta, finish_reason: str | None = None) -> ChatCompletionChunk:
         return ChatCompletionChunk(
@@ -264,7 +294,12 @@ class ChunkFactory:
             created=self.created,
             model=self.model,
             choices=[
-                {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
+                {
+                    "index": self.index,
+                    "delta": delta,
+                    "finish_reason": finish_reason,
+                    "logprobs": None,
+                }
             ],
         )
 
@@ -293,9 +328,9 @@ def fold(events: Sequence[ChatEvent], emitter: ChatEmitter) -> ChatCompletion:
         if not isinstance(event, str):
             deltas += [choice["delta"] for choice in event.get("choices", [])]
     factory = emitter.factory
-    content = "".join(d.get("content", "") for d in deltas)
+    text = "".join(d.get("content", "") for d in deltas)
     reasoning = "".join(d.get("reasoning", "") for d in deltas)
-    message = MessageOut(role="assistant", content=content or None)
+    message = MessageOut(role="assistant", content=text or None)
     if reasoning:
         message["reasoning"] = reasoning
         if emitter.reasoning_content:
@@ -316,10 +351,10 @@ def fold(events: Sequence[ChatEvent], emitter: ChatEmitter) -> ChatCompletion:
         model=factory.model,
         choices=[
             {
-                "index": 0,
+                "index": factory.index,
                 "message": message,
                 "finish_reason": emitter.finish_reason,
-                "logprobs": None,
+                "logprobs": _merged_logprobs(events, emitter),
             }
         ],
     )
@@ -328,6 +363,24 @@ def fold(events: Sequence[ChatEvent], emitter: ChatEmitter) -> ChatCompletion:
         body["usage"] = usage_out(finished.usage, finished.summaries)
         body["timings"] = chat_timings(finished)
     return body
+
+
+def _merged_logprobs(events: Sequence[ChatEvent], emitter: ChatEmitter) -> ChoiceLogprobs | None:
+    """The chunks' logprobs, joined (None when the request did not ask for them)."""
+    if emitter.logprobs is None:
+        return None
+    content: list[TokenLogprobOut] = []
+    reasoning: list[TokenLogprobOut] = []
+    for event in events:
+        for choice in event.get("choices", []) if isinstance(event, dict) else []:
+            scored = choice["logprobs"]
+            if scored is not None:
+                content += scored["content"] or []
+                reasoning += scored.get("reasoning", [])
+    merged = ChoiceLogprobs(content=content, refusal=None)
+    if emitter.reasoning_logprobs:
+        merged["reasoning"] = reasoning
+    return merged
 
 
 def _merged_details(deltas: list[Delta]) -> list[ReasoningDetailOut]:

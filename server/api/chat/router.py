@@ -1,12 +1,15 @@
-"""POST /v1/chat/completions: streaming (SSE chunks) and non-streaming, one event stream."""
+"""POST /v1/chat/completions: streaming (SSE chunks) and non-streaming, one event stream (one
+per choice when `n` > 1: server/api/chat/choices.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import logging
+from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 
 from server.api.chat.adapter import (
     WIRE_NAMES,
@@ -14,12 +17,16 @@ from server.api.chat.adapter import (
     reasoning_view,
     to_transcript,
 )
+from server.api.chat.choices import folded, merged, merged_stream
 from server.api.chat.output import ChatEmitter, ChatEvent, ChunkFactory, encode, fold
 from server.api.chat.schemas import ChatCompletionRequest
+from server.api.disconnect import ClientGone, consume_while_connected
 from server.api.response_fields import new_id, now
+from server.api.sse import sse_response
 from server.api.stream_run import StreamRun
-from server.contracts.errors import ServerError
-from server.core.generation import Generator
+from server.contracts.errors import InvalidRequest, ServerError
+from server.contracts.transcript import Transcript
+from server.core.generation import GenerationOptions, Generator, Prepared
 from server.ops.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -33,19 +40,73 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     today = datetime.date.today().isoformat()
     transcript = to_transcript(body, settings.reasoning_effort, today)
     shown = reasoning_view(body, settings.reasoning_visibility)
+    n = body.n or 1
+    slots = generator.engine.load.slots
+    if n > slots:
+        raise InvalidRequest(
+            f"n={n} asks for more choices than the server generates side by side ({slots}; "
+            "--n-slots)",
+            param="n",
+        )
+    options = generation_options(body, shown.summary)
     try:
-        prepared = generator.prepare(transcript, generation_options(body, shown.summary))
+        prepared = _prepare_choices(generator, transcript, options, n)
     except ServerError as exc:
         raise exc.named(WIRE_NAMES) from None
-    factory = ChunkFactory(new_id("chatcmpl-"), now(), body.model or request.app.state.model_name)
-    emitter = ChatEmitter(
-        factory,
-        include_reasoning=shown.raw,
-        reasoning_content=settings.reasoning_content,
-        summaries=shown.summary is not None,
-        include_usage=bool(body.stream_options and body.stream_options.include_usage),
-    )
-    run: StreamRun[ChatEvent] = StreamRun(prepared, emitter, name=f"completion {factory.id}")
+    chat_id = new_id("chatcmpl-")
+    created, model = now(), body.model or request.app.state.model_name
+    emitters = [
+        ChatEmitter(
+            ChunkFactory(chat_id, created, model, index),
+            include_reasoning=shown.raw,
+            reasoning_content=settings.reasoning_content,
+            summaries=shown.summary is not None,
+            include_usage=bool(body.stream_options and body.stream_options.include_usage),
+            logprobs=generator.token_bytes if body.logprobs else None,
+            reasoning_logprobs=bool(body.reasoning_logprobs),
+        )
+        for index in range(n)
+    ]
+    runs: list[StreamRun[ChatEvent]] = [
+        StreamRun(source, emitter, name=f"completion {chat_id}")
+        for source, emitter in zip(prepared, emitters, strict=True)
+    ]
+    if n == 1:
+        run, emitter = runs[0], emitters[0]
+        if body.stream:
+            return run.stream(encode, keepalive_s=None)
+        return await run.respond(request, lambda events: fold(events, emitter))
     if body.stream:
-        return run.stream(encode, keepalive_s=None)
-    return await run.respond(request, lambda events: fold(events, emitter))
+
+        async def encoded() -> AsyncIterator[bytes]:
+            async for event in merged_stream([r.events() for r in runs], emitters):
+                yield encode(event)
+
+        return sse_response(encoded())
+    events: list[list[ChatEvent]] = [[] for _ in runs]
+    try:
+        await consume_while_connected(
+            request,
+            merged([r.events() for r in runs]),
+            lambda item: events[item[0]].append(item[1]),
+        )
+    except ClientGone:
+        return Response(status_code=499)
+    return JSONResponse(folded(events, emitters))
+
+
+def _prepare_choices(
+    generator: Generator, transcript: Transcript, options: GenerationOptions, n: int
+) -> list[Prepared]:
+    """One admitted generation per choice (a seed gives each choice its own: seed + index)."""
+    prepared: list[Prepared] = []
+    try:
+        for index in range(n):
+            seed = None if options.seed is None else options.seed + index
+            prepared.append(generator.prepare(transcript, dataclasses.replace(options, seed=seed)))
+    except BaseException:
+        for done in prepared:
+            if done.ticket is not None:
+                done.ticket.release()
+        raise
+    return prepared

@@ -9,6 +9,8 @@ from typing import Any, Literal, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from server.api.logprobs import TokenLogprobOut
+
 
 class _Lenient(BaseModel):
     model_config = ConfigDict(extra="allow")
@@ -91,6 +93,8 @@ class ChatCompletionRequest(_Lenient):
     response_format: dict[str, Any] | None = None
     stop: str | list[str] | None = None
     logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    reasoning_logprobs: bool | None = None  # an extension: the reasoning tokens' logprobs too
 
 
 class FunctionDelta(TypedDict, total=False):
@@ -130,11 +134,20 @@ class ToolCallOut(TypedDict):
     function: FunctionDelta
 
 
+class _ChoiceLogprobs(TypedDict):
+    content: list[TokenLogprobOut] | None
+    refusal: None
+
+
+class ChoiceLogprobs(_ChoiceLogprobs, total=False):
+    reasoning: list[TokenLogprobOut]  # with `reasoning_logprobs`: the reasoning tokens'
+
+
 class ChunkChoice(TypedDict):
     index: int
     delta: Delta
     finish_reason: str | None
-    logprobs: None
+    logprobs: ChoiceLogprobs | None
 
 
 class SummaryUsageOut(TypedDict):
@@ -184,7 +197,7 @@ class ChoiceOut(TypedDict):
     index: int
     message: MessageOut
     finish_reason: str | None
-    logprobs: None
+    logprobs: ChoiceLogprobs | None
 
 
 class ChatCompletion(TypedDict, total=False):

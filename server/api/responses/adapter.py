@@ -162,7 +162,16 @@ def generation_options(
         tool_choice=to_tool_choice(request.tool_choice),
         reasoning_budget=request.reasoning.max_tokens if request.reasoning else None,
         summary=summary,
+        logprobs=(request.top_logprobs or 0) if wants_logprobs(request) else None,
     )
+
+
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+
+
+def wants_logprobs(request: ResponsesRequest) -> bool:
+    """`include: ["message.output_text.logprobs"]`, or `top_logprobs` given."""
+    return LOGPROBS_INCLUDE in (request.include or []) or request.top_logprobs is not None
 
 
 # ---------------------------------------------------------------------------------- tools

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
+from server.api.logprobs import token_entries
 from server.api.response_fields import new_id, now
 from server.api.responses.items import (
     LIFECYCLES,
@@ -34,6 +35,7 @@ from server.api.responses.schemas import (
     OutputItem,
     OutputItemAdded,
     OutputItemDone,
+    OutputTextDelta,
     ResponseCompleted,
     ResponseCreated,
     ResponseError,
@@ -61,6 +63,7 @@ from server.contracts.events import (
     ToolTarget,
 )
 from server.core.visibility import ReasoningView
+from server.harmony.token_bytes import TokenBytes
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +84,10 @@ class ResponsesEmitter:
         new_item_id: Callable[[str], str] = new_id,
         *,
         view: ReasoningView = RAW,
+        logprobs: TokenBytes | None = None,
     ) -> None:
         self._base = base
+        self._logprobs = logprobs  # the output text's logprobs were asked for
         self._new_item_id = new_item_id
         self._view = view
         self._sequence = 0
@@ -188,7 +193,13 @@ class ResponsesEmitter:
             return []  # the raw chain of thought is not shown
         item.parts.append(event.text)
         delta = LIFECYCLES[item.kind].delta
-        return [] if delta is None else [delta(item, self._next(), event.text)]
+        if delta is None:
+            return []
+        out = delta(item, self._next(), event.text)
+        if self._logprobs is not None and isinstance(out, OutputTextDelta):
+            out.logprobs = token_entries(event.logprobs, self._logprobs)
+            item.scores += out.logprobs
+        return [out]
 
     def _shows_text(self, item: OpenItem) -> bool:
         """Whether the item's text is streamed: all but reasoning whose raw text is hidden."""

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from server.api.logprobs import TokenLogprobOut
 from server.api.responses.adapter import custom_input
 from server.api.responses.schemas import (
     ContentPartDone,
@@ -61,6 +62,7 @@ class OpenItem:
     call_id: str = ""
     target: ToolTarget | None = None  # tool calls only
     parts: list[str] = field(default_factory=list)
+    scores: list[TokenLogprobOut] = field(default_factory=list)  # output text's, when asked for
     ended: SegmentEnd | None = None  # reasoning whose content is done, waiting for its summary
     summary: list[str] | None = None  # the summary part's text, once the part is open
     summary_complete: bool = True
@@ -124,7 +126,10 @@ class _TextEvents:
             content_index=0,
             text=text,
         )
-        return [done, _part_done(item, next_sequence(), self.part_type(text=text))]
+        part = self.part_type(text=text)
+        if isinstance(done, OutputTextDone) and isinstance(part, OutputTextPart):
+            done.logprobs = part.logprobs = list(item.scores)
+        return [done, _part_done(item, next_sequence(), part)]
 
 
 _REASONING_TEXT = _TextEvents(ReasoningTextDelta, ReasoningTextDone, ReasoningTextPart)
@@ -154,7 +159,9 @@ def _message_part(_: bool) -> TextPart | None:
 
 
 def _message_item(item: OpenItem, status: ItemStatus, text: str, _: bool) -> OutputItem:
-    parts = [OutputTextPart(text=text)] if status != "in_progress" else []
+    parts = (
+        [OutputTextPart(text=text, logprobs=list(item.scores))] if status != "in_progress" else []
+    )
     return MessageItem(id=item.id, status=status, content=parts, phase=item.phase)
 
 

@@ -24,6 +24,7 @@ from server.api.responses.adapter import (
     reasoning_view,
     to_conversation,
     to_transcript,
+    wants_logprobs,
 )
 from server.api.responses.emitter import ResponsesEmitter, fold
 from server.api.responses.schemas import (
@@ -100,7 +101,8 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     except ServerError as exc:
         raise exc.named(WIRE_NAMES) from None
     base = _base_response(body, transcript, options, generator, request.app.state.model_name)
-    emitter = ResponsesEmitter(base, view=shown)
+    vocab = generator.token_bytes if wants_logprobs(body) else None
+    emitter = ResponsesEmitter(base, view=shown, logprobs=vocab)
     finisher = _Finisher(state, generator, conversation, date, store=base.store)
     run: StreamRun[StreamEvent] = StreamRun(
         prepared, emitter, name=f"response {base.id}", finish=finisher

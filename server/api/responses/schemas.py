@@ -126,6 +126,7 @@ class ResponsesRequest(_Lenient):
     stream: bool = False
     previous_response_id: str | None = None
     include: list[str] | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
     prompt_cache_key: str | None = None
     metadata: dict[str, str] | None = None
     truncation: str | None = None

@@ -1,0 +1,109 @@
+"""Several choices (`n` > 1): one generation per choice, side by side in the engine's batch,
+their chat events merged into one stream or one body.
+
+Each choice has its own emitter (its chunks carry its `index`); the merged stream passes every
+choice's chunks as they come, holds back each choice's `[DONE]` and usage chunk, and ends with
+one usage chunk (if asked for) and one `[DONE]`; a failed choice ends the stream with its error.
+The body lists the folded choices in order, with the usage of all of them (the prompt counted
+once, as OpenAI does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from typing import TypeVar
+
+from server.api.chat.output import ChatEmitter, ChatEvent, ChatFailed, fold
+from server.api.chat.schemas import ChatCompletion, ChatCompletionChunk, UsageOut
+
+T = TypeVar("T")
+
+
+async def merged(sources: Sequence[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:
+    """Every source's items as they come, tagged with the source's position."""
+    queue: asyncio.Queue[tuple[int, T | None, BaseException | None, bool]] = asyncio.Queue()
+
+    async def pump(index: int, source: AsyncIterator[T]) -> None:
+        error: BaseException | None = None
+        try:
+            async for item in source:
+                await queue.put((index, item, None, False))
+        except Exception as exc:  # handed to the consumer
+            error = exc
+        finally:
+            queue.put_nowait((index, None, error, True))
+
+    tasks = [asyncio.ensure_future(pump(i, source)) for i, source in enumerate(sources)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            index, item, error, ended = await queue.get()
+            if error is not None:
+                raise error
+            if ended:
+                remaining -= 1
+            else:
+                yield index, item  # type: ignore[misc]  # not None: not an end marker
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+async def merged_stream(
+    sources: Sequence[AsyncIterator[ChatEvent]], emitters: Sequence[ChatEmitter]
+) -> AsyncIterator[ChatEvent]:
+    """The chunks of every choice, then one usage chunk (if asked for) and one `[DONE]`."""
+    async for _, event in merged(sources):
+        if event == "[DONE]":
+            continue
+        if isinstance(event, ChatFailed):
+            yield event
+            break
+        if isinstance(event, dict) and event.get("usage") is not None:
+            continue  # summed at the end
+        yield event
+    else:
+        if emitters[0].include_usage:
+            yield _usage_chunk(emitters)
+    yield "[DONE]"
+
+
+def _usage_chunk(emitters: Sequence[ChatEmitter]) -> ChatCompletionChunk:
+    first = emitters[0]
+    assert first.finished is not None
+    chunk = first.factory.usage_chunk(first.finished)
+    chunk["usage"] = total_usage(emitters)
+    return chunk
+
+
+def total_usage(emitters: Sequence[ChatEmitter]) -> UsageOut:
+    """The choices' usage: their completions summed, the prompt once."""
+    usages = [e.usage() for e in emitters]
+    total = usages[0]
+    completion = sum(u["completion_tokens"] for u in usages)
+    reasoning = sum(u["completion_tokens_details"]["reasoning_tokens"] for u in usages)
+    return UsageOut(
+        prompt_tokens=total["prompt_tokens"],
+        completion_tokens=completion,
+        total_tokens=total["prompt_tokens"] + completion,
+        prompt_tokens_details=total["prompt_tokens_details"],
+        completion_tokens_details={"reasoning_tokens": reasoning},
+    )
+
+
+def folded(events: Sequence[list[ChatEvent]], emitters: Sequence[ChatEmitter]) -> ChatCompletion:
+    """The body of every choice: the first's, with every choice's folded choice in order."""
+    bodies = [
+        fold(choice_events, emitter)
+        for choice_events, emitter in zip(events, emitters, strict=True)
+    ]
+    body = bodies[0]
+    body["choices"] = [b["choices"][0] for b in bodies]
+    if "usage" in body:
+        body["usage"] = total_usage(emitters)
+    return body

@@ -1,0 +1,1 @@
+"""OpenAI's legacy Completions API (`/v1/completions`): raw prompts, echo and logprobs."""
