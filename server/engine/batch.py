@@ -23,6 +23,7 @@ class BatchPart:
     tokens: Sequence[int]
     start_pos: int
     logits: bool  # keep the logits of the last token (to sample from)
+    outputs: int = 1  # with `logits`: how many of the last tokens keep theirs (a verify's draft)
 
 
 class Batch:
@@ -64,7 +65,7 @@ class Batch:
             self._seq_id[n:end] = part.seq_id
             self._logits[n:end] = 0
             if part.logits:
-                self._logits[end - 1] = 1
+                self._logits[end - part.outputs : end] = 1
             indices.append(end - 1 if part.logits else -1)
             n = end
         self.struct.n_tokens = n

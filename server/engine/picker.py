@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from server.contracts.directives import Allow, Constrain, Force, Steering
+from server.contracts.directives import Allow, Constrain, Directive, Force, Steering
 from server.engine.base import SamplingParams, TokenChooser
 from server.engine.llama_context import LlamaContext
 from server.engine.sampling.banned import Banned
@@ -42,6 +42,7 @@ class TokenPicker:
         self._chooser = chooser
         self.choices = 0
         self.overrides = 0
+        self.last: Directive = None  # the last pick's directive (drafts go only in content)
         self._grammars: dict[Constrain, GrammarSampler] = {}
         self._rng = np.random.default_rng(params.seed)
         self._sampler = NumpySampler(ctx.workspace, params, self._rng)
@@ -51,6 +52,7 @@ class TokenPicker:
     def next_tokens(self, index: int) -> tuple[int, ...]:
         """The forced tokens, or one token picked from the logits at batch position `index`."""
         directive = self._steering.next() if self._steering is not None else None
+        self.last = directive
         if isinstance(directive, Force):
             return directive.tokens
         if isinstance(directive, Allow):
