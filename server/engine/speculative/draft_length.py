@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-PRIOR = 0.5  # the acceptance assumed before a sequence has drafted anything
+PRIOR = {6: 0.8, 3: 0.6, 2: 0.5, 1: 0.3}  # acceptance assumed by n-gram order, before any verify
 PRIOR_WEIGHT = 2.0  # how many drafted tokens the prior counts for
 DECAY = 0.9  # the weight left to past verifies at each new one
 DRIFT = 0.97  # the weight left at each step that drafted nothing while a draft was at hand
@@ -94,7 +94,8 @@ class Acceptance:
     def rate(self, order: int) -> float:
         accepted = self.accepted.get(order, 0.0)
         tried = self.tried.get(order, 0.0)
-        return (accepted + PRIOR * PRIOR_WEIGHT) / (tried + PRIOR_WEIGHT)
+        prior = PRIOR.get(order, 0.5)
+        return (accepted + prior * PRIOR_WEIGHT) / (tried + PRIOR_WEIGHT)
 
     def record(self, order: int, drafted: int, accepted: int) -> None:
         """A verify of `drafted` tokens accepted the first `accepted` of them."""

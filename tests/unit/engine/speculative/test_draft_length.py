@@ -53,7 +53,8 @@ def test_costly_verifies_need_acceptance() -> None:
 
 def test_acceptance_follows_recent_verifies_per_order() -> None:
     acceptance = Acceptance()
-    assert acceptance.rate(3) == PRIOR
+    assert acceptance.rate(3) == PRIOR[3]
+    assert acceptance.rate(6) > acceptance.rate(1)
     for _ in range(20):
         acceptance.record(3, drafted=8, accepted=8)
         acceptance.record(1, drafted=4, accepted=0)
