@@ -11,6 +11,7 @@ from pydantic_settings import CliApp
 from server.cli import Command, Serve, main
 from server.contracts.errors import ConfigFileError
 from server.ops.settings import Settings
+from server.ops.startup import engine_config
 
 
 @pytest.fixture(autouse=True)
@@ -148,3 +149,15 @@ def test_placement_defaults_and_refusals() -> None:
         Settings(n_gpu_layers=-2)
     with pytest.raises(ValidationError):
         Settings(n_cpu_moe=-1)
+
+
+def test_speculative_flags_reach_the_engine(tmp_path: Path) -> None:
+    defaults = engine_config(Settings(), tmp_path / "model.gguf")
+    assert (defaults.speculative, defaults.draft_max) == ("auto", 16)
+    serve = parse_serve(["--speculative", "off", "--draft-max", "8"])
+    config = engine_config(serve, tmp_path / "model.gguf")
+    assert (config.speculative, config.draft_max) == ("off", 8)
+    with pytest.raises(ValidationError):
+        parse_serve(["--speculative", "sometimes"])
+    with pytest.raises(ValidationError):
+        Settings(draft_max=65)
