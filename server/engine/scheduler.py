@@ -288,18 +288,18 @@ class Scheduler:
         return job.drafts.propose(limit, banned)
 
     def _decode(self, parts: list[BatchPart], owners: list[Job]) -> list[int] | None:
-        """Run the batch, dropping idle conversations while the cache has no room for it (and
-        the drafts, when that is not enough)."""
+        """Run the batch, dropping the drafts, then idle conversations, while the cache has no
+        room for it."""
         while True:
             try:
                 return self._ctx.decode(parts)
             except DecodeError as exc:
+                if exc.code == NO_ROOM and any(job.draft for job in owners):
+                    parts = [_undrafted(part, job) for part, job in zip(parts, owners, strict=True)]
+                    continue
                 victims = eviction_order(self.slots) if exc.code == NO_ROOM else []
                 if victims:
                     self._evict(victims[0])
-                    continue
-                if exc.code == NO_ROOM and any(job.draft for job in owners):
-                    parts = [_undrafted(part, job) for part, job in zip(parts, owners, strict=True)]
                     continue
                 self._fail_batch(owners, exc)
                 return None

@@ -40,7 +40,7 @@ def measure_verify_cost(
     ctx: LlamaContext,
     seq_id: int,
     draft_max: int,
-    rounds: int = 3,
+    rounds: int = 2,
     ks: Iterable[int] = MEASURED_K,
 ) -> tuple[VerifyCost, dict[int, float]]:
     """Time a step of 1 + k tokens (all with logits) against one of 1 token, for the draft
