@@ -74,16 +74,21 @@ class Speculator:
 
     @classmethod
     def start(cls, ctx: LlamaContext, config: EngineConfig) -> Speculator | None:
-        """Measure the verify cost; None where speculation is off (by the settings, because
-        rejected cells cannot be removed, or because drafts cannot pay on this model)."""
+        """Measure the verify cost (auto); None where speculation is off (by the settings,
+        because rejected cells cannot be removed, or because drafts cannot pay on this model).
+        With "on" every verify counts as one step: each sequence drafts whatever the context
+        offers (up to draft_max) while any of its drafts are accepted."""
         if config.speculative == "off" or config.draft_max <= 0:
             return None
         if ctx.n_swa > 0 and not config.swa_full:
             log.info("speculative decoding off: the sliding-window cache is not full-size")
             return None
+        if config.speculative == "on":  # drafts as long as the context offers, cost unweighed
+            log.info("speculative decoding on, up to %d drafted tokens a step", config.draft_max)
+            return cls(VerifyCost((1.0,) * (config.draft_max + 1)), config.draft_max)
         cost, _ = measure_verify_cost(ctx, 0, config.draft_max)
         shown = ", ".join(f"{k}:{c:.2f}" for k, c in enumerate(cost.cost))
-        if config.speculative == "auto" and not cost.pays():
+        if not cost.pays():
             log.info("speculative decoding off: a verify costs too much here (%s)", shown)
             return None
         log.info("speculative decoding on, verify cost by draft length %s", shown)

@@ -190,8 +190,9 @@ class Settings(BaseSettings):
         "auto",
         description="Speculative decoding from the context: drafts copied from the sequence's own "
         "tokens, verified exactly in the batch (the output is what it would be without). auto: on "
-        "where the verify cost measured at start lets drafts pay; each sequence drafts only while "
-        "its drafts are accepted often enough. Needs the full-size sliding-window cache.",
+        "where the verify cost measured at start lets drafts pay, and each sequence drafts only "
+        "while its drafts are accepted often enough to pay; on: draft whatever the context "
+        "offers, cost unweighed. Needs the full-size sliding-window cache.",
     )
     draft_max: int = Field(
         16, ge=0, le=64, description="The most drafted tokens verified in one step."
