@@ -1,19 +1,20 @@
 """Speculative decoding benchmark: the verify-cost curve, and decode tokens/s with and without.
 
 `python -m scripts.bench.speculative [--model PATH | --preset tiny|trained|20b] [--threads N]
-[--rounds 3] [--tokens 200] [--cost-rounds 5] [--temperature 1.0] [--out FILE]`
+[--rounds 3] [--tokens 200] [--cost-rounds 5] [--temperature 1.0] [--mode auto|on]
+[--out FILE]`
 
 Part 1 (`verify_cost`): on an empty sequence after a 64-token context, the time of one step of
 1 + k tokens (every one with its logits, as a verify asks) against a one-token step, for
-k = 0 … 16 (medians of `--cost-rounds`), and the break-even acceptance each k implies: the
+k = 0 … 16 (the fastest of `--cost-rounds`), and the break-even acceptance each k implies: the
 per-token acceptance at which a step with k drafts emits as many tokens per unit of time as a
 plain step (server/engine/speculative/draft_length.py).
 
 Part 2 (`workloads`): decode tokens/s of agent output that copies its context, on two engines of
-the same model (speculation on and off), taking turns request by request (which goes first
-alternates every round): an apply_patch edit of a file shown in the prompt, a call repeating
-long strings of the prompt, an answer quoting a tool result, and text that copies nothing (the
-random-weight model sampling freely, the overhead of looking for drafts). The copying outputs are
+the same model (speculation `--mode`, auto by default, and off), taking turns request by request
+(which goes first alternates every round): an apply_patch edit of a file shown in the prompt, a
+call repeating long strings of the prompt, an answer quoting a tool result, and text that copies
+nothing (the model sampling freely: the overhead of looking for drafts). The copying outputs are
 forced scripts: the model's logits are computed and sampled from at every position as always,
 then the script's token replaces the sampled one, so every draft that copies the script is
 confirmed: an upper bound of what a model that copies that much gets (the step costs are real,
@@ -134,14 +135,19 @@ def generate(engine: LlamaEngine, prompt: list[int], params: SamplingParams) -> 
     return asyncio.run(go())
 
 
-def workloads(
-    model: str, threads: int, rounds: int, n_tokens: int, temperature: float
-) -> dict[str, Any]:
+def workloads(model: str, args: argparse.Namespace) -> dict[str, Any]:
+    threads, rounds, n_tokens = args.threads, args.rounds, args.tokens
+    temperature, mode_on = args.temperature, args.mode
     encoding = load_encoding(Path.home() / ".cache" / "gpt-oss-server" / "vocab")
     hooks = {mode: Scripts() for mode in ("off", "on")}
     engines = {
         mode: LlamaEngine(
-            EngineConfig(model_path=model, n_ctx=4096, n_threads=threads, speculative=mode),
+            EngineConfig(
+                model_path=model,
+                n_ctx=4096,
+                n_threads=threads,
+                speculative=mode_on if mode == "on" else "off",
+            ),
             sampling_hook=hooks[mode],
         )
         for mode in ("off", "on")
@@ -205,6 +211,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--cost-rounds", type=int, default=5)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--skip-cost", action="store_true")
+    parser.add_argument(
+        "--mode", default="auto", choices=("auto", "on"), help="the speculative engine's setting"
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
@@ -214,12 +223,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "model": model,
         "threads": args.threads,
         "temperature": args.temperature,
+        "speculative": args.mode,
         "loadavg_before": loadavg(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     if not args.skip_cost:
         report["verify_cost"] = verify_cost(model, args.threads, args.cost_rounds)
-    report["workloads"] = workloads(model, args.threads, args.rounds, args.tokens, args.temperature)
+    report["workloads"] = workloads(model, args)
     report["loadavg_after"] = loadavg()
     text = json.dumps(report, indent=2)
     if args.out is not None:

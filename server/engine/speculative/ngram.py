@@ -45,7 +45,7 @@ class NgramDrafter:
     def __init__(self, tokens: Sequence[int]) -> None:
         self.tokens: list[int] = []
         self._index: dict[int, dict[int, int]] = {n: {} for n in ORDERS}
-        self._ending: dict[int, int] = {}  # the keys of the n-grams ending the sequence
+        self._suffix = [0] * max(ORDERS)  # [n - 1]: the key of the last n tokens
         self.extend(tokens)
 
     def extend(self, tokens: Sequence[int]) -> None:
@@ -75,21 +75,27 @@ class NgramDrafter:
     def append(self, token: int) -> None:
         """Add a token: each n-gram ending before it now has it as its follower."""
         position = len(self.tokens)
-        for n, key in self._ending.items():
-            self._index[n][key] = position
+        suffix = self._suffix
+        for n in ORDERS:
+            if position >= n:
+                self._index[n][suffix[n - 1]] = position
         self.tokens.append(token)
-        self._rekey()
+        # the n-gram ending here is the (n-1)-gram that ended before, then this token
+        value = token + 1
+        self._suffix = [value, *((key * _MULTIPLIER + value) & _MASK for key in suffix[:-1])]
 
     def _rekey(self) -> None:
         tail = self.tokens[-max(ORDERS) :]
-        self._ending = {n: ngram_key(tail[-n:]) for n in ORDERS if len(tail) >= n}
+        self._suffix = [ngram_key(tail[-n:]) for n in range(1, max(ORDERS) + 1)]
 
     def draft(self, limit: int) -> Draft | None:
         """Up to `limit` tokens continuing the longest n-gram ending the sequence, or None."""
         if limit <= 0:
             return None
-        for n, key in self._ending.items():  # longest first
-            follow = self._index[n].get(key)
-            if follow is not None:
-                return Draft(tuple(self.tokens[follow : follow + limit]), n)
+        length = len(self.tokens)
+        for n in ORDERS:  # longest first
+            if length >= n:
+                follow = self._index[n].get(self._suffix[n - 1])
+                if follow is not None:
+                    return Draft(tuple(self.tokens[follow : follow + limit]), n)
         return None
