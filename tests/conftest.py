@@ -71,7 +71,10 @@ def _no_leftover_scripts(request: pytest.FixtureRequest) -> Iterator[None]:
 @pytest.fixture(scope="session")
 def engine(tiny_gguf: Path, forced: ForcedScript) -> Iterator[LlamaEngine]:
     logging.getLogger("llama_cpp").setLevel(logging.WARNING)
-    config = EngineConfig(model_path=str(tiny_gguf), n_ctx=TEST_N_CTX, n_threads=2)
+    # speculation on: every test through this engine also checks that it changes no output
+    config = EngineConfig(
+        model_path=str(tiny_gguf), n_ctx=TEST_N_CTX, n_threads=2, speculative="on"
+    )
     engine = LlamaEngine(config, sampling_hook=forced)
     yield engine
     engine.close()

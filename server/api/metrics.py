@@ -1,5 +1,5 @@
 """Prometheus metrics: requests by endpoint and status, token counts, rates, latency, load,
-and how often steering overrode the model.
+how often steering overrode the model, and speculative decoding's drafted and accepted tokens.
 
 One registry per app (on app.state): the HTTP middleware counts requests, the generation core
 reports every finished generation, and gauges read the engine's load when scraped.
@@ -85,6 +85,16 @@ class Metrics:
             "model writes).",
             registry=r,
         )
+        self.drafted = Counter(
+            "gpt_oss_draft_tokens",
+            "Drafted tokens verified by speculative decoding (llama-server's draft_n).",
+            registry=r,
+        )
+        self.draft_accepted = Counter(
+            "gpt_oss_draft_tokens_accepted",
+            "Drafted tokens the verify accepted (each saved a model step).",
+            registry=r,
+        )
         self.ttft = Histogram(
             "gpt_oss_time_to_first_token_seconds",
             "From submission to the first sampled token.",
@@ -153,6 +163,8 @@ class Metrics:
             self.malformed.inc()
         self.steering_choices.inc(finished.steering.choices)
         self.steering_overrides.inc(finished.steering.overrides)
+        self.drafted.inc(timings.draft_n)
+        self.draft_accepted.inc(timings.draft_n_accepted)
         if usage.completion_tokens:
             self.ttft.observe(timings.ttft_s)
         if timings.prefill_tokens_per_s:

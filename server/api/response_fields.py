@@ -21,8 +21,9 @@ def now() -> int:
 
 
 def timings_out(timings: Timings, usage: Usage) -> dict[str, float]:
-    """llama-server style timings, so existing benchmark tooling can read them."""
-    return {
+    """llama-server style timings, so existing benchmark tooling can read them (with its
+    `draft_n` and `draft_n_accepted` where speculative decoding drafted)."""
+    out: dict[str, float] = {
         "cache_n": usage.cached_tokens,
         "prompt_n": timings.evaluated_tokens,
         "prompt_ms": round(timings.prefill_s * 1000, 3),
@@ -33,6 +34,10 @@ def timings_out(timings: Timings, usage: Usage) -> dict[str, float]:
         "ttft_ms": round(timings.ttft_s * 1000, 3),
         "queue_ms": round(timings.queue_s * 1000, 3),
     }
+    if timings.draft_n:
+        out["draft_n"] = timings.draft_n
+        out["draft_n_accepted"] = timings.draft_n_accepted
+    return out
 
 
 def summary_timings_out(report: SummaryReport) -> dict[str, float]:

@@ -161,6 +161,8 @@ class Timings:
     ttft_s: float = 0.0  # from submission to the first sampled token
     evaluated_tokens: int = 0
     completion_tokens: int = 0
+    draft_n: int = 0  # drafted tokens verified (speculative decoding; llama-server's name)
+    draft_n_accepted: int = 0  # of them accepted
 
     @property
     def prefill_tokens_per_s(self) -> float:

@@ -79,6 +79,8 @@ class EngineConfig:
     flash_attn: str = "auto"  # auto | on | off
     swa_full: bool = True
     sampler: str = "numpy"  # numpy (sampling/numpy_sampler.py) | llama (llama.cpp's chain)
+    speculative: str = "auto"  # auto (drafts weighed by the measured verify cost) | on | off
+    draft_max: int = 16  # the most drafted tokens verified in one step
     # prompt cache on disk (see disk_cache/prompt_cache.py); None: off
     prompt_cache_dir: str | None = None
     prompt_cache_bytes: int = 8 * 1024**3  # LRU deletion beyond this

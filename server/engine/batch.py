@@ -23,6 +23,7 @@ class BatchPart:
     tokens: Sequence[int]
     start_pos: int
     logits: bool  # keep the logits of the last token (to sample from)
+    outputs: int = 1  # with `logits`: how many of the last tokens keep theirs (a verify's draft)
     all_logits: bool = False  # keep every token's (prompt log-probabilities)
 
 
@@ -68,7 +69,7 @@ class Batch:
             if part.all_logits:
                 self._logits[n:end] = 1
             elif part.logits:
-                self._logits[end - 1] = 1
+                self._logits[end - part.outputs : end] = 1
             indices.append(end - 1 if part.logits or part.all_logits else -1)
             n = end
         self.struct.n_tokens = n

@@ -30,6 +30,7 @@ from server.engine.llama_context import LlamaContext
 from server.engine.rpc.backend import AbortWatch, abort_reason
 from server.engine.rpc.hosts import RpcError, unreachable
 from server.engine.scheduler import Job, Scheduler
+from server.engine.speculation import Speculator
 
 log = logging.getLogger(__name__)
 
@@ -117,12 +118,14 @@ class LlamaEngine:
         try:
             self._ctx = LlamaContext(self._config)
             self._cache = self._open_cache(self._ctx)
+            speculator = Speculator.start(self._ctx, self._config)
         except BaseException as exc:  # reported to the constructor's caller
             self._load_error = exc
             self._ready.set()
             return
         self._ready.set()
-        scheduler = Scheduler(self._ctx, self._hook, self._config.prefill_chunk, self._cache)
+        config = self._config
+        scheduler = Scheduler(self._ctx, self._hook, config.prefill_chunk, self._cache, speculator)
         self._scheduler = scheduler
         try:
             while self._receive(scheduler):

@@ -20,7 +20,7 @@ import math
 
 import numpy as np
 
-from server.contracts.directives import Allow, Constrain, Force, Steering
+from server.contracts.directives import Allow, Constrain, Directive, Force, Steering
 from server.engine.base import SamplingParams, TokenChooser
 from server.engine.llama_context import LlamaContext
 from server.engine.sampling.among import sample_among
@@ -51,6 +51,7 @@ class TokenPicker:
         self.choices = 0
         self.overrides = 0
         self.forced = False  # the last tokens were forced by steering (nothing was sampled)
+        self.last: Directive = None  # the last pick's directive (drafts go only in content)
         self._grammars: dict[Constrain, GrammarSampler] = {}
         self._rng = np.random.default_rng(params.seed)
         self._sampler = NumpySampler(ctx.workspace, params, self._rng)
@@ -61,6 +62,7 @@ class TokenPicker:
         """The forced tokens, or one token picked from the logits at batch position `index`."""
         directive = self._steering.next() if self._steering is not None else None
         self.forced = isinstance(directive, Force)
+        self.last = directive
         if isinstance(directive, Force):
             return directive.tokens
         if isinstance(directive, Allow):

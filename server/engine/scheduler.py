@@ -15,6 +15,9 @@ Log-probabilities are computed only for requests that ask (SamplingParams.logpro
 sampled token's travels with it to the channel. A request for the prompt's own
 (`prompt_logprobs`) evaluates its whole prompt, reusing nothing cached, in chunks of
 `PROMPT_LOGPROBS_CHUNK` tokens whose every position keeps its logits.
+
+With speculation on (speculation.py), a generating request's pending token is followed by the
+tokens its drafter proposes, and the verify keeps those the picker confirms.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from enum import Enum
 
-from server.contracts.directives import Steering, SteeringStats
+from server.contracts.directives import Constrain, Steering, SteeringStats
 from server.contracts.events import Timings, TokenLogprob, Usage
 from server.engine.base import EngineResult, SamplingHook, SamplingParams, StopReason
 from server.engine.channel import TokenChannel
@@ -35,6 +38,7 @@ from server.engine.llama_context import BatchPart, DecodeError, LlamaContext
 from server.engine.picker import TokenPicker
 from server.engine.sampling.logprobs import token_logprob
 from server.engine.slots import Slot, SlotChoice, choose_slot, eviction_order, longest_prefix
+from server.engine.speculation import SequenceDrafts, Speculator, accepted_prefix
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +69,8 @@ class Job:
     picker: TokenPicker | None = None
     next_prompt: int = 0  # index of the next prompt token to evaluate
     pending: tuple[int, ...] = ()  # emitted tokens not evaluated yet
+    drafts: SequenceDrafts | None = None  # its drafter, with speculation on
+    draft: tuple[int, ...] = ()  # drafted tokens after `pending` in this step's batch
     cached: int = 0
     evaluated: int = 0
     completed: int = 0
@@ -94,6 +100,8 @@ class Job:
             ttft_s=max(self.first_token - self.submitted, 0.0) if self.completed else 0.0,
             evaluated_tokens=self.evaluated,
             completion_tokens=self.completed,
+            draft_n=self.drafts.drafted if self.drafts is not None else 0,
+            draft_n_accepted=self.drafts.accepted if self.drafts is not None else 0,
         )
         steering = SteeringStats()
         if self.picker is not None:
@@ -118,9 +126,11 @@ class Scheduler:
         hook: SamplingHook | None,
         prefill_chunk: int,
         cache: PromptCache | None = None,
+        speculator: Speculator | None = None,
     ) -> None:
         self._ctx = ctx
         self._cache = cache
+        self._speculator = speculator
         self._hook = hook
         self._prefill_chunk = max(1, prefill_chunk)
         self.slots = [Slot(seq_id) for seq_id in range(ctx.n_seq)]
@@ -161,7 +171,7 @@ class Scheduler:
         self._retire()
         self._collect_loads()
         self._admit()
-        parts, owners = self._plan()
+        parts, owners = self._plan(drafting=self._speculator is not None)
         if not parts:
             if self._loading:  # nothing to run until a file is read
                 wait([future for _, future in self._loading], 0.05, FIRST_COMPLETED)
@@ -252,17 +262,23 @@ class Scheduler:
         job.started = time.perf_counter()
         chooser = self._hook(job.prompt_tokens) if self._hook is not None else None
         job.picker = TokenPicker(ctx, job.params, job.steering, chooser)
+        if self._speculator is not None:
+            job.drafts = self._speculator.follow(job.prompt_tokens)
         self._running.append(job)
 
-    def _plan(self) -> tuple[list[BatchPart], list[Job]]:
+    def _plan(self, drafting: bool) -> tuple[list[BatchPart], list[Job]]:
         parts: list[BatchPart] = []
         owners: list[Job] = []
-        budget = self._ctx.n_batch
-        for job in self._running:
-            if job.pending and job.slot is not None:
-                parts.append(BatchPart(job.slot.seq_id, job.pending, len(job.slot.tokens), True))
-                owners.append(job)
-                budget -= len(job.pending)
+        generating = [job for job in self._running if job.pending and job.slot is not None]
+        budget = self._ctx.n_batch - sum(len(job.pending) for job in generating)
+        for job in generating:
+            assert job.slot is not None
+            job.draft = self._draft(job, budget) if drafting else ()
+            budget -= len(job.draft)
+            tokens = (*job.pending, *job.draft) if job.draft else job.pending
+            start = len(job.slot.tokens)
+            parts.append(BatchPart(job.slot.seq_id, tokens, start, True, 1 + len(job.draft)))
+            owners.append(job)
         prefill = next((job for job in self._running if job.prefilling), None)
         if prefill is not None and prefill.slot is not None and budget > 0:
             cap = min(budget, self._prefill_chunk) if parts else budget
@@ -278,12 +294,33 @@ class Scheduler:
             owners.append(prefill)
         return parts, owners
 
+    def _draft(self, job: Job, budget: int) -> tuple[int, ...]:
+        """What to verify after the job's pending tokens: drafts in content only (after a
+        forced or chosen header token the steering decides, not the context), never past the
+        batch, the context or the tokens still allowed."""
+        assert job.slot is not None
+        assert job.picker is not None
+        directive = job.picker.last
+        if job.drafts is None or not (directive is None or isinstance(directive, Constrain)):
+            return ()
+        limit = min(
+            budget,
+            self._ctx.n_ctx - 1 - len(job.slot.tokens) - len(job.pending),
+            job.params.max_tokens - job.completed - 1,
+        )
+        banned = directive.banned if directive is not None else frozenset()
+        return job.drafts.propose(limit, banned)
+
     def _decode(self, parts: list[BatchPart], owners: list[Job]) -> list[int] | None:
-        """Run the batch, dropping idle conversations while the cache has no room for it."""
+        """Run the batch, dropping the drafts, then idle conversations, while the cache has no
+        room for it."""
         while True:
             try:
                 return self._ctx.decode(parts)
             except DecodeError as exc:
+                if exc.code == NO_ROOM and any(job.draft for job in owners):
+                    parts = [_undrafted(part, job) for part, job in zip(parts, owners, strict=True)]
+                    continue
                 victims = eviction_order(self.slots) if exc.code == NO_ROOM else []
                 if victims:
                     self._evict(victims[0])
@@ -321,6 +358,9 @@ class Scheduler:
         if job.params.max_tokens <= 0:  # the prompt alone was asked for (its logprobs)
             self._finish(job, StopReason.MAX_TOKENS)
             return
+        if job.draft:
+            self._verify(job, index)
+            return
         tokens = job.picker.next_tokens(index)
         scores = self._scores(job, index, tokens)
         for token, score in zip(tokens, scores, strict=True):
@@ -348,10 +388,42 @@ class Scheduler:
                 logits = self._ctx.logits(first + j)
                 job.prompt_logprobs.append(token_logprob(logits, prompt[following], n_top))
 
+    def _verify(self, job: Job, index: int) -> None:
+        """Pick tokens as a plain step would, position after position while they equal the
+        draft (the logits there are those of the true prefix); drop the cells of the rest."""
+        assert job.slot is not None
+        assert job.picker is not None
+        assert job.drafts is not None
+        draft, job.draft = job.draft, ()
+        first = index - len(draft)  # the logits after the pending token
+        emitted: list[int] = []
+        ended = False
+        while not ended and len(emitted) <= len(draft) and emitted == list(draft[: len(emitted)]):
+            position = first + len(emitted)
+            tokens = job.picker.next_tokens(position)
+            for token, score in zip(tokens, self._scores(job, position, tokens), strict=True):
+                emitted.append(token)
+                if self._emit(job, token, score):
+                    ended = True
+                    break
+        accepted = accepted_prefix(emitted, draft)
+        job.drafts.settle(len(draft), accepted)
+        keep = min(accepted, len(emitted) - 1)  # the last emitted token is not evaluated yet
+        if keep < len(draft):
+            n_keep = len(job.slot.tokens) - (len(draft) - keep)
+            if self._ctx.truncate(job.slot.seq_id, n_keep) != n_keep:
+                job.slot.tokens.clear()
+                raise RuntimeError("the KV cache could not drop a rejected draft")
+            del job.slot.tokens[n_keep:]
+        if not ended:
+            job.pending = tuple(emitted[keep:])
+
     def _emit(self, job: Job, token: int, score: TokenLogprob | None = None) -> bool:
         """Hand one token to the client; True when the generation ended with it."""
         assert job.picker is not None
         job.picker.accept(token)
+        if job.drafts is not None:
+            job.drafts.append(token)
         now = time.perf_counter()
         if job.completed == 0:
             job.first_token = now
@@ -425,3 +497,11 @@ class Scheduler:
             self._evict(victims[0])
         slot.tokens[:] = job.prompt_tokens[: found.n_tokens]
         return found.n_tokens
+
+
+def _undrafted(part: BatchPart, job: Job) -> BatchPart:
+    """The part without the job's draft (the cache has no room for it)."""
+    if not job.draft:
+        return part
+    job.draft = ()
+    return BatchPart(part.seq_id, job.pending, part.start_pos, True)

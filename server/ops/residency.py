@@ -42,6 +42,7 @@ from server.engine.base import (
     PromptCacheStats,
     SamplingParams,
     StopReason,
+    TokenChunk,
     TokenStream,
 )
 
@@ -366,17 +367,17 @@ class PendingStream:
         )
         return dataclasses.replace(result, timings=waited)
 
-    async def _chunks(self, interval_s: float) -> AsyncIterator[list[int]]:
+    async def _chunks(self, interval_s: float) -> AsyncIterator[TokenChunk]:
         await self._ready.wait()
         if self._inner is None:
             return
         async for chunk in self._inner.paced(interval_s):
             yield chunk
 
-    def __aiter__(self) -> AsyncIterator[list[int]]:
+    def __aiter__(self) -> AsyncIterator[TokenChunk]:
         return self._chunks(0.0)
 
-    def paced(self, interval_s: float) -> AsyncIterator[list[int]]:
+    def paced(self, interval_s: float) -> AsyncIterator[TokenChunk]:
         return self._chunks(interval_s)
 
     @property

@@ -240,6 +240,17 @@ class Settings(BaseSettings):
         description="Full-size cache for the sliding-window layers, so the KV cache can roll "
         "back to any earlier prefix (costs ≈24 KiB per token of context for gpt-oss-20b).",
     )
+    speculative: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Speculative decoding from the context: drafts copied from the sequence's own "
+        "tokens, verified exactly in the batch (the output is what it would be without). auto: on "
+        "where the verify cost measured at start lets drafts pay, and each sequence drafts only "
+        "while its drafts are accepted often enough to pay; on: draft whatever the context "
+        "offers, cost unweighed. Needs the full-size sliding-window cache.",
+    )
+    draft_max: int = Field(
+        16, ge=0, le=64, description="The most drafted tokens verified in one step."
+    )
     temperature: float = Field(1.0, ge=0.0, le=2.0, description="Default sampling temperature.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Default nucleus sampling threshold.")
     reasoning_effort: Literal["low", "medium", "high"] = Field(

@@ -11,6 +11,7 @@ from pydantic_settings import CliApp
 from server.cli import Command, Serve, main
 from server.contracts.errors import ConfigFileError
 from server.ops.settings import Settings
+from server.ops.startup import engine_config
 
 
 @pytest.fixture(autouse=True)
@@ -173,3 +174,15 @@ def test_model_aliases_from_a_flag_or_automatic() -> None:
     assert parse_serve(["--model-aliases", "a:1, openai/b"]).model_aliases == ("a:1", "openai/b")
     assert parse_serve(["--model-aliases", ""]).model_aliases == ()
     assert Settings().model_aliases is None  # automatic: see server.ops.startup.model_aliases
+
+
+def test_speculative_flags_reach_the_engine(tmp_path: Path) -> None:
+    defaults = engine_config(Settings(), tmp_path / "model.gguf")
+    assert (defaults.speculative, defaults.draft_max) == ("auto", 16)
+    serve = parse_serve(["--speculative", "off", "--draft-max", "8"])
+    config = engine_config(serve, tmp_path / "model.gguf")
+    assert (config.speculative, config.draft_max) == ("off", 8)
+    with pytest.raises(ValidationError):
+        parse_serve(["--speculative", "sometimes"])
+    with pytest.raises(ValidationError):
+        Settings(draft_max=65)

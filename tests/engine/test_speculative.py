@@ -1,0 +1,277 @@
+"""Speculative decoding on the real tiny gpt-oss: the output is the non-speculative output.
+
+Two engines on one model, speculation on and off: greedy output is identical token for token
+(free text, forced copies, harmony's steering with tool-call and answer grammars); sampled
+output has the same distribution at every position (chi-square over seeds, with drafts that are
+partly wrong), and a deliberately biased acceptance rule fails that test; a rejected draft leaves
+the KV cache as if it had never been decoded, sliding-window layers included.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from openai_harmony import HarmonyEncoding
+
+from server.contracts.transcript import ToolChoice, Transcript, UserMessage
+from server.engine.base import EngineConfig, EngineResult, SamplingParams
+from server.engine.llama import LlamaEngine
+from server.engine.llama_context import BatchPart, LlamaContext
+from server.engine.scheduler import Job, Scheduler
+from server.engine.speculation import SequenceDrafts, Speculator
+from server.harmony.render import render
+from server.harmony.steering import plan_steering
+from server.testing.forced import ForcedScript
+from server.testing.synthetic_gguf import SLIDING_WINDOW
+from tests.engine.test_llama_engine import STOPS, run
+from tests.support.chi_square import homogeneity
+
+
+def tokens(seed: int, n: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(1000, 100000) for _ in range(n)]
+
+
+class Pair:
+    """The same model twice: speculation on and off, each with its own forced scripts."""
+
+    def __init__(self, model: Path, encoding: HarmonyEncoding) -> None:
+        self.scripts = {mode: ForcedScript(encoding) for mode in ("on", "off")}
+        self.engines = {
+            mode: LlamaEngine(
+                EngineConfig(model_path=str(model), n_ctx=4096, n_threads=1, speculative=mode),
+                sampling_hook=self.scripts[mode],
+            )
+            for mode in ("on", "off")
+        }
+
+    def both(
+        self,
+        prompt: Sequence[int],
+        params: SamplingParams,
+        script: Sequence[int] = (),
+        plan: Any = None,
+    ) -> tuple[list[int], list[int], EngineResult]:
+        """(output off, output on, the speculative run's result)."""
+        outputs: dict[str, tuple[list[int], EngineResult]] = {}
+        for mode in ("off", "on"):
+            if script:
+                self.scripts[mode].push_tokens(script)
+            steering = plan.start() if plan is not None else None
+            outputs[mode] = run(self.engines[mode], prompt, params, steering)
+        return outputs["off"][0], outputs["on"][0], outputs["on"][1]
+
+    def close(self) -> None:
+        for engine in self.engines.values():
+            engine.close()
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_gguf: Path, encoding: HarmonyEncoding) -> Iterator[Pair]:
+    pair = Pair(tiny_gguf, encoding)
+    yield pair
+    pair.close()
+
+
+def test_greedy_output_is_identical_over_many_prompts(pair: Pair) -> None:
+    greedy = SamplingParams(max_tokens=48, temperature=0.0)
+    drafted = accepted = 0
+    for seed in range(24):
+        body = tokens(seed, 40)
+        prompt = [seed + 7, *body, *body[:20], *tokens(seed + 100, 10), *body[:3]]
+        # the first tokens copy the prompt (forced), then the model goes on by itself
+        script = body[3:20] if seed % 2 else []
+        off, on, result = pair.both(prompt, greedy, script)
+        assert on == off, f"prompt {seed}"
+        drafted += result.timings.draft_n
+        accepted += result.timings.draft_n_accepted
+    assert accepted > 100  # the copies were drafted and confirmed
+    assert drafted > accepted  # and some drafts were rejected (their cells dropped)
+
+
+CALL = "<|channel|>commentary to=functions.open_file <|constrain|>json<|message|>"
+
+
+def test_greedy_output_is_identical_under_harmony_steering_and_grammars(
+    pair: Pair, encoding: HarmonyEncoding
+) -> None:
+    path = "/srv/app/handlers/payment_gateway.py"
+    call_grammar = r'root ::= "{\"path\":\"" [a-z/_.]+ "\",\"line\":" [0-9]+ "}"'
+    answer_grammar = r'root ::= "The file " [a-z/_. ]+ "."'
+    plan = plan_steering(
+        encoding,
+        ["functions.open_file"],
+        ToolChoice(),
+        call_grammars={"functions.open_file": call_grammar},
+        final_grammar=answer_grammar,
+    )
+    greedy = SamplingParams(max_tokens=64, temperature=0.0, stop_tokens=STOPS)
+    text = f"Open {path} at line 12, then {path} again: {path}."
+    drafted = 0
+    for i, script in enumerate(
+        (
+            f'{CALL}{{"path":"{path[:9]}',
+            f'{CALL}{{"path":"{path}","line":1',
+            f"<|channel|>analysis<|message|>Open {path} at line 12, then {path}",
+            f"<|channel|>final<|message|>The file {path[:12]}",
+            "<|channel|>",
+        )
+    ):
+        transcript = Transcript(items=(UserMessage(f"{i}: {text}"),))
+        prompt = render(encoding, transcript)
+        forced = encoding.encode(script, allowed_special="all")
+        off, on, result = pair.both(prompt, greedy, forced, plan)
+        assert on == off, script
+        assert on[: len(forced)] == forced
+        drafted += result.timings.draft_n
+    assert drafted > 0
+
+
+def test_sampled_output_is_identical_for_a_seed(pair: Pair) -> None:
+    """The verify draws exactly the tokens a plain step draws, in the same order."""
+    body = tokens(5, 30)
+    prompt = [3, *body, *body[:4]]
+    for seed in range(6):
+        params = SamplingParams(max_tokens=24, temperature=0.3, seed=seed)
+        off, on, _ = pair.both(prompt, params, body[4:14])
+        assert on == off
+
+
+def test_drafts_stop_at_max_tokens_and_the_cache_continues(pair: Pair) -> None:
+    body = tokens(9, 50)
+    prompt = [11, *body, *body[:3]]
+    params = SamplingParams(max_tokens=10, temperature=0.0)
+    off, on, result = pair.both(prompt, params, body[3:40])
+    assert on == off == body[3:13]
+    assert result.usage.completion_tokens == 10
+    # the next turn continues the conversation: only its new tokens are evaluated
+    follow = [*prompt, *on, *tokens(10, 5)]
+    off2, on2, result2 = pair.both(follow, SamplingParams(max_tokens=12, temperature=0.0))
+    assert on2 == off2
+    assert result2.usage.evaluated_tokens == 6
+
+
+def test_rejected_drafts_leave_the_cache_as_never_decoded(tiny_gguf: Path) -> None:
+    """Seq 0 decodes a draft and drops it; seq 1 never saw it: the next logits agree, beyond
+    the sliding window too."""
+    ctx = LlamaContext(EngineConfig(model_path=str(tiny_gguf), n_ctx=2048, n_slots=2, n_threads=1))
+    try:
+        prefix = tokens(20, 3 * SLIDING_WINDOW)
+        end = len(prefix)
+        ctx.decode([BatchPart(0, prefix, 0, False), BatchPart(1, prefix, 0, False)])
+        for round_ in range(3):
+            draft = tokens(30 + round_, 12)
+            ctx.decode([BatchPart(0, [prefix[-1], *draft], end, True, 13)])
+            assert ctx.truncate(0, end) == end
+        nxt = tokens(40, 4)
+        (a,) = ctx.decode([BatchPart(0, nxt, end, True)])
+        got = ctx.logits(a).copy()
+        (b,) = ctx.decode([BatchPart(1, nxt, end, True)])
+        want = ctx.logits(b).copy()
+        assert int(np.argmax(got)) == int(np.argmax(want))
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)
+    finally:
+        ctx.close()
+
+
+def test_speculation_is_off_without_a_full_size_sliding_window_cache(tiny_gguf: Path) -> None:
+    config = EngineConfig(model_path=str(tiny_gguf), n_ctx=1024, n_threads=1, swa_full=False)
+    ctx = LlamaContext(config)
+    try:
+        assert ctx.n_swa > 0
+        assert Speculator.start(ctx, config) is None
+        on = EngineConfig(model_path=str(tiny_gguf), n_ctx=1024, n_threads=1, speculative="on")
+        assert Speculator.start(ctx, on) is not None
+        assert Speculator.start(ctx, EngineConfig(model_path="x", speculative="off")) is None
+    finally:
+        ctx.close()
+
+
+# Sampled output: the distribution at each position, over seeds.
+
+TEMPERATURE = 0.07  # the tiny model's logits are flat; this makes its choices contested
+POSITIONS = 5
+SEEDS = 600
+
+
+def positions(engine: LlamaEngine, prompt: list[int], offset: int) -> list[list[int]]:
+    """The tokens at each position over SEEDS seeded generations."""
+    out: list[list[int]] = [[] for _ in range(POSITIONS)]
+    for seed in range(SEEDS):
+        params = SamplingParams(max_tokens=POSITIONS, temperature=TEMPERATURE, seed=offset + seed)
+        generated, _ = run(engine, prompt, params)
+        for i, token in enumerate(generated):
+            out[i].append(token)
+    return out
+
+
+def worst_ratio(a: list[list[int]], b: list[list[int]]) -> float:
+    """The largest chi-square statistic over its critical value, over the positions."""
+    ratios = []
+    for x, y in zip(a, b, strict=True):
+        pooled = np.bincount(np.asarray(x + y), minlength=max(x + y) + 1).astype(np.float64)
+        stat, critical = homogeneity(x, y, pooled / pooled.sum())
+        ratios.append(stat / critical)
+    return max(ratios)
+
+
+def likeliest_drafts(n_prompt: int, likely: list[int], wrong: list[int]) -> Any:
+    """A drafter that proposes the greedy continuation while the generation follows it, and
+    tokens the model does not pick otherwise: drafts right part of the time, by construction."""
+
+    def propose(self: SequenceDrafts, limit: int, banned: frozenset[int]) -> tuple[int, ...]:
+        made = self.drafter.tokens[n_prompt:]
+        if made == likely[: len(made)]:
+            return tuple(likely[len(made) : len(made) + min(limit, 3)])
+        return tuple(wrong[: min(limit, 2)])
+
+    return propose
+
+
+def second_chance(verify: Any) -> Any:
+    """A biased rule: a draw that misses the draft gets a second draw, which may accept it
+    (the draft's probability p becomes p(2 - p))."""
+
+    def biased(self: Scheduler, job: Job, index: int) -> None:
+        assert job.picker is not None
+        draft, first, pick = job.draft, index - len(job.draft), job.picker.next_tokens
+
+        def picks(i: int) -> tuple[int, ...]:
+            chosen = pick(i)
+            j = i - first
+            if j < len(draft) and chosen != (draft[j],) and pick(i) == (draft[j],):
+                return (draft[j],)
+            return chosen
+
+        job.picker.next_tokens = picks  # type: ignore[method-assign,assignment]
+        verify(self, job, index)
+
+    return biased
+
+
+@pytest.mark.slow
+def test_sampled_distribution_matches_with_partly_wrong_drafts(
+    pair: Pair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prompt = [17, *tokens(50, 40)]
+    likely, _ = run(pair.engines["off"], prompt, SamplingParams(max_tokens=8, temperature=0.0))
+    wrong = tokens(51, 4)
+    monkeypatch.setattr(SequenceDrafts, "propose", likeliest_drafts(len(prompt), likely, wrong))
+    off = positions(pair.engines["off"], prompt, 0)
+    on = positions(pair.engines["on"], prompt, 10_000)
+    drafted = accepted = 0
+    for seed in range(50):  # how often the drafts were right
+        params = SamplingParams(max_tokens=POSITIONS, temperature=TEMPERATURE, seed=seed)
+        result = run(pair.engines["on"], prompt, params)[1]
+        drafted += result.timings.draft_n
+        accepted += result.timings.draft_n_accepted
+    assert 0.2 * drafted < accepted < 0.9 * drafted
+    assert worst_ratio(off, on) < 1.0
+    monkeypatch.setattr(Scheduler, "_verify", second_chance(Scheduler._verify))
+    biased = positions(pair.engines["on"], prompt, 20_000)
+    assert worst_ratio(off, biased) > 1.0

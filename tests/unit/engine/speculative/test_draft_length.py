@@ -1,0 +1,77 @@
+"""Draft length: tokens per unit of verify cost, acceptance estimates, break-even points."""
+
+from __future__ import annotations
+
+import pytest
+
+from server.engine.speculative.draft_length import (
+    PRIOR,
+    Acceptance,
+    VerifyCost,
+    draft_length,
+    expected_tokens,
+)
+
+FLAT = VerifyCost.interpolate({0: 1.0, 16: 1.0}, 16)  # a verify costs what a step costs
+# gpt-oss-20b-like: every drafted token routes to more experts
+STEEP = VerifyCost.interpolate({0: 0.01, 1: 0.014, 2: 0.017, 4: 0.022, 8: 0.03, 16: 0.045}, 16)
+
+
+def test_interpolation_is_relative_to_one_step() -> None:
+    cost = VerifyCost.interpolate({0: 2.0, 2: 3.0, 4: 5.0}, 6)
+    assert cost.cost == (1.0, 1.25, 1.5, 2.0, 2.5, 2.5, 2.5)
+    assert cost.draft_max == 6
+    noisy = VerifyCost.interpolate({0: 2.0, 1: 1.8}, 1)
+    assert noisy.cost == (1.0, 1.0)  # never cheaper than a step
+
+
+def test_expected_tokens() -> None:
+    assert expected_tokens(0, 0.5) == 1.0
+    assert expected_tokens(3, 0.5) == pytest.approx(1.875)
+    assert expected_tokens(4, 1.0) == 5.0
+
+
+def test_free_verifies_draft_everything_unless_nothing_is_accepted() -> None:
+    assert FLAT.best(0.9, 16) == 16
+    assert FLAT.best(0.5, 16) == 16
+    assert FLAT.best(0.0, 16) == 0
+    assert FLAT.best(0.9, 3) == 3
+
+
+def test_costly_verifies_need_acceptance() -> None:
+    assert STEEP.best(0.2, 16) == 0
+    assert 0 < STEEP.best(0.7, 16) < STEEP.best(0.95, 16)
+    assert STEEP.break_even(8) > STEEP.break_even(1)
+    for k in (1, 4, 8, 16):
+        a = STEEP.break_even(k)
+        assert STEEP.gain(k, a) == pytest.approx(1.0, abs=1e-6)
+    assert STEEP.pays()
+    hopeless = VerifyCost.interpolate({0: 1.0, 1: 2.0, 2: 3.0}, 2)
+    assert not hopeless.pays()
+    assert hopeless.break_even(1) == 1.0
+
+
+def test_acceptance_follows_recent_verifies_per_order() -> None:
+    acceptance = Acceptance()
+    assert acceptance.rate(3) == PRIOR[3]
+    assert acceptance.rate(6) > acceptance.rate(1)
+    for _ in range(20):
+        acceptance.record(3, drafted=8, accepted=8)
+        acceptance.record(1, drafted=4, accepted=0)
+    assert acceptance.rate(3) > 0.9
+    assert acceptance.rate(1) < 0.1
+    assert draft_length(STEEP, acceptance, 3, list(range(16)), 16) > 0
+    assert draft_length(STEEP, acceptance, 1, list(range(16)), 16) == 0
+    assert draft_length(STEEP, acceptance, 3, [7, 8], 16) <= 2
+
+
+def test_a_sequence_that_stopped_drafting_is_tried_again() -> None:
+    acceptance = Acceptance()
+    for _ in range(30):
+        acceptance.record(2, drafted=4, accepted=0)
+    assert STEEP.best(acceptance.rate(2), 16) == 0
+    steps = 0
+    while STEEP.best(acceptance.rate(2), 16) == 0:
+        acceptance.drift(2)
+        steps += 1
+    assert 10 < steps < 500
