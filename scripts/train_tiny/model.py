@@ -175,6 +175,23 @@ class Layer(nn.Module):
             nn.init.zeros_(lin.bias)
         self.wo.weight.data *= 0.5
 
+    def pass_through(self) -> None:
+        """Initialise values and output so that attention passes the attended tokens' (normed)
+        embeddings on: each KV head's values are a slice of the input, and one query head per
+        KV head writes its slice back where it came from (needs n_head_kv * head_dim = n_embd).
+        A copy circuit to start from; the queries and keys still have to learn where to look."""
+        dims = self.dims
+        nkv, rep = dims.n_head_kv * dims.head_dim, dims.n_head // dims.n_head_kv
+        if nkv != dims.n_embd:
+            raise ValueError("pass_through needs n_head_kv * head_dim == n_embd")
+        with torch.no_grad():
+            self.wv.weight.copy_(torch.eye(nkv))
+            self.wo.weight.zero_()
+            for g in range(dims.n_head_kv):
+                rows = slice(g * dims.head_dim, (g + 1) * dims.head_dim)
+                cols = slice(g * rep * dims.head_dim, (g * rep + 1) * dims.head_dim)
+                self.wo.weight[rows, cols] = torch.eye(dims.head_dim)
+
     def linears(self) -> tuple[tuple[str, nn.Linear], ...]:
         """The layer's linear maps by their names in the parameter file (export and import)."""
         return (

@@ -225,7 +225,11 @@ def initial_model(
     """Fresh weights from the seed, or the parameters of an earlier run (--init)."""
     if args.init is None:
         rows = keys if args.word_rows else None
-        return GptOss(Dims(), trainable, args.seed, rows, args.attn_factor)
+        dims = Dims(n_layer=args.layers, head_dim=args.head_dim)
+        model = GptOss(dims, trainable, args.seed, rows, args.attn_factor)
+        if args.ov_init:
+            model.layers[-1].pass_through()
+        return model
     model = from_params(str(args.init), keys)
     assert np.array_equal(model.trainable_ids.numpy(), trainable), "another corpus"
     return model
@@ -252,6 +256,9 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--batch-short", type=int, default=32, help="conversations of a short step")
     parser.add_argument("--short-len", type=int, default=400, help="tokens of a short conversation")
     parser.add_argument("--short-share", type=float, default=0.5, help="of the generic steps")
+    parser.add_argument("--layers", type=int, default=Dims.n_layer)
+    parser.add_argument("--head-dim", type=int, default=Dims.head_dim)
+    parser.add_argument("--ov-init", action="store_true", help="Layer.pass_through, last layer")
     parser.add_argument("--word-rows", action="store_true", help="trained_rows' word rows")
     parser.add_argument("--copy-weight", type=float, default=1.0, help="of the value targets")
     parser.add_argument("--context-negatives", action="store_true")
