@@ -42,6 +42,7 @@ from server.contracts.transcript import (
 )
 from server.harmony.encoding import load_encoding
 from server.harmony.render import assistant_start_tokens, head_tokens, item_tokens, render
+from server.testing.trained_model import vocabulary_keys
 
 HERE = Path(__file__).parent
 CODEX_REQUEST = HERE / "codex_request.json"
@@ -540,6 +541,7 @@ def main() -> None:
     arrays["held_words"] = np.array(held_words)
     words = set(train_words) | set(held_words)
     arrays["trainable_ids"] = trainable_ids(enc, arrays["train_tokens"], words)
+    arrays["row_word"], arrays["row_prefix"] = vocabulary_keys()  # the fixed rows' structure
     np.savez_compressed(args.out, **arrays)  # type: ignore[arg-type]
     print(
         json.dumps(

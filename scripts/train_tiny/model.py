@@ -9,8 +9,8 @@ x·sigmoid(1.702x)·(up+1)).
 
 The exported tensors are exactly what this module computes with: expert weights pass through
 MXFP4 fake quantization (straight-through), token embeddings are f16-rounded and tied to the
-output matrix. Rows of tokens the corpus does not train are fixed random vectors (from a seed),
-so the model can copy tokens it never saw.
+output matrix. Rows of tokens the corpus does not train are fixed random vectors (from a seed;
+server/testing/trained_rows.py, numpy only), so the model can copy tokens it never saw.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import Tensor, nn
+
+from server.testing.trained_rows import random_rows
 
 N_VOCAB = 201088
 SLIDING_WINDOW = 128
@@ -69,10 +71,8 @@ class Dims:
         return asdict(self)
 
 
-def random_rows(seed: int, n_embd: int) -> np.ndarray:
-    """The fixed embedding of every token (f16): rows the corpus does not train keep these."""
-    rng = np.random.default_rng([seed, 7])
-    return rng.standard_normal((N_VOCAB, n_embd), dtype=np.float32).astype(np.float16)
+# per token id: its word, its prefix (trained_rows.word_keys); None: independent rows
+Keys = tuple[np.ndarray, np.ndarray] | None
 
 
 # ----------------------------------------------------------------------------- quantization
@@ -175,6 +175,23 @@ class Layer(nn.Module):
             nn.init.zeros_(lin.bias)
         self.wo.weight.data *= 0.5
 
+    def pass_through(self) -> None:
+        """Initialise values and output so that attention passes the attended tokens' (normed)
+        embeddings on: each KV head's values are a slice of the input, and one query head per
+        KV head writes its slice back where it came from (needs n_head_kv * head_dim = n_embd).
+        A copy circuit to start from; the queries and keys still have to learn where to look."""
+        dims = self.dims
+        nkv, rep = dims.n_head_kv * dims.head_dim, dims.n_head // dims.n_head_kv
+        if nkv != dims.n_embd:
+            raise ValueError("pass_through needs n_head_kv * head_dim == n_embd")
+        with torch.no_grad():
+            self.wv.weight.copy_(torch.eye(nkv))
+            self.wo.weight.zero_()
+            for g in range(dims.n_head_kv):
+                rows = slice(g * dims.head_dim, (g + 1) * dims.head_dim)
+                cols = slice(g * rep * dims.head_dim, (g * rep + 1) * dims.head_dim)
+                self.wo.weight[rows, cols] = torch.eye(dims.head_dim)
+
     def linears(self) -> tuple[tuple[str, nn.Linear], ...]:
         """The layer's linear maps by their names in the parameter file (export and import)."""
         return (
@@ -250,10 +267,14 @@ class Layer(nn.Module):
 class GptOss(nn.Module):
     """The whole model. `trainable` lists the token ids whose embedding rows are learned."""
 
-    def __init__(self, dims: Dims, trainable: np.ndarray, seed: int, attn_factor: float = 1.0):
+    def __init__(
+        self, dims: Dims, trainable: np.ndarray, seed: int, keys: Keys, attn_factor: float = 1.0
+    ):
         super().__init__()
         self.dims, self.attn_factor, self.seed = dims, attn_factor, seed
-        fixed = torch.from_numpy(random_rows(seed, dims.n_embd).astype(np.float32))
+        self.word_rows = keys is not None
+        rows = random_rows(seed, dims.n_embd, keys)
+        fixed = torch.from_numpy(rows.astype(np.float32))
         self.register_buffer("fixed", fixed, persistent=False)
         ids = torch.from_numpy(trainable.astype(np.int64))
         self.register_buffer("trainable_ids", ids, persistent=False)
@@ -363,15 +384,26 @@ class GptOss(nn.Module):
 
 
 def sampled_loss(
-    model: GptOss, h: Tensor, targets: Tensor, n_negatives: int, generator: torch.Generator
+    model: GptOss,
+    h: Tensor,
+    targets: Tensor,
+    n_negatives: int,
+    generator: torch.Generator,
+    *,
+    weights: Tensor | None = None,
+    context: Tensor | None = None,
 ) -> Tensor:
     """Cross-entropy of the full-vocabulary softmax, estimated with a sampled softmax.
 
-    Candidates: every distinct target of the batch (exact logits) plus n_negatives tokens drawn
-    uniformly from all the others, whose exp-logits stand for all the others (logit shifted by
-    ln(others / n_negatives)). h: (N, d) states at target positions, targets: (N,).
+    Candidates: every distinct target of the batch and every token of its context (exact
+    logits: the hard negatives of copying are the context's other values) plus n_negatives
+    tokens drawn uniformly from all the others, whose exp-logits stand for all the others (logit
+    shifted by ln(others / n_negatives)). h: (N, d) states at target positions, targets: (N,);
+    weights: per target (the mean is weighted), context: token ids of the batch.
     """
-    uniq, inverse = torch.unique(targets, return_inverse=True)
+    exact = targets if context is None else torch.cat([targets, context.flatten()])
+    uniq = torch.unique(exact)
+    inverse = torch.searchsorted(uniq, targets)
     others = N_VOCAB - len(uniq)
     draw = torch.randint(0, N_VOCAB, (n_negatives * 2,), generator=generator)
     draw = draw[~torch.isin(draw, uniq)][:n_negatives]
@@ -379,17 +411,24 @@ def sampled_loss(
     logits = model.logits_of(h, cand)
     shift = torch.zeros(len(cand))
     shift[len(uniq) :] = math.log(others / max(1, len(draw)))
-    return F.cross_entropy(logits + shift, inverse)
+    if weights is None:
+        return F.cross_entropy(logits + shift, inverse)
+    losses = F.cross_entropy(logits + shift, inverse, reduction="none")
+    return (losses * weights).sum() / weights.sum()
 
 
-def from_params(path: str, attn_factor: float | None = None) -> GptOss:
-    """A model with the exported parameters (params.npz), experts as their MXFP4 values."""
+def from_params(path: str, keys: Keys, attn_factor: float | None = None) -> GptOss:
+    """A model with the exported parameters (params.npz), experts as their MXFP4 values; keys:
+    the vocabulary's words and prefixes (the corpus's row_word, row_prefix), used where the
+    parameters were trained with word rows."""
     import json as _json
 
     data = np.load(path)
     dims = Dims(**_json.loads(str(data["dims"])))
     factor = float(data["attn_factor"]) if attn_factor is None else attn_factor
-    model = GptOss(dims, data["trainable_ids"].astype(np.int64), int(data["seed"]), factor)
+    trainable = data["trainable_ids"].astype(np.int64)
+    word_rows = bool(data["word_rows"]) if "word_rows" in data.files else False
+    model = GptOss(dims, trainable, int(data["seed"]), keys if word_rows else None, factor)
 
     def t(key: str) -> Tensor:
         return torch.from_numpy(np.asarray(data[key], dtype=np.float32))

@@ -32,8 +32,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    model = from_params(str(args.params))
     held = Corpus(dict(np.load(args.corpus)), "eval")
+    model = from_params(str(args.params), held.keys)
     summary = reference(model, held, args.generic, args.codex, max_new=args.max_new, out=args.out)
     print(json.dumps(summary))
 

@@ -4,14 +4,17 @@ Run in the training environment (torch; see docs/trained-model.md):
     .venv-train/bin/python -m scripts.train_tiny.train --corpus corpus.npz \
         --out server/testing/trained/ --minutes 20
 
-Batches alternate between generic conversations (all tokens with gradient) and groups of Codex
-conversations that share their ≈7.6k-token head (system + developer messages): the head's keys
-and values are computed once per group without gradient, the conversations' own tokens attend
-to them with gradient. The loss is the cross-entropy of the full 201,088-token softmax,
-estimated with a sampled softmax (model.sampled_loss). Writes the parameters
-(`params.npz`), greedy reference tokens on held-out prompts (`reference.npz`) and the learning
-curve (--curve, default `artifacts/train_tiny/curve.jsonl`, kept out of git).
-Parameters and reference go into --out.
+Batches are of one length class (Batches): short chat conversations, Codex-shaped ones under the
+short head, and groups of full-size Codex conversations that share their ≈7.9k-token head
+(system + developer messages): the head's keys and values are computed once per group without
+gradient, the conversations' own tokens attend to them with gradient. The values' tokens may
+weigh more than the template's (--copy-weight) and the batch's tokens may be exact candidates of
+the sampled softmax (--context-negatives); --eval-every logs teacher-forced copy accuracy on
+held-out conversations (copy_eval). The loss is the cross-entropy of the full 201,088-token
+softmax, estimated with a sampled softmax (model.sampled_loss). Writes the parameters
+(`params.npz`, into --out) and the learning curve (--curve, default
+`artifacts/train_tiny/curve.jsonl`, kept out of git); reference.py records the greedy reference
+tokens.
 """
 
 from __future__ import annotations
@@ -25,10 +28,19 @@ from typing import TextIO
 
 import numpy as np
 import torch
+from torch import Tensor
 
-from scripts.train_tiny.model import Dims, GptOss, from_params, mxfp4_codes, sampled_loss
+from scripts.train_tiny.model import (
+    N_VOCAB,
+    Dims,
+    GptOss,
+    from_params,
+    mxfp4_codes,
+    sampled_loss,
+)
 
 STOP = {200002, 200012}  # <|return|>, <|call|>
+RARE = 300  # occurrences in the training corpus below which a fixed-row token is a value
 
 
 class Corpus:
@@ -41,10 +53,31 @@ class Corpus:
         self.prompts = data[f"{split}_prompts"]
         self.families = data[f"{split}_families"]
         self.family_names = [str(x) for x in data[f"{split}_family_names"]]
+        self.keys = (data["row_word"], data["row_prefix"])
+        # the values' tokens: rows fixed (not trained) and rare (a value word is one of ≈22k,
+        # a template word that happens to be word-shaped is in thousands of conversations)
+        counts = np.bincount(data["train_tokens"], minlength=N_VOCAB)
+        fixed = np.ones(N_VOCAB, dtype=bool)
+        fixed[data["trainable_ids"]] = False
+        self.copied = torch.from_numpy(fixed & (counts < RARE))
 
     def seq(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         o, n = self.offsets[i], self.lengths[i]
         return self.tokens[o : o + n], self.mask[o : o + n]
+
+
+def batch_tensors(
+    corpus: Corpus, idx: list[int], head: int
+) -> tuple[list[tuple[np.ndarray, np.ndarray]], Tensor, Tensor]:
+    """The sequences, their ids after the shared head (padded) and their target mask."""
+    seqs = [corpus.seq(i) for i in idx]
+    width = max(len(t) for t, _ in seqs) - head
+    ids = torch.zeros(len(seqs), width, dtype=torch.int64)
+    tgt_mask = torch.zeros(len(seqs), width, dtype=torch.bool)
+    for r, (t, m) in enumerate(seqs):
+        ids[r, : len(t) - head] = torch.from_numpy(t[head:].astype(np.int64))
+        tgt_mask[r, : len(t) - head] = torch.from_numpy(m[head:])
+    return seqs, ids, tgt_mask
 
 
 def batch_loss(
@@ -55,28 +88,63 @@ def batch_loss(
     *,
     negatives: int,
     gen: torch.Generator,
-) -> torch.Tensor:
-    """Loss over the target tokens of sequences idx (sharing their first `head` tokens)."""
-    seqs = [corpus.seq(i) for i in idx]
+    copy_weight: float = 1.0,
+    context_negatives: bool = False,
+) -> Tensor:
+    """Loss over the target tokens of sequences idx (sharing their first `head` tokens).
+
+    copy_weight: the weight of the values' tokens (Corpus.copied: copied from the context)
+    against the template's; context_negatives: the batch's tokens are exact candidates of the
+    sampled softmax.
+    """
+    seqs, ids, tgt_mask = batch_tensors(corpus, idx, head)
     model.quantize(True)
     past = None
     if head > 0:
         with torch.no_grad():
             past = model.prefix_cache(torch.from_numpy(seqs[0][0][:head].astype(np.int64))[None])
-    width = max(len(t) for t, _ in seqs) - head
-    ids = torch.zeros(len(seqs), width, dtype=torch.int64)
-    tgt_mask = torch.zeros(len(seqs), width, dtype=torch.bool)
-    for r, (t, m) in enumerate(seqs):
-        ids[r, : len(t) - head] = torch.from_numpy(t[head:].astype(np.int64))
-        tgt_mask[r, : len(t) - head] = torch.from_numpy(m[head:])
     h, _ = model.hidden(ids, head, past)
     # position p predicts token p + 1
     sel = tgt_mask[:, 1:]
     states = h[:, :-1][sel]
     targets = ids[:, 1:][sel]
-    loss = sampled_loss(model, states, targets, negatives, gen)
+    weights = None
+    if copy_weight != 1.0:
+        weights = torch.where(corpus.copied[targets], copy_weight, 1.0)
+    context = torch.unique(ids) if context_negatives else None
+    loss = sampled_loss(model, states, targets, negatives, gen, weights=weights, context=context)
     model.quantize(False)
     return loss
+
+
+def copy_eval(model: GptOss, corpus: Corpus, idx: list[int], novel: Tensor) -> dict[str, float]:
+    """Teacher-forced greedy accuracy on held-out conversations: on the tokens they must copy
+    (novel: per token id, true for those the training corpus never contains: the held-out
+    words), on the first token of each copied value, and on all target tokens."""
+    full = model.full_matrix()
+    hit = n = hit_first = n_first = hit_all = n_all = 0
+    with torch.no_grad():
+        model.quantize(True)
+        for s in range(0, len(idx), 8):
+            _, ids, tgt_mask = batch_tensors(corpus, idx[s : s + 8], 0)
+            h, _ = model.hidden(ids)
+            sel = tgt_mask[:, 1:]
+            targets = ids[:, 1:][sel]
+            right = torch.argmax(h[:, :-1][sel] @ full.T, dim=-1) == targets
+            copied = novel[targets]
+            first = copied & ~novel[ids[:, :-1][sel]]
+            hit += int((right & copied).sum())
+            n += int(copied.sum())
+            hit_first += int((right & first).sum())
+            n_first += int(first.sum())
+            hit_all += int(right.sum())
+            n_all += len(targets)
+        model.quantize(False)
+    return {
+        "copy_acc": round(hit / max(1, n), 4),
+        "copy_first": round(hit_first / max(1, n_first), 4),
+        "tok_acc": round(hit_all / max(1, n_all), 4),
+    }
 
 
 def export(model: GptOss, out: Path, seed: int, trainable: np.ndarray) -> None:
@@ -87,6 +155,7 @@ def export(model: GptOss, out: Path, seed: int, trainable: np.ndarray) -> None:
         "seed": np.array(seed),
         "attn_factor": np.array(model.attn_factor),
         "trainable_ids": trainable.astype(np.int32),
+        "word_rows": np.array(model.word_rows),
         "rows": model.rows.detach().half().numpy(),
         "output_norm": model.out_norm.detach().numpy(),
     }
@@ -150,11 +219,18 @@ def shared_head(corpus: Corpus, group: list[int]) -> int:
     return head
 
 
-def initial_model(args: argparse.Namespace, trainable: np.ndarray) -> GptOss:
+def initial_model(
+    args: argparse.Namespace, trainable: np.ndarray, keys: tuple[np.ndarray, np.ndarray]
+) -> GptOss:
     """Fresh weights from the seed, or the parameters of an earlier run (--init)."""
     if args.init is None:
-        return GptOss(Dims(), trainable, args.seed, args.attn_factor)
-    model = from_params(str(args.init))
+        rows = keys if args.word_rows else None
+        dims = Dims(n_layer=args.layers, head_dim=args.head_dim)
+        model = GptOss(dims, trainable, args.seed, rows, args.attn_factor)
+        if args.ov_init:
+            model.layers[-1].pass_through()
+        return model
+    model = from_params(str(args.init), keys)
     assert np.array_equal(model.trainable_ids.numpy(), trainable), "another corpus"
     return model
 
@@ -174,8 +250,20 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--codex-every", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--max-steps", type=int, default=0)
+    parser.add_argument("--stop-at", type=int, default=-1, help="stop early (the schedule stays)")
     parser.add_argument("--attn-factor", type=float, default=1.0)
     parser.add_argument("--init", type=Path, default=None, help="start from these params.npz")
+    parser.add_argument("--batch-short", type=int, default=32, help="conversations of a short step")
+    parser.add_argument("--short-len", type=int, default=400, help="tokens of a short conversation")
+    parser.add_argument("--short-share", type=float, default=0.5, help="of the generic steps")
+    parser.add_argument("--layers", type=int, default=Dims.n_layer)
+    parser.add_argument("--head-dim", type=int, default=Dims.head_dim)
+    parser.add_argument("--ov-init", action="store_true", help="Layer.pass_through, last layer")
+    parser.add_argument("--word-rows", action="store_true", help="trained_rows' word rows")
+    parser.add_argument("--copy-weight", type=float, default=1.0, help="of the value targets")
+    parser.add_argument("--context-negatives", action="store_true")
+    parser.add_argument("--eval-every", type=int, default=0, help="steps between copy evals")
+    parser.add_argument("--eval-n", type=int, default=48, help="held-out conversations")
     return parser.parse_args()
 
 
@@ -186,68 +274,104 @@ def main() -> None:
     data = dict(np.load(args.corpus))
     train = Corpus(data, "train")
     trainable = data["trainable_ids"].astype(np.int64)
-    model = initial_model(args, trainable)
+    model = initial_model(args, trainable, train.keys)
+    held = Corpus(data, "eval")
     args.out.mkdir(parents=True, exist_ok=True)
     curve_path = args.curve or Path("artifacts/train_tiny/curve.jsonl")
     curve_path.parent.mkdir(parents=True, exist_ok=True)
     with curve_path.open("w") as curve:
-        summary = train_loop(args, model, train, curve)
+        summary = train_loop(args, model, train, held, curve)
         export(model, args.out, model.seed, trainable)
         curve.write(json.dumps({"summary": summary}) + "\n")
     print(json.dumps(summary), flush=True)
 
 
+class Batches:
+    """The data order: every codex_every-th step a group of Codex conversations sharing their
+    head, else a batch of short conversations (chat) or of Codex-lite ones, by chance."""
+
+    def __init__(self, args: argparse.Namespace, train: Corpus, rng: np.random.Generator):
+        self.args, self.train, self.rng = args, train, rng
+        generic = train.heads == 0
+        self.short = np.flatnonzero(generic & (train.lengths <= args.short_len))
+        self.lite = np.flatnonzero(generic & (train.lengths > args.short_len))
+        self.groups = np.flatnonzero(train.heads > 0).reshape(-1, 4)
+
+    def next(self, step: int) -> tuple[str, list[int], int]:
+        """(kind, sequence indices, tokens of their shared head)."""
+        args, rng = self.args, self.rng
+        if args.codex_every and step % args.codex_every == args.codex_every - 1:
+            grp = [int(i) for i in self.groups[rng.integers(len(self.groups))]]
+            return "codex", grp, shared_head(self.train, grp)
+        if rng.random() < args.short_share:
+            return (
+                "short",
+                [int(i) for i in rng.choice(self.short, args.batch_short, replace=False)],
+                0,
+            )
+        return "lite", [int(i) for i in rng.choice(self.lite, args.batch, replace=False)], 0
+
+
 def train_loop(
-    args: argparse.Namespace, model: GptOss, train: Corpus, curve: TextIO
+    args: argparse.Namespace, model: GptOss, train: Corpus, held: Corpus, curve: TextIO
 ) -> dict[str, object]:
     """Steps until the time budget (or --max-steps) is spent; one curve row per step."""
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.98))
     gen = torch.Generator().manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
-    generic = np.flatnonzero(train.heads == 0)
-    groups = np.flatnonzero(train.heads > 0).reshape(-1, 4)
+    batches = Batches(args, train, rng)
+    evaluated = [i for i in range(len(held.lengths)) if held.heads[i] == 0][: args.eval_n]
+    novel = ~torch.isin(torch.arange(N_VOCAB), torch.from_numpy(np.unique(train.tokens)))
     trainable = model.trainable_ids.numpy()
     budget = args.minutes * 60
     start = time.monotonic()
     step = 0
+    eval_cpu = 0.0
     ema: dict[str, float] = {}
     while True:
         elapsed = time.monotonic() - start
-        if elapsed > budget or (args.max_steps and step >= args.max_steps):
+        if elapsed > budget or (args.max_steps and step >= args.max_steps) or step == args.stop_at:
             break
         # by steps when they are given (reproducible), else by the time budget
         done = step / args.max_steps if args.max_steps else min(1.0, elapsed / budget)
         lr = schedule(args.lr, step, args.warmup, done)
         for g in opt.param_groups:
             g["lr"] = lr
-        if step % args.codex_every == args.codex_every - 1:
-            kind = "codex"
-            grp = [int(i) for i in groups[rng.integers(len(groups))]]
-            head = shared_head(train, grp)
-        else:
-            kind = "generic"
-            grp = [int(i) for i in rng.choice(generic, args.batch, replace=False)]
-            head = 0
-        loss = batch_loss(model, train, grp, head, negatives=args.negatives, gen=gen)
+        kind, grp, head = batches.next(step)
+        loss = batch_loss(
+            model,
+            train,
+            grp,
+            head,
+            negatives=args.negatives,
+            gen=gen,
+            copy_weight=args.copy_weight,
+            context_negatives=args.context_negatives,
+        )
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         value = float(loss.detach())
         ema[kind] = value if kind not in ema else 0.9 * ema[kind] + 0.1 * value
-        row = {"step": step, "s": round(time.monotonic() - start, 1), "kind": kind}
-        row |= {"loss": round(value, 4), "lr": round(lr, 6)}
+        row: dict[str, object] = {"step": step, "s": round(time.monotonic() - start, 1)}
+        row |= {"kind": kind, "loss": round(value, 4), "lr": round(lr, 6)}
+        step += 1
+        if args.eval_every and (step % args.eval_every == 0):
+            t0 = time.process_time()
+            row |= copy_eval(model, held, evaluated, novel)
+            eval_cpu += time.process_time() - t0
+            row["cpu"] = round(time.process_time() - eval_cpu, 1)
         curve.write(json.dumps(row) + "\n")
         curve.flush()
-        if step % 20 == 0:
+        if step % 20 == 1 or "copy_acc" in row:
             print(json.dumps({**row, "ema": {k: round(v, 3) for k, v in ema.items()}}), flush=True)
-        step += 1
         if step % args.export_every == 0:
             export(model, args.out, model.seed, trainable)
     return {
         "steps": step,
         "train_seconds": round(time.monotonic() - start, 1),
-        "cpu_seconds": round(time.process_time(), 1),
+        "cpu_seconds": round(time.process_time() - eval_cpu, 1),
         "ema": {k: round(v, 4) for k, v in ema.items()},
     }
 

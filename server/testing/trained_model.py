@@ -3,9 +3,10 @@
 `trained/params.npz` holds what `scripts/train_tiny/train.py` learned: the layer tensors (the
 experts as their exact MXFP4 codes and block exponents), the output norm, and the embedding rows
 of the tokens the corpus trains. Every other token's row is a fixed random vector regenerated
-here from the stored seed, exactly as training drew it, so the model can copy words it never
-saw. The token embedding (F16) and the output matrix (F32, the same values: tied) cover the
-whole o200k_harmony vocabulary; vocabulary and metadata come from synthetic_gguf's writer.
+here from the stored seed and the vocabulary (server/testing/trained_rows.py), exactly as
+training drew it, so the model can copy words it never saw. The token embedding (F16) and the
+output matrix (F32, the same values: tied) cover the whole o200k_harmony vocabulary; vocabulary
+and metadata come from synthetic_gguf's writer.
 
 `trained/reference.npz` holds held-out prompts and the greedy tokens the training model wrote
 for them: the test that llama.cpp, running this GGUF, writes the same tokens.
@@ -23,6 +24,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from server.testing import synthetic_gguf as sg
+from server.testing import trained_rows
 
 logger = logging.getLogger(__name__)
 
@@ -32,10 +34,10 @@ REFERENCE = DATA_DIR / "reference.npz"
 QK = 32
 
 
-def random_rows(seed: int, n_embd: int) -> NDArray[np.float16]:
-    """The fixed embedding of every token (scripts/train_tiny/model.py draws the same)."""
-    rng = np.random.default_rng([seed, 7])
-    return rng.standard_normal((sg.N_VOCAB, n_embd), dtype=np.float32).astype(np.float16)
+def vocabulary_keys() -> tuple[NDArray[np.int32], NDArray[np.int8]]:
+    """Word and prefix of every token id (trained_rows.word_keys over o200k_harmony)."""
+    tokens = sg.load_o200k_ranks()
+    return trained_rows.word_keys([*tokens, *[b""] * (sg.N_VOCAB - len(tokens))])
 
 
 def load_params(path: Path = PARAMS) -> dict[str, NDArray[np.generic]]:
@@ -61,7 +63,8 @@ def preset_of(params: dict[str, NDArray[np.generic]]) -> sg.Preset:
 def embedding(params: dict[str, NDArray[np.generic]]) -> NDArray[np.float16]:
     """The whole vocabulary's rows: fixed random, the trained rows put in place."""
     dims = json.loads(str(params["dims"]))
-    rows = random_rows(int(params["seed"]), dims["n_embd"])
+    keys = vocabulary_keys() if bool(params.get("word_rows", False)) else None
+    rows = trained_rows.random_rows(int(params["seed"]), dims["n_embd"], keys)
     rows[params["trainable_ids"].astype(np.int64)] = params["rows"]
     return rows
 
@@ -150,6 +153,7 @@ def content_hash(params_path: Path = PARAMS) -> str:
     """Cache key of the trained GGUF: this module, the vocabulary writer and the parameters."""
     digest = hashlib.sha256(Path(__file__).read_bytes())
     digest.update(Path(sg.__file__).read_bytes())
+    digest.update(Path(trained_rows.__file__).read_bytes())
     digest.update(params_path.read_bytes())
     return digest.hexdigest()[:12]
 
