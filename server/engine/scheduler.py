@@ -399,6 +399,8 @@ class Scheduler:
         emitted: list[int] = []
         ended = False
         while not ended and len(emitted) <= len(draft) and emitted == list(draft[: len(emitted)]):
+            if emitted and job.channel.cancelled:  # the client left: stop within this step
+                break
             position = first + len(emitted)
             tokens = job.picker.next_tokens(position)
             for token, score in zip(tokens, self._scores(job, position, tokens), strict=True):
