@@ -50,7 +50,6 @@ class TokenPicker:
         self._chooser = chooser
         self.choices = 0
         self.overrides = 0
-        self.forced = False  # the last tokens were forced by steering (nothing was sampled)
         self.last: Directive = None  # the last pick's directive (drafts go only in content)
         self._grammars: dict[Constrain, GrammarSampler] = {}
         self._rng = np.random.default_rng(params.seed)
@@ -58,10 +57,14 @@ class TokenPicker:
         self._banned: dict[Constrain, Banned] = {}
         self._chains: dict[Constrain | None, LlamaSamplerChain] = {}
 
+    @property
+    def forced(self) -> bool:
+        """The last tokens were forced by steering (nothing was sampled)."""
+        return isinstance(self.last, Force)
+
     def next_tokens(self, index: int) -> tuple[int, ...]:
         """The forced tokens, or one token picked from the logits at batch position `index`."""
         directive = self._steering.next() if self._steering is not None else None
-        self.forced = isinstance(directive, Force)
         self.last = directive
         if isinstance(directive, Force):
             return directive.tokens
