@@ -317,13 +317,22 @@ def answer_hello_as_version_6(listener: socket.socket) -> None:
     for _ in range(2):
         connection, _ = listener.accept()
         with connection:
-            header = connection.recv(9)  # command byte, request size (u64)
+            header = recv_exactly(connection, 9)  # command byte, request size (u64)
             if len(header) < 9:
-                continue  # the bare TCP check
-            size = int.from_bytes(header[1:9], "little")
-            caps = b""
-            while len(caps) < size:
-                caps += connection.recv(size - len(caps))
+                continue  # the bare TCP check closed without a command
+            caps = recv_exactly(connection, int.from_bytes(header[1:9], "little"))
             answer = bytes([6, 0, 0, 0]) + bytes(len(caps))
             connection.sendall(len(answer).to_bytes(8, "little") + answer)
             connection.recv(1)  # wait for the client to give up
+
+
+def recv_exactly(connection: socket.socket, size: int) -> bytes:
+    """`size` bytes, or fewer only where the peer closed: ggml's client sends the command byte,
+    the size and the payload as separate writes, so one recv may hold just the first of them."""
+    data = b""
+    while len(data) < size:
+        chunk = connection.recv(size - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data
