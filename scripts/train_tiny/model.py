@@ -350,12 +350,17 @@ class GptOss(nn.Module):
     def logits_of(self, h: Tensor, candidates: Tensor) -> Tensor:
         return h @ self.embed(candidates).T
 
-    def greedy(self, prompt: list[int], max_new: int, stop: set[int]) -> list[int]:
-        """Greedy decoding over the full vocabulary (the reference for llama.cpp's tokens)."""
+    def greedy(
+        self, prompt: list[int], max_new: int, stop: set[int], margins: list[float] | None = None
+    ) -> list[int]:
+        """Greedy decoding over the full vocabulary (the reference for llama.cpp's tokens);
+        `margins` gets, per token, how far its logit is above the runner-up's."""
         with torch.no_grad():
-            return self._greedy(prompt, max_new, stop)
+            return self._greedy(prompt, max_new, stop, [] if margins is None else margins)
 
-    def _greedy(self, prompt: list[int], max_new: int, stop: set[int]) -> list[int]:
+    def _greedy(
+        self, prompt: list[int], max_new: int, stop: set[int], margins: list[float]
+    ) -> list[int]:
         full = self.full_matrix()
         self.quantize(True)
         ids = torch.tensor([prompt])
@@ -365,7 +370,9 @@ class GptOss(nn.Module):
         out: list[int] = []
         for _ in range(max_new):
             h, own = self.hidden(cur, pos, cache)
-            nxt = int(torch.argmax(h[0, -1] @ full.T))
+            top = torch.topk(h[0, -1] @ full.T, 2)
+            nxt = int(top.indices[0])
+            margins.append(float(top.values[0] - top.values[1]))
             out.append(nxt)
             if nxt in stop:
                 break

@@ -181,14 +181,16 @@ def reference(
     """Greedy tokens on held-out prompts (first round of each), for the agreement test."""
     generic = [i for i in range(len(corpus.lengths)) if corpus.heads[i] == 0][:n_generic]
     codex = [i for i in range(len(corpus.lengths)) if corpus.heads[i] > 0][:n_codex]
-    prompts, outputs, exact = [], [], 0
+    prompts, outputs, margins, exact = [], [], [], 0
     for i in generic + codex:
         t, _ = corpus.seq(i)
         p = int(corpus.prompts[i])
         prompt = [int(x) for x in t[:p]]
         want = [int(x) for x in t[p:]]
         end = next((k for k, x in enumerate(want) if x in STOP), len(want) - 1)
-        got = model.greedy(prompt, max_new, STOP)
+        margin: list[float] = []
+        got = model.greedy(prompt, max_new, STOP, margin)
+        margins.append(np.array(margin, dtype=np.float32))
         exact += got == want[: end + 1]
         prompts.append(np.array(prompt, dtype=np.int32))
         outputs.append(np.array(got, dtype=np.int32))
@@ -198,6 +200,7 @@ def reference(
         prompts=np.concatenate(prompts),
         output_lengths=np.array([len(o) for o in outputs]),
         outputs=np.concatenate(outputs),
+        margins=np.concatenate(margins),
     )
     return {"first_round_exact": exact / len(prompts)}
 

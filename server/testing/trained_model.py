@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 import gguf
@@ -158,11 +159,24 @@ def content_hash(params_path: Path = PARAMS) -> str:
     return digest.hexdigest()[:12]
 
 
-def load_reference(path: Path = REFERENCE) -> list[tuple[list[int], list[int]]]:
-    """(prompt, greedy tokens of the training model) for each held-out prompt."""
+@dataclass(frozen=True, slots=True)
+class ReferenceRun:
+    """One held-out prompt and the training model's greedy tokens after it; `margins[i]`: how
+    far token i's logit was above the runner-up's there (a near-tie when small)."""
+
+    prompt: list[int]
+    tokens: list[int]
+    margins: list[float]
+
+
+def load_reference(path: Path = REFERENCE) -> list[ReferenceRun]:
+    """The training model's greedy runs on held-out prompts (reference.npz)."""
     with np.load(path) as data:
         prompts = np.split(data["prompts"], np.cumsum(data["prompt_lengths"])[:-1])
-        outputs = np.split(data["outputs"], np.cumsum(data["output_lengths"])[:-1])
+        ends = np.cumsum(data["output_lengths"])[:-1]
+        outputs = np.split(data["outputs"], ends)
+        margins = np.split(data["margins"], ends)
     return [
-        ([int(x) for x in p], [int(x) for x in o]) for p, o in zip(prompts, outputs, strict=True)
+        ReferenceRun([int(x) for x in p], [int(x) for x in o], [float(x) for x in m])
+        for p, o, m in zip(prompts, outputs, margins, strict=True)
     ]

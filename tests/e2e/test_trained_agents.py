@@ -1,18 +1,19 @@
 """Unscripted tool use on the trained tiny gpt-oss through the real SDKs (openai, anthropic).
 
-What the committed model does reliably is checked (the right tool, a call within 300 tokens,
-schema-valid arguments); copying the user's values exactly is what it does not do yet: those
-tests are strict xfails, which fail as soon as a retrained model passes them.
-
 Nothing is forced (tests/support/trained.py); the server is greedy and its steering is on. The
 values the model must copy are words from the held-out part of the training vocabulary: the
-corpus never used them (scripts/train_tiny/corpus.py splits the word pool by hash).
+corpus never used them (scripts/train_tiny/corpus.py splits the word pool by hash). Copying is
+checked over many such words, each test against a floor below what the committed model does
+(docs/trained-model.md): a retrained model that copies less fails them.
 """
 
 from __future__ import annotations
 
-import hashlib
+import functools
 import json
+import logging
+import random
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,7 +22,10 @@ import pytest
 from openai import OpenAI
 from openai_harmony import HarmonyEncoding
 
+from scripts.train_tiny import corpus
 from tests.support.trained import MODEL, TrainedServer, trained_server
+
+log = logging.getLogger(__name__)
 
 pytestmark = pytest.mark.slow  # builds the trained GGUF once per machine
 
@@ -45,15 +49,17 @@ LOOKUP = {
 }
 
 
-def held_out_words(n: int) -> list[str]:
-    """The first n held-out words of a fixed list of plain words."""
-    candidates = [
-        "silver", "island", "pepper", "chalk", "deliver", "welcome", "rectangle", "nickname",
-        "venue", "stocks", "pricing", "inject", "visit", "sections", "academy", "active",
-    ]  # fmt: skip
-    words = [w for w in candidates if hashlib.sha256(w.encode()).digest()[0] % 10 == 0]
-    assert len(words) >= n, words
-    return words[:n]
+@functools.cache
+def word_like_held_out() -> list[str]:
+    """Held-out words (the corpus never used them) that are words, not fragments: one token
+    alone and one token after a space, as a user's text has them."""
+    enc = corpus.encoding()
+    _, held = corpus.word_pool(enc)
+    return [w for w in held if len(w) >= 4 and len(enc.encode(" " + w)) == 1]
+
+
+def held_out_words(n: int, seed: int = 0) -> list[str]:
+    return random.Random(seed).sample(word_like_held_out(), n)
 
 
 @pytest.fixture(scope="module")
@@ -71,13 +77,6 @@ def sdk(server: TrainedServer) -> OpenAI:
 
 def chat_tool(spec: dict[str, Any]) -> Any:
     return {"type": "function", "function": spec}
-
-
-COPYING = pytest.mark.xfail(
-    strict=True,
-    reason="the committed model (160 training steps) calls the right tool with schema-valid "
-    "arguments but does not copy values yet: docs/trained-model.md",
-)
 
 
 def chat_call(sdk: OpenAI, user: str, tool_choice: Any = "auto") -> tuple[str, dict[str, Any]]:
@@ -103,23 +102,35 @@ def test_chat_the_model_calls_the_tool_the_user_asks_for(sdk: OpenAI) -> None:
     assert isinstance(arguments["city"], str)
 
 
-@COPYING
 def test_chat_tool_loop_copies_the_argument_and_quotes_the_result(sdk: OpenAI) -> None:
-    city, result = held_out_words(2)
-    messages: list[Any] = [{"role": "user", "content": f"What is the weather in {city}?"}]
+    """Eight loops (the committed model: 8 calls copy the city exactly; 6 answers then quote
+    the result as a word, the others write it twice over, `headerheader`)."""
+    words = held_out_words(16, seed=1)
     tools = [chat_tool(WEATHER), chat_tool(LOOKUP)]
-    first = sdk.chat.completions.create(model=MODEL, messages=messages, tools=tools, max_tokens=300)
-    choice = first.choices[0]
-    (call,) = choice.message.tool_calls or []
-    assert call.type == "function"
-    assert json.loads(call.function.arguments) == {"city": city}
-    messages.append(choice.message.model_dump(exclude_none=True))
-    messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
-    second = sdk.chat.completions.create(
-        model=MODEL, messages=messages, tools=tools, max_tokens=300
-    )
-    assert second.choices[0].finish_reason == "stop"
-    assert result in (second.choices[0].message.content or "")
+    copied = quoted = 0
+    for city, result in zip(words[::2], words[1::2], strict=True):
+        messages: list[Any] = [{"role": "user", "content": f"What is the weather in {city}?"}]
+        first = sdk.chat.completions.create(
+            model=MODEL, messages=messages, tools=tools, max_tokens=300
+        )
+        calls = first.choices[0].message.tool_calls or []
+        if len(calls) != 1 or calls[0].type != "function":
+            continue
+        if json.loads(calls[0].function.arguments) != {"city": city}:
+            continue
+        copied += 1
+        messages.append(first.choices[0].message.model_dump(exclude_none=True))
+        messages.append({"role": "tool", "tool_call_id": calls[0].id, "content": result})
+        second = sdk.chat.completions.create(
+            model=MODEL, messages=messages, tools=tools, max_tokens=300
+        )
+        answer = second.choices[0].message.content or ""
+        quoted += second.choices[0].finish_reason == "stop" and bool(
+            re.search(rf"\b{re.escape(result)}\b", answer)
+        )
+    log.info("tool loops: %d of 8 calls copied the city, %d answers quoted", copied, quoted)
+    assert copied >= 6
+    assert quoted >= 4
 
 
 def test_named_tool_choice_on_chat(sdk: OpenAI) -> None:
@@ -130,11 +141,23 @@ def test_named_tool_choice_on_chat(sdk: OpenAI) -> None:
     assert isinstance(arguments["name"], str)
 
 
-@COPYING
 def test_named_tool_choice_copies_the_argument(sdk: OpenAI) -> None:
-    (name,) = held_out_words(1)
-    choice = {"type": "function", "function": {"name": "lookup_user"}}
-    assert chat_call(sdk, f"Look up the user {name}.", choice) == ("lookup_user", {"name": name})
+    """Twelve names (the committed model copies all 12 exactly)."""
+    choice: Any = {"type": "function", "function": {"name": "lookup_user"}}
+    copied = 0
+    for name in held_out_words(12, seed=2):
+        answer = sdk.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": f"Look up the user {name}."}],
+            tools=[chat_tool(WEATHER), chat_tool(LOOKUP)],
+            tool_choice=choice,
+            max_tokens=300,
+        )
+        calls = answer.choices[0].message.tool_calls or []
+        assert [c.function.name for c in calls] == ["lookup_user"]  # a named choice always calls
+        copied += calls[0].function.arguments == json.dumps({"name": name}, separators=(",", ":"))
+    log.info("named choice copied %d of 12 names", copied)
+    assert copied >= 10
 
 
 def test_named_tool_choice_on_responses(sdk: OpenAI) -> None:

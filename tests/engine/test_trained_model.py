@@ -22,6 +22,7 @@ from server.testing import synthetic_gguf, trained_model
 pytestmark = pytest.mark.slow  # builds the trained GGUF (≈160 MB) and evaluates ≈8k-token prompts
 
 STOPS = frozenset({200002, 200012})  # <|return|>, <|call|>
+NEAR_TIE = 0.05  # logits: the training model's top two closer than this may come out swapped
 log = logging.getLogger(__name__)
 
 
@@ -61,11 +62,16 @@ def test_the_gguf_carries_the_trained_shapes(trained_gguf: Path) -> None:
 
 
 def test_llama_cpp_writes_the_training_models_greedy_tokens(engine: LlamaEngine) -> None:
+    """Token for token, except where the training model's top two logits were a near-tie:
+    llama.cpp computes in other orders and precisions (F16 KV cache, fused kernels), so there
+    either token is right and the two continuations part. Any other difference fails."""
     reference = trained_model.load_reference()
     same_sequences = 0
     same_tokens = total_tokens = 0
-    for prompt, expected in reference:
-        got = greedy(engine, prompt, len(expected))
+    real_differences = []
+    for run in reference:
+        expected = run.tokens
+        got = greedy(engine, run.prompt, len(expected))
         same_sequences += got == expected
         first_diff = next(
             (i for i, (a, b) in enumerate(zip(got, expected, strict=False)) if a != b),
@@ -74,11 +80,12 @@ def test_llama_cpp_writes_the_training_models_greedy_tokens(engine: LlamaEngine)
         same_tokens += first_diff
         total_tokens += len(expected)
         if got != expected:
-            log.warning("prompt of %d tokens: diverged at %d of %d", len(prompt), first_diff,
-                        len(expected))  # fmt: skip
-    sequence_agreement = same_sequences / len(reference)
-    token_agreement = same_tokens / total_tokens
+            margin = run.margins[first_diff] if first_diff < len(run.margins) else 0.0
+            log.warning("prompt of %d tokens: diverged at %d of %d, margin %.4f",
+                        len(run.prompt), first_diff, len(expected), margin)  # fmt: skip
+            if margin >= NEAR_TIE:
+                real_differences.append((len(run.prompt), first_diff, margin))
     log.info("agreement: %.3f of sequences, %.3f of tokens (until the first difference)",
-             sequence_agreement, token_agreement)  # fmt: skip
-    assert token_agreement >= 0.95
-    assert sequence_agreement >= 0.9
+             same_sequences / len(reference), same_tokens / total_tokens)  # fmt: skip
+    assert real_differences == []
+    assert same_tokens / total_tokens >= 0.95
