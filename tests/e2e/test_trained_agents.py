@@ -153,9 +153,10 @@ def test_named_tool_choice_copies_the_argument(sdk: OpenAI) -> None:
             tool_choice=choice,
             max_tokens=300,
         )
-        calls = answer.choices[0].message.tool_calls or []
-        assert [c.function.name for c in calls] == ["lookup_user"]  # a named choice always calls
-        copied += calls[0].function.arguments == json.dumps({"name": name}, separators=(",", ":"))
+        (call,) = answer.choices[0].message.tool_calls or []  # a named choice always calls
+        assert call.type == "function"
+        assert call.function.name == "lookup_user"
+        copied += call.function.arguments == json.dumps({"name": name}, separators=(",", ":"))
     log.info("named choice copied %d of 12 names", copied)
     assert copied >= 10
 
