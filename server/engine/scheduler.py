@@ -262,7 +262,7 @@ class Scheduler:
         job.started = time.perf_counter()
         chooser = self._hook(job.prompt_tokens) if self._hook is not None else None
         job.picker = TokenPicker(ctx, job.params, job.steering, chooser)
-        if self._speculator is not None:
+        if self._speculator is not None and job.params.speculate:
             job.drafts = self._speculator.follow(job.prompt_tokens)
         self._running.append(job)
 

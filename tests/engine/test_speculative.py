@@ -156,6 +156,22 @@ def test_drafts_stop_at_max_tokens_and_the_cache_continues(pair: Pair) -> None:
     assert result2.usage.evaluated_tokens == 6
 
 
+def test_a_request_can_decline_speculation(pair: Pair) -> None:
+    """`speculate=False` on an engine with speculation: no drafts, the same tokens (what the
+    speculative benchmark compares, request by request, on one engine)."""
+    body = tokens(12, 40)
+    prompt = [13, *body, *body[:3]]
+    engine, script = pair.engines["on"], pair.scripts["on"]
+    results = {}
+    for speculate in (True, False):
+        script.push_tokens(body[3:30])
+        params = SamplingParams(max_tokens=27, temperature=0.0, speculate=speculate)
+        results[speculate] = run(engine, [20 + speculate, *prompt], params)
+    assert results[True][0] == results[False][0] == body[3:30]
+    assert results[True][1].timings.draft_n_accepted > 0
+    assert results[False][1].timings.draft_n == 0
+
+
 def test_rejected_drafts_leave_the_cache_as_never_decoded(tiny_gguf: Path) -> None:
     """Seq 0 decodes a draft and drops it; seq 1 never saw it: the next logits agree, beyond
     the sliding window too."""
