@@ -158,8 +158,15 @@ TURN_ENDS = frozenset({200002, 200012})  # <|return|>, <|call|>
 Runner = Callable[[list[int], list[int], int, int], dict[str, Any]]
 
 
+FLUSH = SamplingParams(max_tokens=1, temperature=0.0, speculate=False)
+
+
 def ours(engine: LlamaEngine, hook: Scripts, temperature: float, speculate: bool) -> Runner:
     def run(prompt: list[int], script: list[int], limit: int, seed: int) -> dict[str, Any]:
+        # every request evaluates its prompt afresh (the engine's one slot holds another
+        # prompt): a prompt reused from the cache would give logits computed in other batches,
+        # and sampled outputs that differ where the draw falls at a boundary
+        generate(engine, [prompt[0] + 1], FLUSH)
         if script:
             hook.queue.append(script)
         params = SamplingParams(
@@ -204,6 +211,7 @@ def workloads(model: str, args: argparse.Namespace) -> dict[str, Any]:
         EngineConfig(
             model_path=model,
             n_ctx=4096,
+            n_slots=1,
             n_threads=threads,
             use_mmap=args.mmap,
             speculative=args.mode,

@@ -15,7 +15,8 @@ The KV cells of the rejected positions are removed (llama_memory_seq_rm on the t
 full-size sliding-window cache (EngineConfig.swa_full, the default) that restores the state as if
 they had never been decoded; with a window-sized one the tail cannot be removed safely, and
 speculation stays off. How many tokens to draft is chosen per sequence (draft_length.py) from its
-recent acceptance and the verify cost measured here when the engine starts.
+recent acceptance, the model's over its recent sequences and the verify cost measured here when
+the engine starts.
 """
 
 from __future__ import annotations
@@ -27,7 +28,12 @@ from dataclasses import dataclass, field
 
 from server.engine.base import EngineConfig
 from server.engine.llama_context import BatchPart, LlamaContext
-from server.engine.speculative.draft_length import Acceptance, VerifyCost, draft_length
+from server.engine.speculative.draft_length import (
+    MODEL_DECAY,
+    Acceptance,
+    VerifyCost,
+    draft_length,
+)
 from server.engine.speculative.ngram import NgramDrafter
 
 log = logging.getLogger(__name__)
@@ -67,10 +73,12 @@ def measure_verify_cost(
 
 @dataclass
 class Speculator:
-    """The engine's speculation settings and the verify cost of its model."""
+    """The engine's speculation settings, the verify cost of its model and the acceptance its
+    drafts have had (each new sequence's prior)."""
 
     cost: VerifyCost
     draft_max: int
+    acceptance: Acceptance = field(default_factory=lambda: Acceptance(decay=MODEL_DECAY))
 
     @classmethod
     def start(cls, ctx: LlamaContext, config: EngineConfig) -> Speculator | None:
@@ -95,7 +103,7 @@ class Speculator:
         return cls(cost, config.draft_max)
 
     def follow(self, tokens: Sequence[int]) -> SequenceDrafts:
-        return SequenceDrafts(self, NgramDrafter(tokens))
+        return SequenceDrafts(self, NgramDrafter(tokens), Acceptance(self.acceptance.rates()))
 
 
 @dataclass
@@ -104,7 +112,7 @@ class SequenceDrafts:
 
     speculator: Speculator
     drafter: NgramDrafter
-    acceptance: Acceptance = field(default_factory=Acceptance)
+    acceptance: Acceptance
     drafted: int = 0  # draft tokens verified (llama-server's draft_n)
     accepted: int = 0  # of them accepted (draft_n_accepted)
     _order: int = 0
@@ -134,6 +142,7 @@ class SequenceDrafts:
         self.drafted += drafted
         self.accepted += accepted
         self.acceptance.record(self._order, drafted, accepted)
+        self.speculator.acceptance.record(self._order, drafted, accepted)
 
 
 def accepted_prefix(emitted: Sequence[int], draft: Sequence[int]) -> int:

@@ -7,7 +7,10 @@ accepted when the ones before it were, with probability a), a step with k drafts
 1 + a + ... + a^k tokens; the draft length is the k that maximises tokens per unit of cost, and
 0 — no draft — when no k beats a plain step. `Acceptance` estimates a from the sequence's recent
 verifies (older ones decay), one estimate per n-gram order; while it says not to draft, it drifts
-back towards the prior, so a sequence that starts copying later is tried again.
+back towards the prior, so a sequence that starts copying later is tried again. The prior is
+what the model's drafts have been accepted at over its recent sequences (a model-wide
+`Acceptance`, starting from PRIOR): where drafts are rarely accepted (a model that does not
+copy), a new sequence starts with drafting off instead of paying for its first misses.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from dataclasses import dataclass, field
 
 PRIOR = {6: 0.8, 3: 0.6, 2: 0.5, 1: 0.3}  # acceptance assumed by n-gram order, before any verify
 PRIOR_WEIGHT = 2.0  # how many drafted tokens the prior counts for
-DECAY = 0.9  # the weight left to past verifies at each new one
+DECAY = 0.9  # the weight left to a sequence's past verifies at each new one
+MODEL_DECAY = 0.99  # the same for the model's, over all its sequences
 DRIFT = 0.97  # the weight left at each step that drafted nothing while a draft was at hand
 MIN_GAIN = 1.02  # a draft must promise this many tokens per unit of cost over a plain step
 
@@ -86,22 +90,30 @@ def expected_tokens(k: int, acceptance: float) -> float:
 
 @dataclass
 class Acceptance:
-    """Recent acceptance of one sequence's drafts, per n-gram order (decayed counts)."""
+    """Recent acceptance of drafts, per n-gram order (decayed counts), pulled towards `prior`
+    (acceptance by order) as if it had been seen on PRIOR_WEIGHT drafted tokens. One per
+    sequence (DECAY), and one per model (MODEL_DECAY) that gives each new sequence its prior."""
 
+    prior: dict[int, float] = field(default_factory=lambda: dict(PRIOR))
+    decay: float = DECAY
     accepted: dict[int, float] = field(default_factory=dict)
     tried: dict[int, float] = field(default_factory=dict)
 
     def rate(self, order: int) -> float:
         accepted = self.accepted.get(order, 0.0)
         tried = self.tried.get(order, 0.0)
-        prior = PRIOR.get(order, 0.5)
+        prior = self.prior.get(order, 0.5)
         return (accepted + prior * PRIOR_WEIGHT) / (tried + PRIOR_WEIGHT)
+
+    def rates(self) -> dict[int, float]:
+        """The estimate at every order (a new sequence's prior)."""
+        return {order: self.rate(order) for order in self.prior.keys() | self.tried.keys()}
 
     def record(self, order: int, drafted: int, accepted: int) -> None:
         """A verify of `drafted` tokens accepted the first `accepted` of them."""
         tries = min(accepted + 1, drafted)  # the tokens tried: the accepted ones and the first miss
-        self.accepted[order] = self.accepted.get(order, 0.0) * DECAY + accepted
-        self.tried[order] = self.tried.get(order, 0.0) * DECAY + tries
+        self.accepted[order] = self.accepted.get(order, 0.0) * self.decay + accepted
+        self.tried[order] = self.tried.get(order, 0.0) * self.decay + tries
 
     def drift(self, order: int) -> None:
         """A step that did not draft: the estimate moves back towards the prior."""

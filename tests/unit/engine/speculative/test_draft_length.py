@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from server.engine.speculative.draft_length import (
+    MODEL_DECAY,
     PRIOR,
     Acceptance,
     VerifyCost,
@@ -75,3 +76,17 @@ def test_a_sequence_that_stopped_drafting_is_tried_again() -> None:
         acceptance.drift(2)
         steps += 1
     assert 10 < steps < 500
+
+
+def test_a_new_sequence_starts_from_what_the_models_drafts_got() -> None:
+    """The model-wide estimate (slow decay) is each new sequence's prior: after sequences whose
+    drafts missed, a new one does not draft at first; after ones that copied, it drafts long."""
+    missing = Acceptance(decay=MODEL_DECAY)
+    copying = Acceptance(decay=MODEL_DECAY)
+    assert STEEP.best(Acceptance(missing.rates()).rate(6), 16) > 0  # PRIOR: order 6 drafts
+    for _ in range(12):
+        missing.record(6, drafted=4, accepted=0)
+        copying.record(6, drafted=8, accepted=8)
+    assert STEEP.best(Acceptance(missing.rates()).rate(6), 16) == 0
+    assert STEEP.best(Acceptance(copying.rates()).rate(6), 16) >= 8
+    assert Acceptance(missing.rates()).rate(3) == PRIOR[3]  # orders not seen keep PRIOR
