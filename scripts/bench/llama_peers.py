@@ -31,8 +31,9 @@ from server.engine.base import EngineConfig
 SPEC_MODES = ("none", "ngram-simple", "ngram-mod", "ngram-map-k", "ngram-cache")
 
 
-def engine_flags(threads: int) -> list[str]:
-    """llama.cpp flags matching this server's engine defaults (EngineConfig)."""
+def engine_flags(threads: int, mmap: bool) -> list[str]:
+    """llama.cpp flags matching this server's engine defaults (EngineConfig) and its loading
+    (mapped, the page cache's one copy shared by every process, or read into memory)."""
     config = EngineConfig(model_path="")
     return [
         "-t", str(threads),
@@ -40,14 +41,15 @@ def engine_flags(threads: int) -> list[str]:
         "-b", str(config.n_batch),
         "-ub", str(config.n_ubatch),
         "-fa", config.flash_attn,
+        "-lm", "mmap" if mmap else "none",
     ]  # fmt: skip
 
 
-def llama_bench_tg(model: str, threads: int, n_gen: int, depth: int) -> dict[str, Any]:
+def llama_bench_tg(model: str, threads: int, n_gen: int, depth: int, mmap: bool) -> dict[str, Any]:
     """One llama-bench decode run of `n_gen` tokens after `depth` tokens of context."""
     command = [
         str(llama_binary("llama-bench")), "-m", model, "-o", "json", "-r", "1",
-        "-p", "0", "-n", str(n_gen), "-d", str(depth), *engine_flags(threads),
+        "-p", "0", "-n", str(n_gen), "-d", str(depth), *engine_flags(threads, mmap),
     ]  # fmt: skip
     done = subprocess.run(command, check=True, capture_output=True, text=True, timeout=1800)
     test = json.loads(done.stdout)[0]
@@ -59,10 +61,17 @@ class LlamaServers:
     requests then take turns with the other engines, round by round)."""
 
     def __init__(
-        self, model: str, threads: int, modes: Sequence[str], n_ctx: int, draft_max: int
+        self,
+        model: str,
+        threads: int,
+        modes: Sequence[str],
+        n_ctx: int,
+        draft_max: int,
+        *,
+        mmap: bool,
     ) -> None:
         self.model, self.threads, self.modes = model, threads, tuple(modes)
-        self.n_ctx, self.draft_max = n_ctx, draft_max
+        self.n_ctx, self.draft_max, self.mmap = n_ctx, draft_max, mmap
         self.urls: dict[str, str] = {}
 
     def command(self, mode: str, port: int) -> list[str]:
@@ -70,7 +79,7 @@ class LlamaServers:
             str(llama_binary("llama-server")), "-m", self.model,
             "--host", "127.0.0.1", "--port", str(port), "-c", str(self.n_ctx),
             "-tb", str(self.threads), "-np", "1", "-cram", "0", "--no-webui", "--swa-full",
-            *engine_flags(self.threads),
+            *engine_flags(self.threads, self.mmap),
         ]  # fmt: skip
         if mode != "none":
             command += ["--spec-type", mode, "--spec-draft-n-max", str(self.draft_max)]

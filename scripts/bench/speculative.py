@@ -113,14 +113,16 @@ def loadavg() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def verify_cost(model: str, threads: int, rounds: int) -> dict[str, Any]:
+def verify_cost(model: str, threads: int, rounds: int, mmap: bool) -> dict[str, Any]:
     """Measured on a thread of its own that then ends: a thread that has decoded keeps its
     OpenMP team, and a second team beside the engine's makes libgomp throttle its spinning on
     a machine with no spare cores (decode about twice as slow on 2 cores)."""
     out: dict[str, Any] = {}
 
     def measure() -> None:
-        config = EngineConfig(model_path=model, n_ctx=1024, n_slots=1, n_threads=threads)
+        config = EngineConfig(
+            model_path=model, n_ctx=1024, n_slots=1, n_threads=threads, use_mmap=mmap
+        )
         ctx = LlamaContext(config)
         try:
             out["cost"], out["medians"] = measure_verify_cost(ctx, 0, 16, rounds, ks=range(17))
@@ -186,7 +188,8 @@ def peer_runners(
         return {}
 
     def bench(prompt: list[int], script: list[int], limit: int, seed: int) -> dict[str, Any]:
-        return {**llama_bench_tg(model, args.threads, limit, len(prompt)), "tokens": []}
+        tg = llama_bench_tg(model, args.threads, limit, len(prompt), args.mmap)
+        return {**tg, "tokens": []}
 
     runners: dict[str, Runner] = {"llama-bench": bench}
     for mode in servers.modes if servers else ():
@@ -223,7 +226,7 @@ def workloads(model: str, args: argparse.Namespace) -> dict[str, Any]:
     names = [name for name in cases if not args.only or name in args.only]
     limits = turn_lengths(engine, cases, names, args)
     servers = (
-        LlamaServers(model, threads, args.llama_server_modes, 4096, args.draft_max)
+        LlamaServers(model, threads, args.llama_server_modes, 4096, args.draft_max, mmap=args.mmap)
         if args.peers and args.llama_server_modes
         else None
     )
@@ -383,7 +386,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     if not args.skip_cost:
-        report["verify_cost"] = verify_cost(model, args.threads, args.cost_rounds)
+        report["verify_cost"] = verify_cost(model, args.threads, args.cost_rounds, args.mmap)
     report["workloads"] = workloads(model, args)
     report["loadavg_after"] = loadavg()
     text = json.dumps(report, indent=2)
