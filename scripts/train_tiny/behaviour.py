@@ -40,7 +40,6 @@ from scripts.train_tiny.corpus import (
     encoding,
     schema_of,
     value_of,
-    word_pool,
 )
 from server.app import create_app
 from server.engine.base import EngineConfig
@@ -48,6 +47,7 @@ from server.engine.llama import LlamaEngine
 from server.ops.runtime import Runtime
 from server.ops.settings import Settings
 from server.testing.synthetic_gguf import TRAINED, cached_gguf
+from server.testing.trained_words import word_pool
 
 MAX_TOKENS = 300
 MODEL = "gpt-oss-trained"

@@ -19,7 +19,6 @@ Run with the project's environment (it needs the server package, not torch):
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import random
 import re
@@ -43,6 +42,7 @@ from server.contracts.transcript import (
 from server.harmony.encoding import load_encoding
 from server.harmony.render import assistant_start_tokens, head_tokens, item_tokens, render
 from server.testing.trained_model import vocabulary_keys
+from server.testing.trained_words import word_pool
 
 HERE = Path(__file__).parent
 CODEX_REQUEST = HERE / "codex_request.json"
@@ -55,21 +55,6 @@ def encoding() -> HarmonyEncoding:
 
 
 # ----------------------------------------------------------------------------- values
-
-
-def word_pool(enc: HarmonyEncoding) -> tuple[list[str], list[str]]:
-    """Single-token lowercase words (3-9 letters), split into (training, held-out) by hash."""
-    train: list[str] = []
-    held: list[str] = []
-    for tid in range(199998):
-        try:
-            text = enc.decode_utf8([tid])
-        except Exception:
-            continue
-        if re.fullmatch(r"[a-z]{3,9}", text):
-            digest = hashlib.sha256(text.encode()).digest()[0]
-            (held if digest % 10 == 0 else train).append(text)
-    return sorted(train), sorted(held)
 
 
 @dataclass

@@ -9,7 +9,6 @@ checked over many such words, each test against a floor below what the committed
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import random
@@ -22,7 +21,7 @@ import pytest
 from openai import OpenAI
 from openai_harmony import HarmonyEncoding
 
-from scripts.train_tiny import corpus
+from server.testing.trained_words import typed_words, word_pool
 from tests.support.trained import MODEL, TrainedServer, trained_server
 
 log = logging.getLogger(__name__)
@@ -49,17 +48,14 @@ LOOKUP = {
 }
 
 
-@functools.cache
-def word_like_held_out() -> list[str]:
-    """Held-out words (the corpus never used them) that are words, not fragments: one token
-    alone and one token after a space, as a user's text has them."""
-    enc = corpus.encoding()
-    _, held = corpus.word_pool(enc)
-    return [w for w in held if len(w) >= 4 and len(enc.encode(" " + w)) == 1]
+@pytest.fixture(scope="module")
+def pool(encoding: HarmonyEncoding) -> list[str]:
+    """Held-out words (the corpus never used them) that are words, not fragments."""
+    return typed_words(encoding, word_pool(encoding)[1])
 
 
-def held_out_words(n: int, seed: int = 0) -> list[str]:
-    return random.Random(seed).sample(word_like_held_out(), n)
+def held_out_words(pool: list[str], n: int, seed: int = 0) -> list[str]:
+    return random.Random(seed).sample(pool, n)
 
 
 @pytest.fixture(scope="module")
@@ -94,18 +90,20 @@ def chat_call(sdk: OpenAI, user: str, tool_choice: Any = "auto") -> tuple[str, d
     return call.function.name, json.loads(call.function.arguments)
 
 
-def test_chat_the_model_calls_the_tool_the_user_asks_for(sdk: OpenAI) -> None:
-    (city,) = held_out_words(1)
+def test_chat_the_model_calls_the_tool_the_user_asks_for(sdk: OpenAI, pool: list[str]) -> None:
+    (city,) = held_out_words(pool, 1)
     name, arguments = chat_call(sdk, f"What is the weather in {city}?")
     assert name == "get_weather"
     assert list(arguments) == ["city"]
     assert isinstance(arguments["city"], str)
 
 
-def test_chat_tool_loop_copies_the_argument_and_quotes_the_result(sdk: OpenAI) -> None:
+def test_chat_tool_loop_copies_the_argument_and_quotes_the_result(
+    sdk: OpenAI, pool: list[str]
+) -> None:
     """Eight loops (the committed model: 8 calls copy the city exactly; 6 answers then quote
     the result as a word, the others write it twice over, `headerheader`)."""
-    words = held_out_words(16, seed=1)
+    words = held_out_words(pool, 16, seed=1)
     tools = [chat_tool(WEATHER), chat_tool(LOOKUP)]
     copied = quoted = 0
     for city, result in zip(words[::2], words[1::2], strict=True):
@@ -133,19 +131,19 @@ def test_chat_tool_loop_copies_the_argument_and_quotes_the_result(sdk: OpenAI) -
     assert quoted >= 4
 
 
-def test_named_tool_choice_on_chat(sdk: OpenAI) -> None:
-    (name,) = held_out_words(1)
+def test_named_tool_choice_on_chat(sdk: OpenAI, pool: list[str]) -> None:
+    (name,) = held_out_words(pool, 1)
     choice = {"type": "function", "function": {"name": "lookup_user"}}
     tool, arguments = chat_call(sdk, f"Look up the user {name}.", choice)
     assert tool == "lookup_user"
     assert isinstance(arguments["name"], str)
 
 
-def test_named_tool_choice_copies_the_argument(sdk: OpenAI) -> None:
+def test_named_tool_choice_copies_the_argument(sdk: OpenAI, pool: list[str]) -> None:
     """Twelve names (the committed model copies all 12 exactly)."""
     choice: Any = {"type": "function", "function": {"name": "lookup_user"}}
     copied = 0
-    for name in held_out_words(12, seed=2):
+    for name in held_out_words(pool, 12, seed=2):
         answer = sdk.chat.completions.create(
             model=MODEL,
             messages=[{"role": "user", "content": f"Look up the user {name}."}],
@@ -161,8 +159,8 @@ def test_named_tool_choice_copies_the_argument(sdk: OpenAI) -> None:
     assert copied >= 10
 
 
-def test_named_tool_choice_on_responses(sdk: OpenAI) -> None:
-    (name,) = held_out_words(1)
+def test_named_tool_choice_on_responses(sdk: OpenAI, pool: list[str]) -> None:
+    (name,) = held_out_words(pool, 1)
     response = sdk.responses.create(  # type: ignore[call-overload]
         model=MODEL,
         input=f"Look up the user {name}.",
@@ -176,8 +174,8 @@ def test_named_tool_choice_on_responses(sdk: OpenAI) -> None:
     assert isinstance(json.loads(calls[0].arguments)["name"], str)
 
 
-def test_named_tool_choice_on_messages(server: TrainedServer) -> None:
-    (name,) = held_out_words(1)
+def test_named_tool_choice_on_messages(server: TrainedServer, pool: list[str]) -> None:
+    (name,) = held_out_words(pool, 1)
     client = anthropic.Anthropic(
         base_url=server.url.removesuffix("/v1"), api_key="unused", max_retries=0
     )
