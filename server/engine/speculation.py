@@ -103,7 +103,7 @@ class Speculator:
         return cls(cost, config.draft_max)
 
     def follow(self, tokens: Sequence[int]) -> SequenceDrafts:
-        return SequenceDrafts(self, NgramDrafter(tokens), Acceptance(self.acceptance.rates()))
+        return SequenceDrafts(self, NgramDrafter(tokens), Acceptance(self.acceptance))
 
 
 @dataclass
@@ -134,6 +134,7 @@ class SequenceDrafts:
         k = draft_length(self.speculator.cost, self.acceptance, found.order, tokens, limit)
         if k == 0:
             self.acceptance.drift(found.order)
+            self.speculator.acceptance.drift(found.order)
             return ()
         self._order = found.order
         return tokens[:k]

@@ -9,8 +9,10 @@ accepted when the ones before it were, with probability a), a step with k drafts
 verifies (older ones decay), one estimate per n-gram order; while it says not to draft, it drifts
 back towards the prior, so a sequence that starts copying later is tried again. The prior is
 what the model's drafts have been accepted at over its recent sequences (a model-wide
-`Acceptance`, starting from PRIOR): where drafts are rarely accepted (a model that does not
-copy), a new sequence starts with drafting off instead of paying for its first misses.
+`Acceptance` on PRIOR, read live): where drafts are rarely accepted (a model that does not
+copy), a new sequence starts with drafting off instead of paying for its first misses. The
+model's estimate drifts back towards PRIOR as well while drafts are declined, so drafting is
+tried again now and then, and comes back when the work starts copying.
 """
 
 from __future__ import annotations
@@ -90,11 +92,11 @@ def expected_tokens(k: int, acceptance: float) -> float:
 
 @dataclass
 class Acceptance:
-    """Recent acceptance of drafts, per n-gram order (decayed counts), pulled towards `prior`
-    (acceptance by order) as if it had been seen on PRIOR_WEIGHT drafted tokens. One per
-    sequence (DECAY), and one per model (MODEL_DECAY) that gives each new sequence its prior."""
+    """Recent acceptance of drafts, per n-gram order (decayed counts), pulled towards a prior
+    as if it had been seen on PRIOR_WEIGHT drafted tokens: `base`'s estimate, live, or PRIOR.
+    One per model (MODEL_DECAY, on PRIOR), and one per sequence (DECAY) on the model's."""
 
-    prior: dict[int, float] = field(default_factory=lambda: dict(PRIOR))
+    base: Acceptance | None = None
     decay: float = DECAY
     accepted: dict[int, float] = field(default_factory=dict)
     tried: dict[int, float] = field(default_factory=dict)
@@ -102,12 +104,8 @@ class Acceptance:
     def rate(self, order: int) -> float:
         accepted = self.accepted.get(order, 0.0)
         tried = self.tried.get(order, 0.0)
-        prior = self.prior.get(order, 0.5)
+        prior = self.base.rate(order) if self.base is not None else PRIOR.get(order, 0.5)
         return (accepted + prior * PRIOR_WEIGHT) / (tried + PRIOR_WEIGHT)
-
-    def rates(self) -> dict[int, float]:
-        """The estimate at every order (a new sequence's prior)."""
-        return {order: self.rate(order) for order in self.prior.keys() | self.tried.keys()}
 
     def record(self, order: int, drafted: int, accepted: int) -> None:
         """A verify of `drafted` tokens accepted the first `accepted` of them."""

@@ -79,14 +79,22 @@ def test_a_sequence_that_stopped_drafting_is_tried_again() -> None:
 
 
 def test_a_new_sequence_starts_from_what_the_models_drafts_got() -> None:
-    """The model-wide estimate (slow decay) is each new sequence's prior: after sequences whose
-    drafts missed, a new one does not draft at first; after ones that copied, it drafts long."""
+    """The model-wide estimate (slow decay) is each sequence's prior, read live: after
+    sequences whose drafts missed, a new one does not draft at first; after ones that copied,
+    it drafts long; declined drafts let the model's estimate drift back, so drafting resumes."""
     missing = Acceptance(decay=MODEL_DECAY)
     copying = Acceptance(decay=MODEL_DECAY)
-    assert STEEP.best(Acceptance(missing.rates()).rate(6), 16) > 0  # PRIOR: order 6 drafts
+    assert STEEP.best(Acceptance(missing).rate(6), 16) > 0  # PRIOR: order 6 drafts
     for _ in range(12):
         missing.record(6, drafted=4, accepted=0)
         copying.record(6, drafted=8, accepted=8)
-    assert STEEP.best(Acceptance(missing.rates()).rate(6), 16) == 0
-    assert STEEP.best(Acceptance(copying.rates()).rate(6), 16) >= 8
-    assert Acceptance(missing.rates()).rate(3) == PRIOR[3]  # orders not seen keep PRIOR
+    sequence = Acceptance(missing)
+    assert STEEP.best(sequence.rate(6), 16) == 0
+    assert STEEP.best(Acceptance(copying).rate(6), 16) >= 8
+    assert sequence.rate(3) == PRIOR[3]  # orders the model has not tried keep PRIOR
+    declined = 0
+    while STEEP.best(sequence.rate(6), 16) == 0:
+        sequence.drift(6)  # nothing: the sequence itself has not tried
+        missing.drift(6)
+        declined += 1
+    assert 10 < declined < 500
