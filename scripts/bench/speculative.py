@@ -205,7 +205,6 @@ def peer_runners(
 
 
 def workloads(model: str, args: argparse.Namespace) -> dict[str, Any]:
-    threads, rounds = args.threads, args.rounds
     hook = Scripts()
     # one engine: a request with speculate=False decodes one token a step (two engines in one
     # process would slow each other: two OpenMP thread teams on 2 cores make libgomp throttle
@@ -215,18 +214,41 @@ def workloads(model: str, args: argparse.Namespace) -> dict[str, Any]:
             model_path=model,
             n_ctx=4096,
             n_slots=1,
-            n_threads=threads,
+            n_threads=args.threads,
             use_mmap=args.mmap,
             speculative=args.mode,
             draft_max=args.draft_max,
         ),
         sampling_hook=hook,
     )
-    cases = trained_workloads(args) if args.trained else scripted_workloads(args)
-    names = [name for name in cases if not args.only or name in args.only]
-    limits = turn_lengths(engine, cases, names, args)
+    try:
+        cases = trained_workloads(args) if args.trained else scripted_workloads(args)
+        names = [name for name in cases if not args.only or name in args.only]
+        limits = turn_lengths(engine, cases, names, args)
+        samples = take_turns(engine, hook, model, args, cases=cases, names=names, limits=limits)
+    finally:
+        engine.close()
+    return {name: summary(by_runner, bool(cases[name][1])) for name, by_runner in samples.items()}
+
+
+Cases = dict[str, tuple[list[list[int]], list[int]]]  # name: (prompts, forced script)
+
+
+def take_turns(
+    engine: LlamaEngine,
+    hook: Scripts,
+    model: str,
+    args: argparse.Namespace,
+    *,
+    cases: Cases,
+    names: list[str],
+    limits: dict[tuple[str, int], int],
+) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """Every round, every workload, every runner once (who goes first rotates)."""
     servers = (
-        LlamaServers(model, threads, args.llama_server_modes, 4096, args.draft_max, mmap=args.mmap)
+        LlamaServers(
+            model, args.threads, args.llama_server_modes, 4096, args.draft_max, mmap=args.mmap
+        )
         if args.peers and args.llama_server_modes
         else None
     )
@@ -239,23 +261,17 @@ def workloads(model: str, args: argparse.Namespace) -> dict[str, Any]:
         samples: dict[str, dict[str, list[dict[str, Any]]]] = {
             name: {runner: [] for runner in runners} for name in names
         }
-        try:
-            for r in range(rounds):
-                for i, name in enumerate(names):
-                    prompts, script = cases[name]
-                    # every round evaluates its prompt afresh: a round's own prompt, or a nonce
-                    prompt = prompts[r] if len(prompts) > 1 else [1000 + r, *prompts[0]]
-                    turn = list(runners)
-                    shift = (r + i) % len(turn)  # which goes first rotates
-                    for runner in turn[shift:] + turn[:shift]:
-                        sample = runners[runner](prompt, script, limits[name, r], 1000 * r + i)
-                        samples[name][runner].append(sample)
-        finally:
-            engine.close()
-    return {name: summary(by_runner, bool(cases[name][1])) for name, by_runner in samples.items()}
-
-
-Cases = dict[str, tuple[list[list[int]], list[int]]]  # name: (prompts, forced script)
+        for r in range(args.rounds):
+            for i, name in enumerate(names):
+                prompts, script = cases[name]
+                # every round evaluates its prompt afresh: a round's own prompt, or a nonce
+                prompt = prompts[r] if len(prompts) > 1 else [1000 + r, *prompts[0]]
+                turn = list(runners)
+                shift = (r + i) % len(turn)
+                for runner in turn[shift:] + turn[:shift]:
+                    sample = runners[runner](prompt, script, limits[name, r], 1000 * r + i)
+                    samples[name][runner].append(sample)
+    return samples
 
 
 def scripted_workloads(args: argparse.Namespace) -> Cases:
@@ -292,6 +308,7 @@ def turn_lengths(
             prompts, script = cases[name]
             limits[name, r] = len(script) if script else args.tokens
             if args.trained:
+                generate(engine, [prompts[r][0] + 1], FLUSH)  # the prompt afresh, as the runs
                 params = SamplingParams(
                     max_tokens=args.tokens,
                     temperature=args.temperature,
