@@ -41,13 +41,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from scripts.bench.llama_peers import SPEC_MODES, LlamaServers, llama_bench_tg
+from scripts.bench.llama_peers import SPEC_MODES, LlamaServers, llama_bench_tg, peer_plan
 from scripts.bench.trained_workloads import trained_cases
 from server.engine.base import EngineConfig, SamplingParams, default_threads
 from server.engine.llama import LlamaEngine
 from server.engine.llama_context import LlamaContext
 from server.engine.speculation import measure_verify_cost
 from server.harmony.encoding import load_encoding
+from server.harmony.tokens import CALL, RETURN
 from server.testing.synthetic_gguf import cached_gguf
 
 FILE = "\n".join(
@@ -156,7 +157,8 @@ def generate(engine: LlamaEngine, prompt: list[int], params: SamplingParams) -> 
     return asyncio.run(go())
 
 
-TURN_ENDS = frozenset({200002, 200012})  # <|return|>, <|call|>
+N_CTX = 4096
+TURN_ENDS = frozenset({RETURN, CALL})
 Runner = Callable[[list[int], list[int], int, int], dict[str, Any]]
 
 
@@ -187,9 +189,10 @@ def peer_runners(
     if not args.peers:
         return {}
 
+    plan = peer_plan(model, args.threads, N_CTX, mmap=args.mmap)
+
     def bench(prompt: list[int], script: list[int], limit: int, seed: int) -> dict[str, Any]:
-        tg = llama_bench_tg(model, args.threads, limit, len(prompt), args.mmap)
-        return {**tg, "tokens": []}
+        return llama_bench_tg(plan, limit, len(prompt))
 
     runners: dict[str, Runner] = {"llama-bench": bench}
     for mode in servers.modes if servers else ():
@@ -212,7 +215,7 @@ def workloads(model: str, args: argparse.Namespace) -> dict[str, Any]:
     engine = LlamaEngine(
         EngineConfig(
             model_path=model,
-            n_ctx=4096,
+            n_ctx=N_CTX,
             n_slots=1,
             n_threads=args.threads,
             use_mmap=args.mmap,
@@ -247,7 +250,9 @@ def take_turns(
     """Every round, every workload, every runner once (who goes first rotates)."""
     servers = (
         LlamaServers(
-            model, args.threads, args.llama_server_modes, 4096, args.draft_max, mmap=args.mmap
+            peer_plan(model, args.threads, N_CTX, mmap=args.mmap),
+            args.llama_server_modes,
+            args.draft_max,
         )
         if args.peers and args.llama_server_modes
         else None

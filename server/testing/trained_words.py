@@ -13,14 +13,14 @@ from collections.abc import Iterable
 
 from openai_harmony import HarmonyEncoding
 
-LAST_ORDINARY_ID = 199998  # o200k's ordinary tokens end here; the harmony specials follow
+from server.harmony.tokens import FIRST_SPECIAL
 
 
 def word_pool(enc: HarmonyEncoding) -> tuple[list[str], list[str]]:
     """Single-token lowercase words (3-9 letters), split into (training, held-out) by hash."""
     train: list[str] = []
     held: list[str] = []
-    for tid in range(LAST_ORDINARY_ID):
+    for tid in range(FIRST_SPECIAL):
         try:
             text = enc.decode_utf8([tid])
         except Exception:  # ids that are not whole UTF-8 text
