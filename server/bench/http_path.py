@@ -107,7 +107,12 @@ class ChatTrace:
 
     def decode(self) -> Measurement:
         n = int(self.usage["completion_tokens"])
+        # the first token's arrival: the first chunk (the role, sent at once) plus the server's
+        # time to it; but the first chunk itself may leave late (the handler's own delay), and
+        # the estimate then lands after tokens already arrived: never later than visible text
         first_token = self.first_chunk + self.timings["ttft_ms"] / 1000
+        if self.first_visible is not None:
+            first_token = min(first_token, self.first_visible)
         window = self.finished - first_token
         return {
             "tokens_per_s": (n - 1) / window if n > 1 and window > 0 else 0.0,
