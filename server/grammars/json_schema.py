@@ -143,7 +143,9 @@ class _Builder:
     def _by_type(self, schema: dict[str, Any], keys: set[str], path: str) -> str:
         types = schema.get("type", _implied_type(keys))
         if types is None:
-            return self.degrade(path, f"keywords {sorted(keys)}") if keys else "value"
+            return (
+                self.degrade(path, f"keywords {sorted(keys)}") if keys else self.primitive("value")
+            )
         if isinstance(types, str):
             types = [types]
         if not types or any(t not in _BY_TYPE for t in types):

@@ -102,6 +102,23 @@ def test_loose_and_argumentless_tools(vocab: Any, encoding: HarmonyEncoding) -> 
     assert not accepts(vocab, encoding, none, '{"a":1}')
 
 
+def test_a_property_with_only_annotations_takes_any_value(
+    vocab: Any, encoding: HarmonyEncoding
+) -> None:
+    # Claude Code's Workflow tool: `"args": {"description": "..."}`, no type
+    schema = {
+        "type": "object",
+        "properties": {"args": {"description": "anything"}, "name": {"type": "string"}},
+        "required": ["name"],
+    }
+    grammar = call_grammar(ToolSpec("workflow", parameters=schema, strict=True))
+    assert grammar is not None
+    assert json_schema.convert(schema).exact
+    assert accepts(vocab, encoding, grammar, '{"args":[1,{"a":null}],"name":"x"}')
+    assert accepts(vocab, encoding, grammar, '{"name":"x"}')
+    assert not accepts(vocab, encoding, grammar, '{"args":1}')
+
+
 @pytest.mark.parametrize(
     ("low", "high"), [(1, 14), (-40, 250), (0, 0), (-5, -3), (7, 1234), (-1000, 99), (95, 105)]
 )
