@@ -93,6 +93,14 @@ def apply_patch(patch: str, path: str, text: str) -> str | None:
     return None
 
 
+def arguments_of(text: str) -> Any:
+    """A call's arguments, or None where they are not JSON (cut off at the token limit)."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
 def chat_case(client: httpx.Client, v: Values, tally: dict[str, list[bool]]) -> None:
     chosen = v.rng.sample(GENERIC_TOOLS, v.rng.randint(1, 3))
     name, _, params, ask = v.rng.choice(chosen)
@@ -116,10 +124,7 @@ def chat_case(client: httpx.Client, v: Values, tally: dict[str, list[bool]]) -> 
     tally["turn_kind"].append(choice["finish_reason"] == "tool_calls")
     expected = {p: val for (p, _), val in zip(params, values, strict=True)}
     exact = len(calls) == 1 and calls[0]["function"]["name"] == name
-    try:
-        exact = exact and json.loads(calls[0]["function"]["arguments"]) == expected
-    except (ValueError, IndexError):
-        exact = False
+    exact = exact and arguments_of(calls[0]["function"]["arguments"]) == expected
     tally["call_exact"].append(exact)
     if not calls:
         return
@@ -147,7 +152,7 @@ def codex_case(client: httpx.Client, v: Values, tally: dict[str, list[bool]]) ->
     calls = [o for o in out if o["type"] == "function_call"]
     tally["turn_kind"].append(bool(calls))
     ok = len(calls) == 1 and calls[0]["name"] == "exec_command"
-    ok = ok and json.loads(calls[0]["arguments"]) == {"cmd": f"cat {path}"}
+    ok = ok and arguments_of(calls[0]["arguments"]) == {"cmd": f"cat {path}"}
     tally["call_exact"].append(ok)
     if not calls:
         return
