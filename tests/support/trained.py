@@ -7,12 +7,14 @@ greedy by default (temperature 0: clients that send none get the same tokens eve
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from openai_harmony import HarmonyEncoding
+from starlette.types import ASGIApp
 
 from server.app import create_app
 from server.engine.base import EngineConfig
@@ -29,13 +31,16 @@ MODEL = "gpt-oss-trained"
 @dataclass
 class TrainedServer:
     url: str  # .../v1
-    recorder: StreamRecorder
+    recorder: Any  # StreamRecorder, or what `recorder` made of the app
     prompts: ForcedScript  # records every generation's prompt; never forces anything
 
 
 @contextmanager
 def trained_server(
-    encoding: HarmonyEncoding, store_dir: Path, n_ctx: int
+    encoding: HarmonyEncoding,
+    store_dir: Path,
+    n_ctx: int,
+    recorder: Callable[[ASGIApp], Any] = StreamRecorder,
 ) -> Iterator[TrainedServer]:
     logging.getLogger("llama_cpp").setLevel(logging.WARNING)
     hook = ForcedScript(encoding)
@@ -47,9 +52,9 @@ def trained_server(
         responses_keepalive_s=1.0,
         temperature=0.0,
     )
-    recorder = StreamRecorder(create_app(settings, runtime))
+    app = recorder(create_app(settings, runtime))
     try:
-        with served(recorder) as url:
-            yield TrainedServer(url, recorder, hook)
+        with served(app) as url:
+            yield TrainedServer(url, app, hook)
     finally:
         engine.close()
