@@ -176,9 +176,10 @@ class Scheduler:
             if self._loading:  # nothing to run until a file is read
                 wait([future for _, future in self._loading], 0.05, FIRST_COMPLETED)
             return
-        indices = self._decode(parts, owners)
-        if indices is None:
+        ran = self._decode(parts, owners)
+        if ran is None:
             return
+        parts, indices = ran  # without the drafts the cache had no room for
         for part, job, index in zip(parts, owners, indices, strict=True):
             try:
                 self._advance(job, part, index)
@@ -311,12 +312,14 @@ class Scheduler:
         banned = directive.banned if directive is not None else frozenset()
         return job.drafts.propose(limit, banned)
 
-    def _decode(self, parts: list[BatchPart], owners: list[Job]) -> list[int] | None:
+    def _decode(
+        self, parts: list[BatchPart], owners: list[Job]
+    ) -> tuple[list[BatchPart], list[int]] | None:
         """Run the batch, dropping the drafts, then idle conversations, while the cache has no
-        room for it."""
+        room for it. Returns the parts that ran and the batch index of each one's logits."""
         while True:
             try:
-                return self._ctx.decode(parts)
+                return parts, self._ctx.decode(parts)
             except DecodeError as exc:
                 if exc.code == NO_ROOM and any(job.draft for job in owners):
                     parts = [_undrafted(part, job) for part, job in zip(parts, owners, strict=True)]

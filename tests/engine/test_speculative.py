@@ -291,3 +291,33 @@ def test_sampled_distribution_matches_with_partly_wrong_drafts(
     monkeypatch.setattr(Scheduler, "_verify", second_chance(Scheduler._verify))
     biased = positions(pair.engines["on"], prompt, 20_000)
     assert worst_ratio(off, biased) > 1.0
+
+
+def test_a_draft_that_finds_no_room_leaves_the_history_exact(
+    tiny_gguf: Path, encoding: HarmonyEncoding
+) -> None:
+    """The cache fills up while a copy is drafted (an idle conversation holds the rest): the
+    batch runs again without the draft, and the sequence's token history counts only what was
+    decoded, so the generation and the next turn on the same conversation go on."""
+    script = ForcedScript(encoding)
+    config = EngineConfig(
+        model_path=str(tiny_gguf), n_ctx=512, n_slots=2, n_threads=1, speculative="on"
+    )
+    engine = LlamaEngine(config, sampling_hook=script)
+    try:
+        greedy = SamplingParams(max_tokens=8, temperature=0.0)
+        run(engine, [21, *tokens(60, 200)], greedy)  # idle: ≈208 of the 512 cells
+        body = tokens(61, 250)
+        prompt = [22, *body, *body[:3]]
+        script.push_tokens(body[3:240])  # a copy the drafts follow, past the cells left
+        params = SamplingParams(max_tokens=237, temperature=0.0)
+        out, result = run(engine, prompt, params)
+        assert result.error is None
+        assert out == body[3:240]
+        assert result.timings.draft_n_accepted > 0
+        follow = [*prompt, *out, *tokens(62, 5)]
+        out2, result2 = run(engine, follow, SamplingParams(max_tokens=4, temperature=0.0))
+        assert result2.error is None
+        assert len(out2) == 4
+    finally:
+        engine.close()
