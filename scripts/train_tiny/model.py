@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import Tensor, nn
 
-from server.testing.trained_rows import random_rows
+from server.testing.trained_rows import PREFIX_DIMS, random_rows
 
 N_VOCAB = 201088
 SLIDING_WINDOW = 128
@@ -54,6 +54,8 @@ MXFP4_VALUES = (
     -12.0,
 )
 QK = 32
+PREVIOUS_TOKEN_PAIRS = 8  # the fastest RoPE pairs: a score peaked at distance 1
+INDUCTION_DIMS = 28  # query/key dims of an induction head: the 14 slowest RoPE pairs
 
 
 @dataclass(frozen=True)
@@ -115,8 +117,9 @@ def fake_f16(w: Tensor) -> Tensor:
 # ----------------------------------------------------------------------------- rope
 
 
-def yarn_tables(dims: Dims, positions: Tensor, attn_factor: float = 1.0) -> tuple[Tensor, Tensor]:
-    """cos/sin (times YaRN's mscale) for NEOX rotation, as ggml's rope_yarn computes them."""
+def yarn_ramp(dims: Dims) -> tuple[Tensor, Tensor]:
+    """Per NEOX pair: its base frequency and YaRN's ramp (1: extrapolated, the fast pairs; 0:
+    interpolated by YARN_FACTOR, the slow pairs), as ggml's rope_yarn computes them."""
     n = dims.head_dim
 
     def corr_dim(n_rot: float) -> float:
@@ -129,9 +132,20 @@ def yarn_tables(dims: Dims, positions: Tensor, attn_factor: float = 1.0) -> tupl
     i0 = torch.arange(0, n, 2, dtype=torch.float64)
     theta_scale = ROPE_FREQ_BASE ** (-2.0 / n)
     inv = theta_scale ** (i0 / 2)
-    freq_scale = 1.0 / YARN_FACTOR
     y = (i0 / 2 - low) / max(0.001, high - low)
-    ramp = 1 - torch.clamp(y, 0, 1)
+    return inv, 1 - torch.clamp(y, 0, 1)
+
+
+def rope_thetas(dims: Dims) -> Tensor:
+    """Radians per position of each NEOX pair."""
+    inv, ramp = yarn_ramp(dims)
+    return (inv * ((1 - ramp) / YARN_FACTOR + ramp)).float()
+
+
+def yarn_tables(dims: Dims, positions: Tensor, attn_factor: float = 1.0) -> tuple[Tensor, Tensor]:
+    """cos/sin (times YaRN's mscale) for NEOX rotation, as ggml's rope_yarn computes them."""
+    inv, ramp = yarn_ramp(dims)
+    freq_scale = 1.0 / YARN_FACTOR
     extrap = positions.double()[:, None] * inv[None, :]
     theta = freq_scale * extrap * (1 - ramp) + extrap * ramp
     mscale = attn_factor * (1.0 + 0.1 * math.log(1.0 / freq_scale))
@@ -175,11 +189,12 @@ class Layer(nn.Module):
             nn.init.zeros_(lin.bias)
         self.wo.weight.data *= 0.5
 
-    def pass_through(self) -> None:
+    def pass_through(self, every_head: bool = False) -> None:
         """Initialise values and output so that attention passes the attended tokens' (normed)
         embeddings on: each KV head's values are a slice of the input, and one query head per
-        KV head writes its slice back where it came from (needs n_head_kv * head_dim = n_embd).
-        A copy circuit to start from; the queries and keys still have to learn where to look."""
+        KV head (every_head: each) writes its slice back where it came from (needs n_head_kv *
+        head_dim = n_embd). A copy circuit to start from; the queries and keys still have to
+        learn where to look."""
         dims = self.dims
         nkv, rep = dims.n_head_kv * dims.head_dim, dims.n_head // dims.n_head_kv
         if nkv != dims.n_embd:
@@ -189,8 +204,49 @@ class Layer(nn.Module):
             self.wo.weight.zero_()
             for g in range(dims.n_head_kv):
                 rows = slice(g * dims.head_dim, (g + 1) * dims.head_dim)
-                cols = slice(g * rep * dims.head_dim, (g * rep + 1) * dims.head_dim)
-                self.wo.weight[rows, cols] = torch.eye(dims.head_dim)
+                for h in range(g * rep, (g + 1) * rep if every_head else g * rep + 1):
+                    cols = slice(h * dims.head_dim, (h + 1) * dims.head_dim)
+                    self.wo.weight[rows, cols] = torch.eye(dims.head_dim)
+
+    def previous_token_head(self, read: Tensor, write: Tensor, sharpness: float = 6.0) -> None:
+        """Initialise query head 0 (and KV head 0) to attend to the previous token and write
+        `read`'s projection of it back along `write`: with zero query/key weights and biases
+        that RoPE turns into a score peaked at distance 1. read: (d, r), write: (d, r)."""
+        dims = self.dims
+        hd, r = dims.head_dim, read.shape[1]
+        theta = rope_thetas(dims)
+        pairs = torch.arange(PREVIOUS_TOKEN_PAIRS)
+        q = torch.zeros(hd)
+        k = torch.zeros(hd)
+        q[pairs] = sharpness
+        # k = R(θ) q per pair: q·R(-Δθ)k = |q|² cos((1 - Δ)θ), largest at Δ = 1
+        k[pairs] = sharpness * torch.cos(theta[pairs])
+        k[pairs + hd // 2] = sharpness * torch.sin(theta[pairs])
+        with torch.no_grad():
+            self.wq.weight[:hd].zero_()
+            self.wq.bias[:hd] = q
+            self.wk.weight[:hd].zero_()
+            self.wk.bias[:hd] = k
+            self.wv.weight[:hd].zero_()
+            self.wv.bias[:hd].zero_()
+            self.wv.weight[:r] = read.T
+            self.wo.weight[:, :hd].zero_()
+            self.wo.weight[:, :r] = write
+
+    def induction_heads(self, read: Tensor, key: Tensor, gain: float) -> None:
+        """Initialise the pass-through heads (query head g·rep for KV head g) as induction heads:
+        a query's `read` projection of its own token against a key's `key` projection of what
+        the previous-token head wrote there, in the RoPE pairs that barely turn over a long
+        context, so the head attends to the token after an earlier occurrence of this one."""
+        dims = self.dims
+        hd, rep, r = dims.head_dim, dims.n_head // dims.n_head_kv, read.shape[1]
+        slow = torch.arange(hd // 2 - r // 2, hd // 2)
+        dims_of = torch.cat([slow, slow + hd // 2])
+        with torch.no_grad():
+            for g in range(dims.n_head_kv):  # the faster pairs keep their random start
+                qh, kh = g * rep * hd, g * hd
+                self.wq.weight[qh + dims_of] = gain * read.T
+                self.wk.weight[kh + dims_of] = gain * key.T
 
     def linears(self) -> tuple[tuple[str, nn.Linear], ...]:
         """The layer's linear maps by their names in the parameter file (export and import)."""
@@ -284,6 +340,28 @@ class GptOss(nn.Module):
         self.rows = nn.Parameter(fixed[ids].clone())
         self.layers = nn.ModuleList(Layer(dims, i) for i in range(dims.n_layer))
         self.out_norm = nn.Parameter(torch.full((dims.n_embd,), 0.05))
+
+    def induction_init(self, write_gain: float = 2.0, key_gain: float = 4.0) -> None:
+        """Start from an induction circuit, the mechanism of copying a span: the first layer's
+        head 0 writes a projection U of the previous token's embedding along P; the last
+        layer's pass-through heads (Layer.pass_through) match their own token's U projection
+        against keys' P projection, so after `settings` they attend to the token that followed
+        an earlier ` settings` and pass its embedding on. U lies in the word part of word rows
+        (the prefix varies where a value is copied); U and P are random, from the seed."""
+        d, r = self.dims.n_embd, INDUCTION_DIMS
+        gen = torch.Generator().manual_seed(self.seed * 1000 + 17)
+        word = d - PREFIX_DIMS if self.word_rows else d
+        read = torch.zeros(d, r)
+        read[:word] = torch.linalg.qr(torch.randn(word, r, generator=gen))[0]
+        write = torch.linalg.qr(torch.randn(d, r, generator=gen))[0]
+        first, last = self.layers[0], self.layers[-1]
+        assert isinstance(first, Layer)
+        assert isinstance(last, Layer)
+        first.previous_token_head(read, write_gain * write)
+        last.pass_through(every_head=True)  # the other heads: where a value starts
+        last.induction_heads(read, write, key_gain)
+        with torch.no_grad():  # the copy outweighs the current token's own row
+            last.wo.weight.mul_(4.0)
 
     def quantize(self, on: bool) -> None:
         """Compute the experts' MXFP4 weights once for the coming forward passes (or drop them)."""

@@ -230,7 +230,9 @@ def initial_model(
         rows = keys if args.word_rows else None
         dims = Dims(n_layer=args.layers, head_dim=args.head_dim)
         model = GptOss(dims, trainable, args.seed, rows, args.attn_factor)
-        if args.ov_init:
+        if args.induction_init:
+            model.induction_init()
+        elif args.ov_init:
             model.layers[-1].pass_through()
         return model
     model = from_params(str(args.init), keys)
@@ -262,6 +264,9 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--layers", type=int, default=Dims.n_layer)
     parser.add_argument("--head-dim", type=int, default=Dims.head_dim)
     parser.add_argument("--ov-init", action="store_true", help="Layer.pass_through, last layer")
+    parser.add_argument(
+        "--induction-init", action="store_true", help="GptOss.induction_init (implies --ov-init)"
+    )
     parser.add_argument("--word-rows", action="store_true", help="trained_rows' word rows")
     parser.add_argument("--copy-weight", type=float, default=1.0, help="of the value targets")
     parser.add_argument("--context-negatives", action="store_true")
