@@ -1,5 +1,8 @@
 """Decode speed with and without a tool-call grammar on the tiny synthetic model (JSON output).
 
+`--trained`: on the trained tiny model instead, writing the arguments of a call a user asked for
+(its prompt rendered as the server renders it), where its distributions are peaked.
+
 Each round generates `--tokens` tokens one at a time on one sequence: unconstrained (only the
 harmony specials banned, as for any content) and under a strict JSON-schema grammar (a call is
 restarted with a fresh grammar whenever it ends with <|call|>). The rounds alternate so machine
@@ -20,20 +23,23 @@ import logging
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from server.contracts.directives import Constrain
-from server.contracts.transcript import ToolSpec
+from server.contracts.transcript import ToolSpec, Transcript, UserMessage
 from server.engine.base import EngineConfig, SamplingParams
 from server.engine.llama_context import BatchPart, LlamaContext
 from server.engine.sampling.banned import Banned
 from server.engine.sampling.grammar_sampler import GrammarSampler
 from server.engine.sampling.numpy_sampler import NumpySampler
 from server.grammars.tools import call_grammar
+from server.harmony.encoding import load_encoding
+from server.harmony.render import render
 from server.harmony.tokens import CALL, SPECIALS
-from server.testing.synthetic_gguf import cached_gguf
+from server.testing.synthetic_gguf import TRAINED, cached_gguf
 
 SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -47,6 +53,20 @@ SCHEMA: dict[str, Any] = {
     "additionalProperties": False,
 }
 PROMPT = [200006, 17360, 200008, 12194, 200007, 200006, 173781]  # any few tokens will do
+
+
+def trained_prompt() -> list[int]:
+    """For the trained model: a user asking for the call, its analysis and the call's header,
+    rendered as the server renders them, so its arguments come from a model at work."""
+    encoding = load_encoding(Path.home() / ".cache" / "gpt-oss-server" / "harmony")
+    tool = ToolSpec("plan_trip", description="Plan a trip.", parameters=SCHEMA)
+    ask = "Call plan_trip with city=lisbon, unit=celsius, days=3."
+    prompt = render(encoding, Transcript(items=(UserMessage(ask),), tools=(tool,)))
+    head = (
+        "<|channel|>analysis<|message|>Call plan_trip.<|end|><|start|>assistant"
+        "<|channel|>commentary to=functions.plan_trip <|constrain|>json<|message|>"
+    )
+    return [*prompt, *encoding.encode(head, allowed_special="all")]
 
 
 class _Unconstrained:
@@ -65,7 +85,9 @@ class _Unconstrained:
         pass
 
 
-def _generate(ctx: LlamaContext, constraint: Constrain, tokens: int, seed: int) -> dict[str, Any]:
+def _generate(
+    ctx: LlamaContext, constraint: Constrain, tokens: int, seed: int, prompt: list[int]
+) -> dict[str, Any]:
     params = SamplingParams(max_tokens=tokens, temperature=1.0, seed=seed)
     produced = masked = drawn = checked = calls = 0
     started, cpu_started = time.perf_counter(), time.process_time()
@@ -76,8 +98,8 @@ def _generate(ctx: LlamaContext, constraint: Constrain, tokens: int, seed: int) 
             else _Unconstrained(ctx, params, constraint)
         )
         ctx.truncate(0, 0)
-        index = ctx.decode([BatchPart(0, PROMPT, 0, True)])[0]
-        position = len(PROMPT)
+        index = ctx.decode([BatchPart(0, prompt, 0, True)])[-1]
+        position = len(prompt)
         try:
             while produced < tokens:
                 token = sampler.sample(index)
@@ -109,25 +131,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=300)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--trained",
+        action="store_true",
+        help="the trained tiny model, writing a call it was asked for",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("llama_cpp").setLevel(logging.ERROR)
     grammar = call_grammar(ToolSpec("plan_trip", parameters=SCHEMA, strict=True))
     assert grammar is not None
-    config = EngineConfig(model_path=str(cached_gguf("tiny")), n_ctx=4096, n_threads=args.threads)
+    preset = TRAINED if args.trained else "tiny"
+    prompt = trained_prompt() if args.trained else PROMPT
+    config = EngineConfig(model_path=str(cached_gguf(preset)), n_ctx=4096, n_threads=args.threads)
     ctx = LlamaContext(config)
     banned = SPECIALS - {CALL}
     free, constrained = Constrain(banned=banned), Constrain(banned=banned, grammar=grammar)
-    _generate(ctx, constrained, 20, seed=0)  # warm-up (the vocabulary's prefix tree)
+    _generate(ctx, constrained, 20, seed=0, prompt=prompt)  # warm-up (the vocabulary's prefix tree)
     runs: dict[str, list[dict[str, Any]]] = {"unconstrained": [], "grammar": []}
     for round_ in range(args.rounds):
-        runs["unconstrained"].append(_generate(ctx, free, args.tokens, seed=round_))
-        runs["grammar"].append(_generate(ctx, constrained, args.tokens, seed=round_))
+        runs["unconstrained"].append(_generate(ctx, free, args.tokens, round_, prompt))
+        runs["grammar"].append(_generate(ctx, constrained, args.tokens, round_, prompt))
     ctx.close()
     median = {k: statistics.median(r["tokens_per_s"] for r in v) for k, v in runs.items()}
     cpu = {k: statistics.median(r["tokens_per_cpu_s"] for r in v) for k, v in runs.items()}
     report = {
-        "model": "tiny synthetic gpt-oss (real 201k vocabulary)",
+        "model": "trained tiny gpt-oss" if args.trained else "tiny synthetic gpt-oss (random)",
         "tokens_per_round": args.tokens,
         "rounds": args.rounds,
         "threads": args.threads,

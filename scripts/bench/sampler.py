@@ -1,9 +1,11 @@
 """Sampler benchmark: milliseconds per token of llama.cpp's sampler chain vs the numpy sampler.
 
-`python -m scripts.bench.sampler [--model PATH] [--calls 300] [--repetitions 5]
+`python -m scripts.bench.sampler [--model PATH | --trained] [--calls 300] [--repetitions 5]
 [--decode-tokens 128] [--out FILE]`
 
-Part 1 (`sampler`): on real logits (the model's output after a short prompt), each sampler
+Part 1 (`sampler`): on real logits (the model's output after a short prompt; `--trained`: the
+trained tiny model's, inside its own turn on a held-out prompt: peaked, as a trained model's
+are), each sampler
 picks a token `--calls` times per repetition, taking turns in every repetition; the median over
 repetitions of the mean ms per call: llama.cpp's chain, the numpy sampler's full draw alone
 (`full_draw_ms`), and the numpy sampler as the engine runs it, rejection draws first
@@ -33,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from scripts.bench.trained_workloads import trained_cases
 from server.contracts.directives import Constrain
 from server.engine.base import EngineConfig, SamplingParams
 from server.engine.llama import LlamaEngine
@@ -41,7 +44,7 @@ from server.engine.sampling.banned import Banned
 from server.engine.sampling.llama_chain import chain_seed
 from server.engine.sampling.numpy_sampler import NumpySampler
 from server.harmony.tokens import RETURN, SPECIALS
-from server.testing.synthetic_gguf import cached_gguf
+from server.testing.synthetic_gguf import TRAINED, cached_gguf
 
 log = logging.getLogger(__name__)
 
@@ -64,11 +67,30 @@ def per_call_ms(pick: Callable[[], int], calls: int) -> float:
     return (time.perf_counter() - started) * 1000 / calls
 
 
-def sampler_part(model: Path, threads: int, calls: int, repetitions: int) -> dict[str, Any]:
-    ctx = LlamaContext(EngineConfig(model_path=str(model), n_ctx=512, n_threads=threads))
+def trained_position(ctx: LlamaContext, steps: int = 5) -> tuple[int, int]:
+    """For the trained model: a held-out call prompt (its corpus's kind), then the model's own
+    greedy turn for `steps` tokens — into the analysis it writes, inside the tool name it copies
+    there (`Call up|_azan.`, the next token 4 nats above the runner-up), so the logits are those
+    of a trained model at work on content; returns (their batch index, the greedy token)."""
+    prompt = trained_cases(1)["trained_call"][0]
+    index = ctx.decode([BatchPart(0, prompt, 0, True)])[-1]
+    for step in range(steps):
+        token = int(np.argmax(ctx.logits(index)))
+        index = ctx.decode([BatchPart(0, [token], len(prompt) + step, True)])[-1]
+    return index, int(np.argmax(ctx.logits(index)))
+
+
+def sampler_part(
+    model: Path, threads: int, calls: int, repetitions: int, trained: bool = False
+) -> dict[str, Any]:
+    ctx = LlamaContext(EngineConfig(model_path=str(model), n_ctx=4096, n_threads=threads))
     try:
-        prompt = [random.Random(0).randrange(1000, 100_000) for _ in range(16)]
-        index = ctx.decode([BatchPart(0, prompt, 0, True)])[-1]
+        if trained:
+            index, token = trained_position(ctx)
+            log.info("trained model: logits before token %d", token)
+        else:
+            prompt = [random.Random(0).randrange(1000, 100_000) for _ in range(16)]
+            index = ctx.decode([BatchPart(0, prompt, 0, True)])[-1]
         results = {}
         for name, (params, constraint) in CASES.items():
             rng = np.random.default_rng(params.seed)
@@ -144,6 +166,11 @@ def engine_part(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=None, help="GGUF (default: tiny synthetic)")
+    parser.add_argument(
+        "--trained",
+        action="store_true",
+        help="the trained tiny model, its logits inside its own turn on a held-out prompt",
+    )
     parser.add_argument("--n-threads", type=int, default=2)
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--repetitions", type=int, default=5)
@@ -153,9 +180,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    model = args.model or cached_gguf("tiny")
+    model = args.model or cached_gguf(TRAINED if args.trained else "tiny")
     report: dict[str, Any] = {"model": str(model), "threads": args.n_threads}
-    report["sampler"] = sampler_part(model, args.n_threads, args.calls, args.repetitions)
+    report["sampler"] = sampler_part(
+        model, args.n_threads, args.calls, args.repetitions, args.trained
+    )
     if not args.skip_engine:
         report["engine"] = engine_part(
             model, args.n_threads, args.prompt_tokens, args.decode_tokens, args.repetitions
