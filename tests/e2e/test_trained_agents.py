@@ -139,22 +139,31 @@ def test_named_tool_choice_on_chat(sdk: OpenAI, pool: list[str]) -> None:
     assert isinstance(arguments["name"], str)
 
 
+def named_lookup(sdk: OpenAI, name: str, **sampling: Any) -> str:
+    """`Look up the user {name}.` with `tool_choice` naming lookup_user: the call's arguments."""
+    answer = sdk.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": f"Look up the user {name}."}],
+        tools=[chat_tool(WEATHER), chat_tool(LOOKUP)],
+        tool_choice={"type": "function", "function": {"name": "lookup_user"}},
+        max_tokens=300,
+        **sampling,
+    )
+    (call,) = answer.choices[0].message.tool_calls or []  # a named choice always calls
+    assert call.type == "function"
+    assert call.function.name == "lookup_user"
+    arguments: str = call.function.arguments
+    return arguments
+
+
+def exact_name(name: str) -> str:
+    return json.dumps({"name": name}, separators=(",", ":"))
+
+
 def test_named_tool_choice_copies_the_argument(sdk: OpenAI, pool: list[str]) -> None:
     """Twelve names (the committed model copies all 12 exactly)."""
-    choice: Any = {"type": "function", "function": {"name": "lookup_user"}}
-    copied = 0
-    for name in held_out_words(pool, 12, seed=2):
-        answer = sdk.chat.completions.create(
-            model=MODEL,
-            messages=[{"role": "user", "content": f"Look up the user {name}."}],
-            tools=[chat_tool(WEATHER), chat_tool(LOOKUP)],
-            tool_choice=choice,
-            max_tokens=300,
-        )
-        (call,) = answer.choices[0].message.tool_calls or []  # a named choice always calls
-        assert call.type == "function"
-        assert call.function.name == "lookup_user"
-        copied += call.function.arguments == json.dumps({"name": name}, separators=(",", ":"))
+    names = held_out_words(pool, 12, seed=2)
+    copied = sum(named_lookup(sdk, name) == exact_name(name) for name in names)
     log.info("named choice copied %d of 12 names", copied)
     assert copied >= 10
 
@@ -165,30 +174,13 @@ def test_seeded_sampling_copies_the_argument_and_repeats_itself(
     """The same requests sampled at temperature 0.7 with a seed (the committed model: 7 of 8
     names exact; 2 of 8 at temperature 1, where the held-out words' copies are not yet peaked
     enough), and each seed gives the same call again: seeded sampling end to end."""
-    choice: Any = {"type": "function", "function": {"name": "lookup_user"}}
-
-    def call(name: str, seed: int) -> str:
-        answer = sdk.chat.completions.create(
-            model=MODEL,
-            messages=[{"role": "user", "content": f"Look up the user {name}."}],
-            tools=[chat_tool(WEATHER), chat_tool(LOOKUP)],
-            tool_choice=choice,
-            max_tokens=300,
-            temperature=0.7,
-            seed=seed,
-        )
-        (made,) = answer.choices[0].message.tool_calls or []
-        assert made.type == "function"
-        assert made.function.name == "lookup_user"
-        return made.function.arguments
-
     names = held_out_words(pool, 8, seed=3)
-    first = [call(name, seed) for seed, name in enumerate(names)]
-    exact = [json.dumps({"name": n}, separators=(",", ":")) for n in names]
-    copied = sum(a == e for a, e in zip(first, exact, strict=True))
+    first = [named_lookup(sdk, n, temperature=0.7, seed=s) for s, n in enumerate(names)]
+    copied = sum(a == exact_name(n) for a, n in zip(first, names, strict=True))
     log.info("seeded, temperature 0.7: %d of 8 names copied", copied)
     assert copied >= 5
-    assert [call(name, seed) for seed, name in enumerate(names[:3])] == first[:3]
+    again = [named_lookup(sdk, n, temperature=0.7, seed=s) for s, n in enumerate(names[:3])]
+    assert again == first[:3]
 
 
 def test_named_tool_choice_on_responses(sdk: OpenAI, pool: list[str]) -> None:
