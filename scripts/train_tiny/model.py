@@ -233,7 +233,9 @@ class Layer(nn.Module):
             self.wo.weight[:, :hd].zero_()
             self.wo.weight[:, :r] = write
 
-    def induction_heads(self, read: Tensor, key: Tensor, gain: float) -> None:
+    def induction_heads(
+        self, read: Tensor, key: Tensor, gain: float, groups: int | None = None
+    ) -> None:
         """Initialise the pass-through heads (query head g·rep for KV head g) as induction heads:
         a query's `read` projection of its own token against a key's `key` projection of what
         the previous-token head wrote there, in the RoPE pairs that barely turn over a long
@@ -243,10 +245,19 @@ class Layer(nn.Module):
         slow = torch.arange(hd // 2 - r // 2, hd // 2)
         dims_of = torch.cat([slow, slow + hd // 2])
         with torch.no_grad():
-            for g in range(dims.n_head_kv):  # the faster pairs keep their random start
+            for g in range(groups or dims.n_head_kv):  # the faster pairs keep their start
                 qh, kh = g * rep * hd, g * hd
                 self.wq.weight[qh + dims_of] = gain * read.T
                 self.wk.weight[kh + dims_of] = gain * key.T
+
+    def copy_projection(self, group: int, projection: Tensor) -> None:
+        """KV head `group`'s values are `projection` (head_dim, d: orthonormal rows) of the
+        whole input, and its first query head writes them back through the transpose: the
+        attended token's embedding, projected, where pass_through copies only a slice."""
+        hd, rep = self.dims.head_dim, self.dims.n_head // self.dims.n_head_kv
+        with torch.no_grad():
+            self.wv.weight[group * hd : (group + 1) * hd] = projection
+            self.wo.weight[:, group * rep * hd : (group * rep + 1) * hd] = projection.T
 
     def linears(self) -> tuple[tuple[str, nn.Linear], ...]:
         """The layer's linear maps by their names in the parameter file (export and import)."""
@@ -341,7 +352,9 @@ class GptOss(nn.Module):
         self.layers = nn.ModuleList(Layer(dims, i) for i in range(dims.n_layer))
         self.out_norm = nn.Parameter(torch.full((dims.n_embd,), 0.05))
 
-    def induction_init(self, write_gain: float = 2.0, key_gain: float = 4.0) -> None:
+    def induction_init(
+        self, write_gain: float = 2.0, key_gain: float = 4.0, one_group: bool = False
+    ) -> None:
         """Start from an induction circuit, the mechanism of copying a span: the first layer's
         head 0 writes a projection U of the previous token's embedding along P; the last
         layer's pass-through heads (Layer.pass_through) match their own token's U projection
@@ -358,6 +371,14 @@ class GptOss(nn.Module):
         assert isinstance(first, Layer)
         assert isinstance(last, Layer)
         first.previous_token_head(read, write_gain * write)
+        if one_group:  # KV group 0 copies spans; group 1 stays free to find where one starts
+            last.pass_through()
+            values = torch.linalg.qr(torch.randn(d, self.dims.head_dim, generator=gen))[0]
+            last.copy_projection(0, values.T)
+            last.induction_heads(read, write, key_gain, groups=1)
+            with torch.no_grad():  # the copy outweighs the current token's own row
+                last.wo.weight[:, : self.dims.head_dim].mul_(4.0)
+            return
         last.pass_through(every_head=True)  # the other heads: where a value starts
         last.induction_heads(read, write, key_gain)
         with torch.no_grad():  # the copy outweighs the current token's own row

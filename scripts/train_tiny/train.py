@@ -231,7 +231,7 @@ def initial_model(
         dims = Dims(n_layer=args.layers, head_dim=args.head_dim)
         model = GptOss(dims, trainable, args.seed, rows, args.attn_factor)
         if args.induction_init:
-            model.induction_init()
+            model.induction_init(one_group=args.induction_one_group)
         elif args.ov_init:
             model.layers[-1].pass_through()
         return model
@@ -266,6 +266,9 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--ov-init", action="store_true", help="Layer.pass_through, last layer")
     parser.add_argument(
         "--induction-init", action="store_true", help="GptOss.induction_init (implies --ov-init)"
+    )
+    parser.add_argument(
+        "--induction-one-group", action="store_true", help="induction on KV group 0 only"
     )
     parser.add_argument("--word-rows", action="store_true", help="trained_rows' word rows")
     parser.add_argument("--copy-weight", type=float, default=1.0, help="of the value targets")
