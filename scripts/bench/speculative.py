@@ -43,6 +43,7 @@ from typing import Any
 
 from scripts.bench.llama_peers import SPEC_MODES, LlamaServers, llama_bench_tg, peer_plan
 from scripts.bench.trained_workloads import trained_cases
+from server.bench.plan import Plan
 from server.engine.base import EngineConfig, SamplingParams, default_threads
 from server.engine.llama import LlamaEngine
 from server.engine.llama_context import LlamaContext
@@ -182,14 +183,12 @@ def ours(engine: LlamaEngine, hook: Scripts, temperature: float, speculate: bool
 
 
 def peer_runners(
-    model: str, args: argparse.Namespace, servers: LlamaServers | None
+    plan: Plan, args: argparse.Namespace, servers: LlamaServers | None
 ) -> dict[str, Runner]:
     """llama-bench's tg (a run per request: its context depth is the prompt's length) and one
     llama-server per n-gram mode, when --peers asks for them."""
     if not args.peers:
         return {}
-
-    plan = peer_plan(model, args.threads, N_CTX, mmap=args.mmap)
 
     def bench(prompt: list[int], script: list[int], limit: int, seed: int) -> dict[str, Any]:
         return llama_bench_tg(plan, limit, len(prompt))
@@ -248,12 +247,9 @@ def take_turns(
     limits: dict[tuple[str, int], int],
 ) -> dict[str, dict[str, list[dict[str, Any]]]]:
     """Every round, every workload, every runner once (who goes first rotates)."""
+    plan = peer_plan(model, args.threads, N_CTX, mmap=args.mmap)
     servers = (
-        LlamaServers(
-            peer_plan(model, args.threads, N_CTX, mmap=args.mmap),
-            args.llama_server_modes,
-            args.draft_max,
-        )
+        LlamaServers(plan, args.llama_server_modes, args.draft_max)
         if args.peers and args.llama_server_modes
         else None
     )
@@ -261,7 +257,7 @@ def take_turns(
         runners = {
             "off": ours(engine, hook, args.temperature, speculate=False),
             "on": ours(engine, hook, args.temperature, speculate=True),
-            **peer_runners(model, args, servers),
+            **peer_runners(plan, args, servers),
         }
         samples: dict[str, dict[str, list[dict[str, Any]]]] = {
             name: {runner: [] for runner in runners} for name in names
