@@ -23,11 +23,11 @@ import logging
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from scripts.train_tiny.corpus import encoding as corpus_encoding
 from server.contracts.directives import Constrain
 from server.contracts.transcript import ToolSpec, Transcript, UserMessage
 from server.engine.base import EngineConfig, SamplingParams
@@ -36,7 +36,6 @@ from server.engine.sampling.banned import Banned
 from server.engine.sampling.grammar_sampler import GrammarSampler
 from server.engine.sampling.numpy_sampler import NumpySampler
 from server.grammars.tools import call_grammar
-from server.harmony.encoding import load_encoding
 from server.harmony.render import render
 from server.harmony.tokens import CALL, SPECIALS
 from server.testing.synthetic_gguf import TRAINED, cached_gguf
@@ -58,7 +57,7 @@ PROMPT = [200006, 17360, 200008, 12194, 200007, 200006, 173781]  # any few token
 def trained_prompt() -> list[int]:
     """For the trained model: a user asking for the call, its analysis and the call's header,
     rendered as the server renders them, so its arguments come from a model at work."""
-    encoding = load_encoding(Path.home() / ".cache" / "gpt-oss-server" / "harmony")
+    encoding = corpus_encoding()  # the trained model's corpus renders with this one
     tool = ToolSpec("plan_trip", description="Plan a trip.", parameters=SCHEMA)
     ask = "Call plan_trip with city=lisbon, unit=celsius, days=3."
     prompt = render(encoding, Transcript(items=(UserMessage(ask),), tools=(tool,)))
