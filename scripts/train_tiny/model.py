@@ -361,12 +361,8 @@ class GptOss(nn.Module):
         against keys' P projection, so after `settings` they attend to the token that followed
         an earlier ` settings` and pass its embedding on. U lies in the word part of word rows
         (the prefix varies where a value is copied); U and P are random, from the seed."""
-        d, r = self.dims.n_embd, INDUCTION_DIMS
-        gen = torch.Generator().manual_seed(self.seed * 1000 + 17)
-        word = d - PREFIX_DIMS if self.word_rows else d
-        read = torch.zeros(d, r)
-        read[:word] = torch.linalg.qr(torch.randn(word, r, generator=gen))[0]
-        write = torch.linalg.qr(torch.randn(d, r, generator=gen))[0]
+        d = self.dims.n_embd
+        read, write, gen = self.induction_basis()
         first, last = self.layers[0], self.layers[-1]
         assert isinstance(first, Layer)
         assert isinstance(last, Layer)
@@ -383,6 +379,30 @@ class GptOss(nn.Module):
         last.induction_heads(read, write, key_gain)
         with torch.no_grad():  # the copy outweighs the current token's own row
             last.wo.weight.mul_(4.0)
+
+    def induction_basis(self) -> tuple[Tensor, Tensor, torch.Generator]:
+        """(U, P, the generator after them), from the seed: U (d, INDUCTION_DIMS) a random
+        projection of the word part of a row (the prefix varies where a value is copied), P
+        random directions to write it along."""
+        d, r = self.dims.n_embd, INDUCTION_DIMS
+        gen = torch.Generator().manual_seed(self.seed * 1000 + 17)
+        word = d - PREFIX_DIMS if self.word_rows else d
+        read = torch.zeros(d, r)
+        read[:word] = torch.linalg.qr(torch.randn(word, r, generator=gen))[0]
+        write = torch.linalg.qr(torch.randn(d, r, generator=gen))[0]
+        return read, write, gen
+
+    def previous_token_init(self, write_gain: float = 2.0) -> None:
+        """Half of an induction circuit: the first layer's head 0 writes U of the previous token
+        along P (as in induction_init); the last layer passes attended tokens on (pass_through)
+        with its queries and keys free to learn both where a value starts and, matching U of
+        its own token against P, where a copied span goes on."""
+        read, write, _ = self.induction_basis()
+        first, last = self.layers[0], self.layers[-1]
+        assert isinstance(first, Layer)
+        assert isinstance(last, Layer)
+        first.previous_token_head(read, write_gain * write)
+        last.pass_through()
 
     def quantize(self, on: bool) -> None:
         """Compute the experts' MXFP4 weights once for the coming forward passes (or drop them)."""

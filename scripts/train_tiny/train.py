@@ -232,6 +232,8 @@ def initial_model(
         model = GptOss(dims, trainable, args.seed, rows, args.attn_factor)
         if args.induction_init:
             model.induction_init(one_group=args.induction_one_group)
+        elif args.previous_token_init:
+            model.previous_token_init()
         elif args.ov_init:
             model.layers[-1].pass_through()
         return model
@@ -269,6 +271,11 @@ def arguments() -> argparse.Namespace:
     )
     parser.add_argument(
         "--induction-one-group", action="store_true", help="induction on KV group 0 only"
+    )
+    parser.add_argument(
+        "--previous-token-init",
+        action="store_true",
+        help="GptOss.previous_token_init (implies --ov-init)",
     )
     parser.add_argument("--word-rows", action="store_true", help="trained_rows' word rows")
     parser.add_argument("--copy-weight", type=float, default=1.0, help="of the value targets")
