@@ -29,6 +29,9 @@ from typing import Any
 import numpy as np
 from openai_harmony import HarmonyEncoding
 
+from server.api.messages.adapter import to_transcript as to_messages_transcript
+from server.api.messages.schemas import MessagesRequest
+from server.api.messages.signature import ThinkingSigner
 from server.api.responses.adapter import to_items, to_transcript
 from server.api.responses.schemas import ResponsesRequest
 from server.contracts.transcript import (
@@ -41,8 +44,10 @@ from server.contracts.transcript import (
 )
 from server.harmony.encoding import load_encoding
 from server.harmony.render import assistant_start_tokens, head_tokens, item_tokens, render
+from server.harmony.tokens import FIRST_SPECIAL
+from server.testing.claude_capture import capture_request, with_ask
 from server.testing.trained_model import vocabulary_keys
-from server.testing.trained_words import word_pool
+from server.testing.trained_words import split_prefixes, text_of, word_pool
 
 HERE = Path(__file__).parent
 CODEX_REQUEST = HERE / "codex_request.json"
@@ -61,6 +66,7 @@ def encoding() -> HarmonyEncoding:
 class Values:
     rng: random.Random
     words: list[str]
+    value_edits: float = 0.0  # of Codex edits: the share that changes a line's last value
 
     def word(self) -> str:
         return self.rng.choice(self.words)
@@ -93,6 +99,13 @@ class Values:
                 f"# {self.phrase(2, 4)}",
             ]
         )
+
+    def changed(self, line: str) -> str:
+        """The line with its last value changed, as most edits are (`color = red` to
+        `color = blue`): the patch's added line then repeats the removed one up to the value."""
+        match = list(re.finditer(r"[a-z]+|[0-9]+", line))[-1]
+        value = str(self.number()) if match.group().isdigit() else self.word()
+        return line[: match.start()] + value + line[match.end() :]
 
     def command(self, path: str) -> str:
         return self.rng.choice(
@@ -155,7 +168,8 @@ class Builder:
 
     def turn(self, harmony_text: str) -> None:
         start = len(self.seq.tokens)
-        self.seq.add(self.enc.encode(harmony_text, allowed_special="all"), True)
+        tokens = self.enc.encode(harmony_text, allowed_special="all")
+        self.seq.add(split_prefixes(self.enc, tokens), True)
         self.seq.rounds.append((start, len(self.seq.tokens)))
 
     def tool_output(self, result: ToolResult) -> None:
@@ -387,7 +401,9 @@ def family_codex(
     path = v.filename()
     lines = [v.line() for _ in range(v.rng.randint(1, 6))]
     target = v.rng.randrange(len(lines))
-    old, new = lines[target], v.line()
+    old = lines[target]
+    edit_value = v.value_edits > 0 and v.rng.random() < v.value_edits
+    new = v.changed(old) if edit_value else v.line()
     if kind == "edit":
         ask = v.rng.choice(
             [
@@ -447,15 +463,52 @@ def family_codex(
     return b.seq
 
 
+CLAUDE_ASKS = ("Call Bash with command={0}.", "Run `{0}`.", "Run {0} and tell me the output.")
+
+
+def family_claude(enc: HarmonyEncoding, v: Values, request: dict[str, Any], date: str) -> Sequence:
+    """Claude Code-shaped rounds: its captured first request (system prompt, 12 tools, the
+    reminder block) with the user's ask in place of the prompt, rendered through the server's
+    Messages adapter; a Bash call copying the command, its output, a final answer quoting it."""
+    phrase = v.phrase(1, 3)
+    command = v.rng.choice([f"echo {phrase}", v.command(v.filename())])
+    ask = v.rng.choice(CLAUDE_ASKS).format(command)
+    body = MessagesRequest.model_validate(with_ask(request, ask, date))
+    tr = to_messages_transcript(body, "medium", date, ThinkingSigner(b"corpus"))
+    head = head_tokens(enc, tr)
+    b = Builder(enc, "claude-bash", render(enc, tr), len(head))
+    b.turn(analysis("Run the command.") + call_text("Bash", args_json({"command": command})))
+    if command.startswith("echo "):
+        out = phrase + "\n"
+    else:
+        out = "\n".join(v.phrase(1, 3) for _ in range(v.rng.randint(1, 3))) + "\n"
+    b.tool_output(ToolResult("call_1", out, "Bash"))
+    first = out.splitlines()[0]
+    b.turn(
+        analysis("Report the output.")
+        + final(v.rng.choice([f"The command printed {first}.", f"Output: {first}"]))
+    )
+    return b.seq
+
+
 FAMILIES = {"answer": 2, "call": 4, "codexlite": 3}
 CODEX_GROUP = 4
 
 
 def generate(
-    enc: HarmonyEncoding, words: list[str], n: int, n_codex_groups: int, seed: int
+    enc: HarmonyEncoding,
+    words: list[str],
+    n: int,
+    n_codex_groups: int,
+    seed: int,
+    *,
+    value_edits: float = 0.0,
+    claude: dict[str, Any] | None = None,
+    n_claude_groups: int = 0,
 ) -> list[Sequence]:
-    """n generic conversations, then n_codex_groups groups of CODEX_GROUP Codex ones."""
-    v = Values(random.Random(seed), words)
+    """n generic conversations, then n_codex_groups groups of CODEX_GROUP Codex ones, then
+    n_claude_groups groups of Claude Code ones (from its captured request `claude`)."""
+    v = Values(random.Random(seed), words, value_edits)
     names = list(FAMILIES)
     weights = [FAMILIES[k] for k in names]
     out = []
@@ -470,6 +523,11 @@ def generate(
     for _ in range(n_codex_groups):
         date, home, cwd = date_of(v), codex_home(v), codex_cwd(v)
         out.extend(family_codex(enc, v, date, home, cwd) for _ in range(CODEX_GROUP))
+    for _ in range(n_claude_groups):
+        if claude is None:
+            raise ValueError("Claude Code rounds need its captured request")
+        date = date_of(v)
+        out.extend(family_claude(enc, v, claude, date) for _ in range(CODEX_GROUP))
     return out
 
 
@@ -495,13 +553,10 @@ def trainable_ids(enc: HarmonyEncoding, tokens: np.ndarray, words: set[str]) -> 
     space or separator), which keep their fixed random rows like every unseen token."""
     keep = []
     for t in np.unique(tokens):
-        if int(t) >= 199998:
+        if int(t) >= FIRST_SPECIAL:
             keep.append(int(t))
             continue
-        try:
-            text = enc.decode_utf8([int(t)])
-        except Exception:
-            text = ""
+        text = text_of(enc, int(t))
         if re.sub(r"^[ _/.\-]", "", text) not in words:
             keep.append(int(t))
     return np.array(sorted(keep), dtype=np.int64)
@@ -515,11 +570,25 @@ def main() -> None:
     parser.add_argument("--n-eval", type=int, default=100)
     parser.add_argument("--codex-groups-eval", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--claude", type=Path, default=None, help="Claude Code's CLI to capture")
+    parser.add_argument("--claude-groups", type=int, default=0)
+    parser.add_argument("--claude-groups-eval", type=int, default=0)
+    parser.add_argument(
+        "--value-edits", type=float, default=0.0, help="Values.value_edits (0: none drawn)"
+    )
     args = parser.parse_args()
     enc = encoding()
     train_words, held_words = word_pool(enc)
-    train = generate(enc, train_words, args.n, args.codex_groups, args.seed)
-    held = generate(enc, held_words, args.n_eval, args.codex_groups_eval, args.seed + 1)
+    claude = capture_request(args.claude) if args.claude is not None else None
+    edits = args.value_edits
+    train = generate(
+        enc, train_words, args.n, args.codex_groups, args.seed,
+        value_edits=edits, claude=claude, n_claude_groups=args.claude_groups,
+    )  # fmt: skip
+    held = generate(
+        enc, held_words, args.n_eval, args.codex_groups_eval, args.seed + 1,
+        value_edits=edits, claude=claude, n_claude_groups=args.claude_groups_eval,
+    )  # fmt: skip
     arrays = {f"train_{k}": a for k, a in pack(train).items()}
     arrays |= {f"eval_{k}": a for k, a in pack(held).items()}
     arrays["train_words"] = np.array(train_words)

@@ -1,9 +1,9 @@
-"""Claude Code's first request, captured from the real CLI for the corpus's Claude Code rounds.
+"""Claude Code's first request, captured from the real CLI for the trained model's corpus.
 
-Claude Code's system prompt and tools stay out of the repository: the corpus command runs the
-installed CLI (`--claude PATH`, e.g. the tests' npm cache) once against a local stub on
-127.0.0.1 that records the request body and answers a minimal stream, and builds its
-conversations from that body.
+Claude Code's system prompt and tools stay out of the repository: the corpus command
+(scripts/train_tiny/corpus.py, `--claude PATH`, e.g. the tests' npm cache) runs the installed
+CLI once against a local stub on 127.0.0.1 that records the request body and answers a minimal
+stream, and builds its Claude Code conversations from that body.
 """
 
 from __future__ import annotations

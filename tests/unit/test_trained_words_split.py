@@ -1,0 +1,37 @@
+"""The trained model's corpus: how the model's own text is written in tokens."""
+
+from __future__ import annotations
+
+from openai_harmony import HarmonyEncoding
+
+from server.testing.trained_words import split_prefixes
+
+CALL = (
+    "<|channel|>commentary to=functions.apply_patch <|constrain|>json<|message|>"
+    '{"input":"*** Update File: settings.toml\\n@@\\n-color = red\\n+color = blue\\n"}<|call|>'
+)
+
+
+def texts(encoding: HarmonyEncoding, tokens: list[int]) -> list[str]:
+    return [encoding.decode([t]) for t in tokens]
+
+
+def test_split_prefixes_writes_a_removed_line_as_dash_then_its_first_word(
+    encoding: HarmonyEncoding,
+) -> None:
+    tokens = encoding.encode(CALL, allowed_special="all")
+    assert "-color" in texts(encoding, tokens)  # one token as the tokenizer writes it
+    split = split_prefixes(encoding, tokens)
+    assert encoding.decode(split) == CALL  # the same text
+    out = texts(encoding, split)
+    assert "-color" not in out
+    i = out.index("-")
+    assert out[i : i + 3] == ["-", "color", " ="]
+    assert len(split) == len(tokens) + 1  # nothing else changed: `.tom` of the path stays
+    assert ".tom" in out
+
+
+def test_split_prefixes_leaves_text_outside_message_content(encoding: HarmonyEncoding) -> None:
+    tokens = encoding.encode("<|start|>user<|message|>", allowed_special="all")
+    tokens += encoding.encode("<|end|>-color", allowed_special="all")
+    assert split_prefixes(encoding, tokens) == tokens
