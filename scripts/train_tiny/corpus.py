@@ -67,6 +67,7 @@ class Values:
     rng: random.Random
     words: list[str]
     value_edits: float = 0.0  # of Codex edits: the share that changes a line's last value
+    split: str = "-"  # the prefixes split off the model's own words (split_prefixes)
 
     def word(self) -> str:
         return self.rng.choice(self.words)
@@ -161,15 +162,17 @@ def final(text: str) -> str:
 class Builder:
     """Renders rounds: prompt, model turn (target), tool output, next turn..."""
 
-    def __init__(self, enc: HarmonyEncoding, family: str, prompt: list[int], head: int) -> None:
-        self.enc = enc
+    def __init__(
+        self, enc: HarmonyEncoding, family: str, prompt: list[int], head: int, split: str
+    ) -> None:
+        self.enc, self.split = enc, split
         self.seq = Sequence(family, head=head, prompt=len(prompt))
         self.seq.add(prompt, False)
 
     def turn(self, harmony_text: str) -> None:
         start = len(self.seq.tokens)
         tokens = self.enc.encode(harmony_text, allowed_special="all")
-        self.seq.add(split_prefixes(self.enc, tokens), True)
+        self.seq.add(split_prefixes(self.enc, tokens, self.split), True)
         self.seq.rounds.append((start, len(self.seq.tokens)))
 
     def tool_output(self, result: ToolResult) -> None:
@@ -307,7 +310,8 @@ def family_answer(enc: HarmonyEncoding, v: Values) -> Sequence:
         ]
     )
     tools = [t[0] for t in generic_tools(v, v.rng.randint(0, 2))]
-    b = Builder(enc, "answer", render(enc, transcript(v, [UserMessage(ask)], tools)), 0)
+    prompt = render(enc, transcript(v, [UserMessage(ask)], tools))
+    b = Builder(enc, "answer", prompt, 0, v.split)
     b.turn(analysis(thought) + final(answer))
     return b.seq
 
@@ -319,7 +323,7 @@ def family_call(enc: HarmonyEncoding, v: Values) -> Sequence:
     values = [value_of(v, kind) for _, kind in params]
     user = ask.format(*values)
     tr = transcript(v, [UserMessage(user)], [t[0] for t in offered])
-    b = Builder(enc, "call", render(enc, tr), 0)
+    b = Builder(enc, "call", render(enc, tr), 0, v.split)
     arguments = args_json({p: val for (p, _), val in zip(params, values, strict=True)})
     text = analysis(v.rng.choice([f"Call {spec.name}.", "Use the tool.", f"I need {spec.name}."]))
     if v.rng.random() < 0.3:
@@ -424,7 +428,8 @@ def family_codex(
     head = head_tokens(enc, tr)
     prompt = render(enc, tr)
     assert prompt[: len(head)] == head
-    b = Builder(enc, ("codexlite-" if lite else "codex-") + kind, prompt, 0 if lite else len(head))
+    family = ("codexlite-" if lite else "codex-") + kind
+    b = Builder(enc, family, prompt, 0 if lite else len(head), v.split)
     pre = (
         preamble(v.rng.choice(["Reading the file first.", f"Let me look at {path}."]))
         if (v.rng.random() < 0.3)
@@ -476,7 +481,7 @@ def family_claude(enc: HarmonyEncoding, v: Values, request: dict[str, Any], date
     body = MessagesRequest.model_validate(with_ask(request, ask, date))
     tr = to_messages_transcript(body, "medium", date, ThinkingSigner(b"corpus"))
     head = head_tokens(enc, tr)
-    b = Builder(enc, "claude-bash", render(enc, tr), len(head))
+    b = Builder(enc, "claude-bash", render(enc, tr), len(head), v.split)
     b.turn(analysis("Run the command.") + call_text("Bash", args_json({"command": command})))
     if command.startswith("echo "):
         out = phrase + "\n"
@@ -503,12 +508,13 @@ def generate(
     seed: int,
     *,
     value_edits: float = 0.0,
+    split: str = "-",
     claude: dict[str, Any] | None = None,
     n_claude_groups: int = 0,
 ) -> list[Sequence]:
     """n generic conversations, then n_codex_groups groups of CODEX_GROUP Codex ones, then
     n_claude_groups groups of Claude Code ones (from its captured request `claude`)."""
-    v = Values(random.Random(seed), words, value_edits)
+    v = Values(random.Random(seed), words, value_edits, split)
     names = list(FAMILIES)
     weights = [FAMILIES[k] for k in names]
     out = []
@@ -574,20 +580,23 @@ def main() -> None:
     parser.add_argument("--claude-groups", type=int, default=0)
     parser.add_argument("--claude-groups-eval", type=int, default=0)
     parser.add_argument(
+        "--split-prefixes", default="-", help="split_prefixes' characters (`.-`: also dots)"
+    )
+    parser.add_argument(
         "--value-edits", type=float, default=0.0, help="Values.value_edits (0: none drawn)"
     )
     args = parser.parse_args()
     enc = encoding()
     train_words, held_words = word_pool(enc)
     claude = capture_request(args.claude) if args.claude is not None else None
-    edits = args.value_edits
+    edits, split = args.value_edits, args.split_prefixes
     train = generate(
-        enc, train_words, args.n, args.codex_groups, args.seed,
-        value_edits=edits, claude=claude, n_claude_groups=args.claude_groups,
+        enc, train_words, args.n, args.codex_groups, args.seed, value_edits=edits,
+        split=split, claude=claude, n_claude_groups=args.claude_groups,
     )  # fmt: skip
     held = generate(
-        enc, held_words, args.n_eval, args.codex_groups_eval, args.seed + 1,
-        value_edits=edits, claude=claude, n_claude_groups=args.claude_groups_eval,
+        enc, held_words, args.n_eval, args.codex_groups_eval, args.seed + 1, value_edits=edits,
+        split=split, claude=claude, n_claude_groups=args.claude_groups_eval,
     )  # fmt: skip
     arrays = {f"train_{k}": a for k, a in pack(train).items()}
     arrays |= {f"eval_{k}": a for k, a in pack(held).items()}

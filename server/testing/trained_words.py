@@ -38,16 +38,15 @@ def typed_words(enc: HarmonyEncoding, words: Iterable[str]) -> list[str]:
     return [w for w in words if len(w) >= 4 and len(enc.encode(" " + w)) == 1]
 
 
-SPLIT = re.compile(r"(-)([a-z]{2,12})")
-
-
-def split_prefixes(enc: HarmonyEncoding, tokens: list[int]) -> list[int]:
+def split_prefixes(enc: HarmonyEncoding, tokens: list[int], prefixes: str = "-") -> list[int]:
     """The model's own message text with `-word` written as two tokens, `-` then the bare word,
     wherever that word is one token (the text is the same; the server feeds back whatever
     tokens the model wrote). A patch's removed line (`-color`, one token as the tokenizer
     writes it) then starts with a `-` the place predicts, then copies its first word as it
     stands in the user's message (`` `color``), instead of a merged token whose prefix the
-    copy would have to carry; an added line already comes as `+`, `color`."""
+    copy would have to carry; an added line already comes as `+`, `color`. `prefixes`: the
+    characters split off this way (`.-`: also a path's `.tom` of `settings.toml`)."""
+    split = re.compile(f"([{re.escape(prefixes)}])([a-z]{{2,12}})")
     out: list[int] = []
     content = False
     for t in tokens:
@@ -56,7 +55,7 @@ def split_prefixes(enc: HarmonyEncoding, tokens: list[int]) -> list[int]:
         elif t in MESSAGE_TERMINATORS:
             content = False
         elif content and t < FIRST_SPECIAL:
-            match = SPLIT.fullmatch(text_of(enc, t))
+            match = split.fullmatch(text_of(enc, t))
             if match:
                 bare = enc.encode(match.group(2))
                 if len(bare) == 1:

@@ -4,8 +4,8 @@ Nothing is forced: the server runs the trained preset greedy with its steering o
 header grammar over Claude Code's tools, the Bash tool's JSON schema). The model never saw
 Claude Code's prompt in training (docs/trained-model.md: chat and Codex conversations only); the
 test asks in the words of the corpus's explicit tool requests, and Claude Code runs what the
-model called and sends the result back for a final answer. A strict xfail until a model trained
-on Claude Code-shaped rounds makes the call.
+model called and sends the result back for a final answer. A strict xfail until a committed model
+trained on Claude Code-shaped rounds (the corpus's --claude) makes the call.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ def server(encoding: HarmonyEncoding, tmp_path_factory: pytest.TempPathFactory) 
 @pytest.mark.xfail(
     strict=True,
     reason="the committed model never saw Claude Code's prompt in training: behind its ≈10k "
-    "tokens it writes an analysis and a final answer (`On it.`) and calls nothing; "
-    "docs/trained-model.md",
+    "tokens it answers and calls nothing (a run trained with Claude Code rounds calls Bash but "
+    "copies the wrong word, and loses the named lookup: docs/trained-model.md)",
 )
 def test_claude_code_runs_the_command_the_model_calls(
     claude_binary: Path, server: Server, tmp_path: Path

@@ -58,8 +58,8 @@ def git_repo(path: Path, files: dict[str, str]) -> Path:
 @pytest.mark.xfail(
     strict=True,
     reason="the committed model runs Codex's whole turn (exec_command, apply_patch, a final "
-    "message) but does not copy a path with a dot yet (`cat settingstoml`), so the patch "
-    "fails: docs/trained-model.md",
+    "message) but copies neither the dotted path (`cat settingstom.rs`) nor the file's line "
+    "(`-# qilish`) yet, so the patch fails: docs/trained-model.md",
 )
 def test_codex_reads_a_file_and_edits_it_with_apply_patch(codex: Codex, tmp_path: Path) -> None:
     before = "mode = fast\ncolor = red\nlimit = 42\n"
