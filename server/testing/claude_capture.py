@@ -11,6 +11,8 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
+import secrets
 import subprocess
 import tempfile
 import threading
@@ -86,7 +88,12 @@ def capture_request(binary: Path) -> dict[str, Any]:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        with tempfile.TemporaryDirectory() as home, tempfile.TemporaryDirectory() as work:
+        with tempfile.TemporaryDirectory() as root:
+            # names of hex digits only: Claude Code writes the working directory into project
+            # paths with every other character as "-" (`/tmp/x_y` as `-tmp-x-y`)
+            home, work = (os.path.join(root, secrets.token_hex(8)) for _ in range(2))
+            os.mkdir(home, 0o700)
+            os.mkdir(work, 0o700)
             env = {
                 "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
                 "HOME": home,
@@ -109,9 +116,15 @@ def capture_request(binary: Path) -> dict[str, Any]:
     text = json.dumps({k: v for k, v in turns[0].items() if k != "metadata"})
     for path, fixed in ((work, "/home/user/project"), (home, "/home/user")):
         text = text.replace(path, fixed)  # the directories, then their names in project paths
-        text = text.replace(path.replace("/", "-"), fixed.replace("/", "-"))
+        text = text.replace(project_name(path), project_name(fixed))
     body: dict[str, Any] = json.loads(text.replace(today, DATE))
     return body
+
+
+def project_name(path: str) -> str:
+    """A directory as Claude Code names its project: every character but letters and digits
+    as "-"."""
+    return re.sub(r"[^A-Za-z0-9]", "-", path)
 
 
 def with_ask(body: dict[str, Any], ask: str, date: str) -> dict[str, Any]:
