@@ -35,3 +35,14 @@ def test_split_prefixes_leaves_text_outside_message_content(encoding: HarmonyEnc
     tokens = encoding.encode("<|start|>user<|message|>", allowed_special="all")
     tokens += encoding.encode("<|end|>-color", allowed_special="all")
     assert split_prefixes(encoding, tokens) == tokens
+
+
+def test_split_prefixes_with_dots_splits_a_paths_extension_too(encoding: HarmonyEncoding) -> None:
+    """`.-` (the committed model's corpus): `.tom` of `settings.toml` as `.` then `tom`."""
+    tokens = encoding.encode(CALL, allowed_special="all")
+    split = split_prefixes(encoding, tokens, ".-")
+    assert encoding.decode(split) == CALL
+    out = texts(encoding, split)
+    j = out.index(" settings")
+    assert out[j : j + 4] == [" settings", ".", "tom", "l"]
+    assert ".apply" in out  # the header (before <|message|>) is left as it is
