@@ -108,6 +108,10 @@ class Values:
         value = str(self.number()) if match.group().isdigit() else self.word()
         return line[: match.start()] + value + line[match.end() :]
 
+    def output(self) -> str:
+        """A command's output: one to three lines of words."""
+        return "\n".join(self.phrase(1, 3) for _ in range(self.rng.randint(1, 3))) + "\n"
+
     def command(self, path: str) -> str:
         return self.rng.choice(
             [
@@ -157,6 +161,14 @@ def preamble(text: str) -> str:
 
 def final(text: str) -> str:
     return f"<|channel|>final<|message|>{text}<|return|>"
+
+
+def reported(v: Values, out: str) -> str:
+    """The turn after a command ran: a final answer quoting its output's first line."""
+    first = out.splitlines()[0]
+    return analysis("Report the output.") + final(
+        v.rng.choice([f"The command printed {first}.", f"Output: {first}"])
+    )
 
 
 class Builder:
@@ -442,13 +454,9 @@ def family_codex(
         b.turn(
             analysis("Run the command.") + call_text("exec_command", args_json({"cmd": command}))
         )
-        out = "\n".join(v.phrase(1, 3) for _ in range(v.rng.randint(1, 3))) + "\n"
+        out = v.output()
         b.tool_output(ToolResult("call_1", codex_exec_output(v, out), "exec_command"))
-        first = out.splitlines()[0]
-        b.turn(
-            analysis("Report the output.")
-            + final(v.rng.choice([f"The command printed {first}.", f"Output: {first}"]))
-        )
+        b.turn(reported(v, out))
         return b.seq
     b.turn(
         analysis(f"Read {path} first.")
@@ -483,16 +491,9 @@ def family_claude(enc: HarmonyEncoding, v: Values, request: dict[str, Any], date
     head = head_tokens(enc, tr)
     b = Builder(enc, "claude-bash", render(enc, tr), len(head), v.split)
     b.turn(analysis("Run the command.") + call_text("Bash", args_json({"command": command})))
-    if command.startswith("echo "):
-        out = phrase + "\n"
-    else:
-        out = "\n".join(v.phrase(1, 3) for _ in range(v.rng.randint(1, 3))) + "\n"
+    out = phrase + "\n" if command.startswith("echo ") else v.output()
     b.tool_output(ToolResult("call_1", out, "Bash"))
-    first = out.splitlines()[0]
-    b.turn(
-        analysis("Report the output.")
-        + final(v.rng.choice([f"The command printed {first}.", f"Output: {first}"]))
-    )
+    b.turn(reported(v, out))
     return b.seq
 
 

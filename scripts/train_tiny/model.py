@@ -362,11 +362,7 @@ class GptOss(nn.Module):
         an earlier ` settings` and pass its embedding on. U lies in the word part of word rows
         (the prefix varies where a value is copied); U and P are random, from the seed."""
         d = self.dims.n_embd
-        read, write, gen = self.induction_basis()
-        first, last = self.layers[0], self.layers[-1]
-        assert isinstance(first, Layer)
-        assert isinstance(last, Layer)
-        first.previous_token_head(read, write_gain * write)
+        read, write, gen, last = self.previous_token_half(write_gain)
         if one_group:  # KV group 0 copies spans; group 1 stays free to find where one starts
             last.pass_through()
             values = torch.linalg.qr(torch.randn(d, self.dims.head_dim, generator=gen))[0]
@@ -392,16 +388,24 @@ class GptOss(nn.Module):
         write = torch.linalg.qr(torch.randn(d, r, generator=gen))[0]
         return read, write, gen
 
+    def previous_token_half(
+        self, write_gain: float
+    ) -> tuple[Tensor, Tensor, torch.Generator, Layer]:
+        """The first layer's head 0 as a previous-token head writing U of the previous token
+        along P; returns U, P, the generator after them and the last layer."""
+        read, write, gen = self.induction_basis()
+        first, last = self.layers[0], self.layers[-1]
+        assert isinstance(first, Layer)
+        assert isinstance(last, Layer)
+        first.previous_token_head(read, write_gain * write)
+        return read, write, gen, last
+
     def previous_token_init(self, write_gain: float = 2.0) -> None:
         """Half of an induction circuit: the first layer's head 0 writes U of the previous token
         along P (as in induction_init); the last layer passes attended tokens on (pass_through)
         with its queries and keys free to learn both where a value starts and, matching U of
         its own token against P, where a copied span goes on."""
-        read, write, _ = self.induction_basis()
-        first, last = self.layers[0], self.layers[-1]
-        assert isinstance(first, Layer)
-        assert isinstance(last, Layer)
-        first.previous_token_head(read, write_gain * write)
+        *_, last = self.previous_token_half(write_gain)
         last.pass_through()
 
     def quantize(self, on: bool) -> None:
