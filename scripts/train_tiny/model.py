@@ -27,6 +27,7 @@ from server.testing.trained_rows import PREFIX_DIMS, random_rows
 
 N_VOCAB = 201088
 SLIDING_WINDOW = 128
+ATTEND_BLOCK = 256  # queries per attention call (model.Layer.attend)
 ROPE_FREQ_BASE = 150000.0
 YARN_FACTOR = 32.0
 YARN_ORIG_CONTEXT = 4096
@@ -284,27 +285,41 @@ class Layer(nn.Module):
 
         The sink is one more key, scored `sinks[h]` by every query (an extra dimension: 1 in
         the queries, sinks * sqrt(head_dim) in the sink key, 0 elsewhere) with a zero value.
+        The values get that extra dimension too (zero), so that queries, keys and values have
+        one head size and torch takes its flash kernel (a third of the time and no T x T
+        matrix). Queries go in blocks of ATTEND_BLOCK, each with the keys it can see only (k_pos
+        is consecutive): a sliding-window layer's cost grows with T x window, not T x T.
         """
         dims = self.dims
         rep = dims.n_head // dims.n_head_kv
         b, _, t, hd = q.shape
         k = k.repeat_interleave(rep, dim=1).expand(b, -1, -1, -1)
         v = v.repeat_interleave(rep, dim=1).expand(b, -1, -1, -1)
-        n_k = k.shape[2]
         scale = hd**-0.5
-        ones = torch.ones(b, dims.n_head, t, 1)
-        q2 = torch.cat([q, ones], dim=-1)
+        q2 = torch.cat([q, torch.ones(b, dims.n_head, t, 1)], dim=-1)
         sink_k = torch.zeros(b, dims.n_head, 1, hd + 1)
         sink_k = sink_k + F.pad((self.sinks / scale).view(1, -1, 1, 1), (hd, 0))
-        k2 = torch.cat([F.pad(k, (0, 1)), sink_k], dim=2)
-        v2 = torch.cat([v, torch.zeros(b, dims.n_head, 1, hd)], dim=2)
-        dist = q_pos[:, None] - k_pos[None, :]
-        allowed = dist >= 0
-        if self.sliding:
-            allowed &= dist < SLIDING_WINDOW
-        allowed = torch.cat([allowed, torch.ones(t, 1, dtype=torch.bool)], dim=1)
-        del n_k
-        return F.scaled_dot_product_attention(q2, k2, v2, attn_mask=allowed, scale=scale)
+        k2, v2 = F.pad(k, (0, 1)), F.pad(v, (0, 1))
+        sink_v = torch.zeros(b, dims.n_head, 1, hd + 1)
+        first = int(k_pos[0])
+        out = []
+        for s in range(0, t, ATTEND_BLOCK):
+            qp = q_pos[s : s + ATTEND_BLOCK]
+            hi = int(qp[-1]) - first + 1
+            lo = max(0, int(qp[0]) - (SLIDING_WINDOW - 1) - first) if self.sliding else 0
+            dist = qp[:, None] - k_pos[None, lo:hi]
+            allowed = dist >= 0
+            if self.sliding:
+                allowed &= dist < SLIDING_WINDOW
+            allowed = torch.cat([allowed, torch.ones(len(qp), 1, dtype=torch.bool)], dim=1)
+            keys = torch.cat([k2[:, :, lo:hi], sink_k], dim=2)
+            values = torch.cat([v2[:, :, lo:hi], sink_v], dim=2)
+            out.append(
+                F.scaled_dot_product_attention(
+                    q2[:, :, s : s + ATTEND_BLOCK], keys, values, attn_mask=allowed, scale=scale
+                )
+            )
+        return torch.cat(out, dim=2)[..., :hd]
 
     cache: tuple[Tensor, Tensor, Tensor] | None = None
 
