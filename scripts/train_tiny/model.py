@@ -234,6 +234,26 @@ class Layer(nn.Module):
             self.wo.weight[:, :hd].zero_()
             self.wo.weight[:, :r] = write
 
+    def two_back_head(self, write: Tensor, sharpness: float = 6.0) -> None:
+        """Initialise query head 1, which shares KV head 0 with the previous-token head
+        (previous_token_head first), to attend two tokens back and write what it reads (the
+        same projection of the attended token) along `write`: its query bias is the previous-
+        token head's turned back by one step, q = R(-θ) q0, so q·R(-Δθ)k peaks at Δ = 2. A key
+        then tells which two tokens precede it (`line `` against `to ``), where one tells
+        only the last. write: (d, r)."""
+        dims = self.dims
+        hd, r = dims.head_dim, write.shape[1]
+        theta = rope_thetas(dims)
+        pairs = torch.arange(PREVIOUS_TOKEN_PAIRS)
+        q = torch.zeros(hd)
+        q[pairs] = sharpness * torch.cos(theta[pairs])
+        q[pairs + hd // 2] = -sharpness * torch.sin(theta[pairs])
+        with torch.no_grad():
+            self.wq.weight[hd : 2 * hd].zero_()
+            self.wq.bias[hd : 2 * hd] = q
+            self.wo.weight[:, hd : 2 * hd].zero_()
+            self.wo.weight[:, hd : hd + r] = write
+
     def induction_heads(
         self, read: Tensor, key: Tensor, gain: float, groups: int | None = None
     ) -> None:
@@ -415,12 +435,18 @@ class GptOss(nn.Module):
         first.previous_token_head(read, write_gain * write)
         return read, write, gen, last
 
-    def previous_token_init(self, write_gain: float = 2.0) -> None:
+    def previous_token_init(self, write_gain: float = 2.0, two_back: bool = False) -> None:
         """Half of an induction circuit: the first layer's head 0 writes U of the previous token
         along P (as in induction_init); the last layer passes attended tokens on (pass_through)
         with its queries and keys free to learn both where a value starts and, matching U of
-        its own token against P, where a copied span goes on."""
-        *_, last = self.previous_token_half(write_gain)
+        its own token against P, where a copied span goes on. two_back: the first layer's head
+        1 also writes U of the token two back, along fresh directions (Layer.two_back_head)."""
+        read, _, gen, last = self.previous_token_half(write_gain)
+        if two_back:
+            write2 = torch.linalg.qr(torch.randn(self.dims.n_embd, read.shape[1], generator=gen))
+            first = self.layers[0]
+            assert isinstance(first, Layer)
+            first.two_back_head(write_gain * write2[0])
         last.pass_through()
 
     def quantize(self, on: bool) -> None:

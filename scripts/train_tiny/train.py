@@ -233,7 +233,7 @@ def initial_model(
         if args.induction_init:
             model.induction_init(one_group=args.induction_one_group)
         elif args.previous_token_init:
-            model.previous_token_init()
+            model.previous_token_init(two_back=args.two_back)
         elif args.ov_init:
             model.layers[-1].pass_through()
         return model
@@ -276,6 +276,9 @@ def arguments() -> argparse.Namespace:
         "--previous-token-init",
         action="store_true",
         help="GptOss.previous_token_init (implies --ov-init)",
+    )
+    parser.add_argument(
+        "--two-back", action="store_true", help="with --previous-token-init: a two-back head too"
     )
     parser.add_argument("--word-rows", action="store_true", help="trained_rows' word rows")
     parser.add_argument("--copy-weight", type=float, default=1.0, help="of the value targets")
