@@ -1,11 +1,11 @@
 """Claude Code 2.1.330 on the trained tiny gpt-oss, unscripted: a tool round through /v1/messages.
 
 Nothing is forced: the server runs the trained preset greedy with its steering on (harmony's
-header grammar over Claude Code's tools, the Bash tool's JSON schema). The model never saw
-Claude Code's prompt in training (docs/trained-model.md: chat and Codex conversations only); the
-test asks in the words of the corpus's explicit tool requests, and Claude Code runs what the
-model called and sends the result back for a final answer. A strict xfail until a committed model
-trained on Claude Code-shaped rounds (the corpus's --claude) makes the call.
+header grammar over Claude Code's tools, the Bash tool's JSON schema). The committed model was
+trained with Claude Code-shaped rounds (the corpus's --claude: Claude Code's captured prompt with
+other asks); the test asks in the words of those rounds, and Claude Code runs what the model
+called and sends the result back for a final answer. A strict xfail until a committed model
+copies the command whole (docs/trained-model.md).
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ def server(encoding: HarmonyEncoding, tmp_path_factory: pytest.TempPathFactory) 
 
 @pytest.mark.xfail(
     strict=True,
-    reason="the committed model never saw Claude Code's prompt in training: behind its ≈10k "
-    "tokens it answers and calls nothing (a run trained with Claude Code rounds calls Bash but "
-    "copies the wrong word, and loses the named lookup: docs/trained-model.md)",
+    reason="the committed model, trained with Claude Code rounds, calls Bash behind Claude "
+    "Code's ≈10k-token prompt but with `echo` alone, the word after it not copied: "
+    "docs/trained-model.md",
 )
 def test_claude_code_runs_the_command_the_model_calls(
     claude_binary: Path, server: Server, tmp_path: Path
