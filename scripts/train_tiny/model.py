@@ -209,20 +209,25 @@ class Layer(nn.Module):
                     cols = slice(h * dims.head_dim, (h + 1) * dims.head_dim)
                     self.wo.weight[rows, cols] = torch.eye(dims.head_dim)
 
+    def turned(self, sharpness: float, steps: int) -> Tensor:
+        """A query/key bias of `sharpness` in the fastest RoPE pairs, turned by `steps`
+        positions (R(steps·θ) of (sharpness, 0) per pair): a query turned by a and a key turned
+        by b score q·R(-Δθ)k = sharpness² cos((b - a - Δ)θ), largest at distance Δ = b - a."""
+        hd = self.dims.head_dim
+        theta = rope_thetas(self.dims)
+        pairs = torch.arange(PREVIOUS_TOKEN_PAIRS)
+        v = torch.zeros(hd)
+        v[pairs] = sharpness * torch.cos(steps * theta[pairs])
+        v[pairs + hd // 2] = sharpness * torch.sin(steps * theta[pairs])
+        return v
+
     def previous_token_head(self, read: Tensor, write: Tensor, sharpness: float = 6.0) -> None:
         """Initialise query head 0 (and KV head 0) to attend to the previous token and write
         `read`'s projection of it back along `write`: with zero query/key weights and biases
         that RoPE turns into a score peaked at distance 1. read: (d, r), write: (d, r)."""
-        dims = self.dims
-        hd, r = dims.head_dim, read.shape[1]
-        theta = rope_thetas(dims)
-        pairs = torch.arange(PREVIOUS_TOKEN_PAIRS)
-        q = torch.zeros(hd)
-        k = torch.zeros(hd)
-        q[pairs] = sharpness
+        hd, r = self.dims.head_dim, read.shape[1]
         # k = R(θ) q per pair: q·R(-Δθ)k = |q|² cos((1 - Δ)θ), largest at Δ = 1
-        k[pairs] = sharpness * torch.cos(theta[pairs])
-        k[pairs + hd // 2] = sharpness * torch.sin(theta[pairs])
+        q, k = self.turned(sharpness, 0), self.turned(sharpness, 1)
         with torch.no_grad():
             self.wq.weight[:hd].zero_()
             self.wq.bias[:hd] = q
@@ -241,13 +246,8 @@ class Layer(nn.Module):
         token head's turned back by one step, q = R(-θ) q0, so q·R(-Δθ)k peaks at Δ = 2. A key
         then tells which two tokens precede it (`line `` against `to ``), where one tells
         only the last. write: (d, r)."""
-        dims = self.dims
-        hd, r = dims.head_dim, write.shape[1]
-        theta = rope_thetas(dims)
-        pairs = torch.arange(PREVIOUS_TOKEN_PAIRS)
-        q = torch.zeros(hd)
-        q[pairs] = sharpness * torch.cos(theta[pairs])
-        q[pairs + hd // 2] = -sharpness * torch.sin(theta[pairs])
+        hd, r = self.dims.head_dim, write.shape[1]
+        q = self.turned(sharpness, -1)
         with torch.no_grad():
             self.wq.weight[hd : 2 * hd].zero_()
             self.wq.bias[hd : 2 * hd] = q
@@ -443,10 +443,10 @@ class GptOss(nn.Module):
         1 also writes U of the token two back, along fresh directions (Layer.two_back_head)."""
         read, _, gen, last = self.previous_token_half(write_gain)
         if two_back:
-            write2 = torch.linalg.qr(torch.randn(self.dims.n_embd, read.shape[1], generator=gen))
+            write2 = torch.linalg.qr(torch.randn(self.dims.n_embd, read.shape[1], generator=gen))[0]
             first = self.layers[0]
             assert isinstance(first, Layer)
-            first.two_back_head(write_gain * write2[0])
+            first.two_back_head(write_gain * write2)
         last.pass_through()
 
     def quantize(self, on: bool) -> None:
