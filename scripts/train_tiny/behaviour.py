@@ -7,7 +7,11 @@ for read-then-patch edits. Every request may write at most 300 tokens. Measured:
 
 - turn_kind: the turn ended in the intended kind (answer, call, or edit);
 - call_exact: a call named the right tool and its arguments equal the expected ones exactly;
-- patch_applies: an apply_patch input applies cleanly to the file and gives the expected text.
+- patch_applies: an apply_patch input applies cleanly to the file it targets;
+- patch_exact: and gives the expected text.
+
+The edits replace a whole line; with --value-edits a share of them change only the line's last
+value (`color = red` to `color = blue`, as the Codex CLI test's edit does).
 
     python -m scripts.train_tiny.behaviour --n-chat 60 --n-codex 10 --out behaviour.json
 """
@@ -142,7 +146,8 @@ def chat_case(client: httpx.Client, v: Values, tally: dict[str, list[bool]]) -> 
 def codex_case(client: httpx.Client, v: Values, tally: dict[str, list[bool]]) -> None:
     path = v.filename()
     lines = [v.line() for _ in range(v.rng.randint(1, 6))]
-    old, new = v.rng.choice(lines), v.line()
+    old = v.rng.choice(lines)
+    new = v.replacement(old)
     text = "\n".join(lines) + "\n"
     body = codex_head("2026-11-24", codex_home(v), codex_cwd(v), lite=False)
     ask = f"In {path}, change the line `{old}` to `{new}`."
@@ -181,10 +186,13 @@ def main() -> None:
     parser.add_argument("--n-chat", type=int, default=60)
     parser.add_argument("--n-codex", type=int, default=10)
     parser.add_argument("--seed", type=int, default=12345)
+    parser.add_argument(
+        "--value-edits", type=float, default=0.0, help="of the Codex edits: Values.value_edits"
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     _, held = word_pool(encoding())
-    v = Values(random.Random(args.seed), held)
+    v = Values(random.Random(args.seed), held, args.value_edits)
     tally: dict[str, list[bool]] = {
         k: []
         for k in (

@@ -108,6 +108,12 @@ class Values:
         value = str(self.number()) if match.group().isdigit() else self.word()
         return line[: match.start()] + value + line[match.end() :]
 
+    def replacement(self, old: str) -> str:
+        """An edit's new line: `old` with its last value changed (a share `value_edits` of
+        edits; no draw when that is 0) or a new line."""
+        edit_value = self.value_edits > 0 and self.rng.random() < self.value_edits
+        return self.changed(old) if edit_value else self.line()
+
     def output(self) -> str:
         """A command's output: one to three lines of words."""
         return "\n".join(self.phrase(1, 3) for _ in range(self.rng.randint(1, 3))) + "\n"
@@ -418,8 +424,7 @@ def family_codex(
     lines = [v.line() for _ in range(v.rng.randint(1, 6))]
     target = v.rng.randrange(len(lines))
     old = lines[target]
-    edit_value = v.value_edits > 0 and v.rng.random() < v.value_edits
-    new = v.changed(old) if edit_value else v.line()
+    new = v.replacement(old)
     if kind == "edit":
         ask = v.rng.choice(
             [
