@@ -11,7 +11,8 @@ for read-then-patch edits. Every request may write at most 300 tokens. Measured:
 - patch_exact: and gives the expected text.
 
 The edits replace a whole line; with --value-edits a share of them change only the line's last
-value (`color = red` to `color = blue`, as the Codex CLI test's edit does).
+value (`color = red` to `color = blue`, as the Codex CLI test's edit does), with --same-form a
+share of the others write a new line of the old one's form (`mode = slow` for `color = red`).
 
     python -m scripts.train_tiny.behaviour --n-chat 60 --n-codex 10 --out behaviour.json
 """
@@ -189,10 +190,13 @@ def main() -> None:
     parser.add_argument(
         "--value-edits", type=float, default=0.0, help="of the Codex edits: Values.value_edits"
     )
+    parser.add_argument(
+        "--same-form", type=float, default=0.0, help="of the others: Values.same_form"
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     _, held = word_pool(encoding())
-    v = Values(random.Random(args.seed), held, args.value_edits)
+    v = Values(random.Random(args.seed), held, args.value_edits, same_form=args.same_form)
     tally: dict[str, list[bool]] = {
         k: []
         for k in (

@@ -53,6 +53,7 @@ HERE = Path(__file__).parent
 CODEX_REQUEST = HERE / "codex_request.json"
 EFFORTS: tuple[ReasoningEffort, ...] = ("low", "medium", "high")
 EXTENSIONS = ("py", "txt", "md", "json", "toml", "rs", "js", "go", "yaml", "cfg", "sh", "c")
+LINE_KEYWORDS = ("def", "let")  # the parts of Values.line's forms that are not values
 
 
 def encoding() -> HarmonyEncoding:
@@ -68,6 +69,7 @@ class Values:
     words: list[str]
     value_edits: float = 0.0  # of Codex edits: the share that changes a line's last value
     split: str = "-"  # the prefixes split off the model's own words (split_prefixes)
+    same_form: float = 0.0  # of the other Codex edits: the share whose new line has old's form
 
     def word(self) -> str:
         return self.rng.choice(self.words)
@@ -108,11 +110,27 @@ class Values:
         value = str(self.number()) if match.group().isdigit() else self.word()
         return line[: match.start()] + value + line[match.end() :]
 
+    def refilled(self, line: str) -> str:
+        """A line of `line`'s form with fresh words and numbers (`mode = slow` for `color =
+        red`): its value after ` =` is then found only by the key before it."""
+
+        def fresh(m: re.Match[str]) -> str:
+            word = m.group()
+            if word in LINE_KEYWORDS:
+                return word
+            return str(self.number()) if word.isdigit() else self.word()
+
+        return re.sub(r"[a-z]+|[0-9]+", fresh, line)
+
     def replacement(self, old: str) -> str:
         """An edit's new line: `old` with its last value changed (a share `value_edits` of
-        edits; no draw when that is 0) or a new line."""
-        edit_value = self.value_edits > 0 and self.rng.random() < self.value_edits
-        return self.changed(old) if edit_value else self.line()
+        edits), else of `old`'s form (a share `same_form`), else a new line; no draw for a
+        share of 0."""
+        if self.value_edits > 0 and self.rng.random() < self.value_edits:
+            return self.changed(old)
+        if self.same_form > 0 and self.rng.random() < self.same_form:
+            return self.refilled(old)
+        return self.line()
 
     def output(self) -> str:
         """A command's output: one to three lines of words."""
@@ -515,12 +533,13 @@ def generate(
     *,
     value_edits: float = 0.0,
     split: str = "-",
+    same_form: float = 0.0,
     claude: dict[str, Any] | None = None,
     n_claude_groups: int = 0,
 ) -> list[Sequence]:
     """n generic conversations, then n_codex_groups groups of CODEX_GROUP Codex ones, then
     n_claude_groups groups of Claude Code ones (from its captured request `claude`)."""
-    v = Values(random.Random(seed), words, value_edits, split)
+    v = Values(random.Random(seed), words, value_edits, split, same_form)
     names = list(FAMILIES)
     weights = [FAMILIES[k] for k in names]
     out = []
@@ -591,6 +610,9 @@ def main() -> None:
     parser.add_argument(
         "--value-edits", type=float, default=0.0, help="Values.value_edits (0: none drawn)"
     )
+    parser.add_argument(
+        "--same-form", type=float, default=0.0, help="Values.same_form (0: none drawn)"
+    )
     args = parser.parse_args()
     enc = encoding()
     train_words, held_words = word_pool(enc)
@@ -598,11 +620,12 @@ def main() -> None:
     edits, split = args.value_edits, args.split_prefixes
     train = generate(
         enc, train_words, args.n, args.codex_groups, args.seed, value_edits=edits,
-        split=split, claude=claude, n_claude_groups=args.claude_groups,
+        split=split, same_form=args.same_form, claude=claude, n_claude_groups=args.claude_groups,
     )  # fmt: skip
     held = generate(
         enc, held_words, args.n_eval, args.codex_groups_eval, args.seed + 1, value_edits=edits,
-        split=split, claude=claude, n_claude_groups=args.claude_groups_eval,
+        split=split, same_form=args.same_form, claude=claude,
+        n_claude_groups=args.claude_groups_eval,
     )  # fmt: skip
     arrays = {f"train_{k}": a for k, a in pack(train).items()}
     arrays |= {f"eval_{k}": a for k, a in pack(held).items()}
