@@ -59,7 +59,8 @@ def git_repo(path: Path, files: dict[str, str]) -> Path:
     strict=True,
     reason="the committed model runs Codex's whole turn (`cat settings.toml`, apply_patch, a "
     "final message) with the right path and removed line, but its added line repeats the "
-    "removed one (`+color = red`), so the file does not change: docs/trained-model.md",
+    "removed one (`+color = red`), so the file does not change: an edit of a value alone, "
+    "which no trained run has learned yet (docs/trained-model.md)",
 )
 def test_codex_reads_a_file_and_edits_it_with_apply_patch(codex: Codex, tmp_path: Path) -> None:
     before = "mode = fast\ncolor = red\nlimit = 42\n"
