@@ -107,8 +107,11 @@ class Values:
         """The line with its last value changed, as most edits are (`color = red` to
         `color = blue`): the patch's added line then repeats the removed one up to the value."""
         match = list(re.finditer(r"[a-z]+|[0-9]+", line))[-1]
-        value = str(self.number()) if match.group().isdigit() else self.word()
-        return line[: match.start()] + value + line[match.end() :]
+        return line[: match.start()] + self.value_like(match.group()) + line[match.end() :]
+
+    def value_like(self, token: str) -> str:
+        """A fresh value of `token`'s kind: a number for digits, else a word."""
+        return str(self.number()) if token.isdigit() else self.word()
 
     def refilled(self, line: str) -> str:
         """A line of `line`'s form with fresh words and numbers (`mode = slow` for `color =
@@ -116,9 +119,7 @@ class Values:
 
         def fresh(m: re.Match[str]) -> str:
             word = m.group()
-            if word in LINE_KEYWORDS:
-                return word
-            return str(self.number()) if word.isdigit() else self.word()
+            return word if word in LINE_KEYWORDS else self.value_like(word)
 
         return re.sub(r"[a-z]+|[0-9]+", fresh, line)
 
