@@ -115,6 +115,19 @@ def fake_f16(w: Tensor) -> Tensor:
     return w + (w.half().float() - w).detach()
 
 
+def q8_0(w: Tensor) -> Tensor:
+    """w (float32, last dimension in blocks of 32) rounded as ggml's Q8_0 stores it, bit for bit
+    (ggml-quants.c's reference, which gguf.quants follows): per block d = max|x| / 127, q =
+    x · (1 / d) rounded half away from zero, the value f16(d) · q."""
+    blocks = w.reshape(*w.shape[:-1], -1, QK)
+    d = blocks.abs().amax(-1, keepdim=True) / 127
+    x = blocks * torch.where(d == 0, torch.zeros_like(d), 1 / d)
+    a = x.abs()
+    whole = a.floor()
+    q = torch.sign(x) * (whole + torch.floor(2 * (a - whole)))
+    return (q * d.half().float()).reshape(w.shape)
+
+
 # ----------------------------------------------------------------------------- rope
 
 
@@ -461,9 +474,13 @@ class GptOss(nn.Module):
         return torch.where((s >= 0)[..., None], learned, self.fixed[ids])
 
     def full_matrix(self) -> Tensor:
+        """The output matrix as the GGUF holds it: the embedding (f16 values), rounded to Q8_0
+        (llama.cpp's verify steps of several tokens cost little more than one step with a Q8_0
+        output and much more with F16 or F32). Training's sampled softmax (logits_of) uses
+        the f16 values; the reference and every evaluation use these."""
         m = self.fixed.clone()
         m[self.trainable_ids] = self.rows.detach().half().float()
-        return m
+        return q8_0(m)
 
     def hidden(
         self, ids: Tensor, start: int = 0, past: list[tuple[Tensor, Tensor]] | None = None

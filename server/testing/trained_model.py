@@ -5,7 +5,8 @@ experts as their exact MXFP4 codes and block exponents), the output norm, and th
 of the tokens the corpus trains. Every other token's row is a fixed random vector regenerated
 here from the stored seed and the vocabulary (server/testing/trained_rows.py), exactly as
 training drew it, so the model can copy words it never saw. The token embedding (F16) and the
-output matrix (F32, the same values: tied) cover the whole o200k_harmony vocabulary; vocabulary
+output matrix (the same values rounded to Q8_0, as the training model's reference computes
+with them) cover the whole o200k_harmony vocabulary; vocabulary
 and metadata come from synthetic_gguf's writer.
 
 `trained/reference.npz` holds held-out prompts and the greedy tokens the training model wrote
@@ -90,7 +91,7 @@ def tensors(params: dict[str, NDArray[np.generic]]) -> list[Tensor]:
     out: list[Tensor] = [
         ("token_embd.weight", emb, None),
         ("output_norm.weight", params["output_norm"].astype(np.float32), None),
-        ("output.weight", emb.astype(np.float32), None),
+        ("output.weight", gguf.quants.quantize(emb.astype(np.float32), sg.Q8_0), sg.Q8_0),
     ]
 
     def f32(key: str) -> NDArray[np.float32]:

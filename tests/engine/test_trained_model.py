@@ -59,6 +59,8 @@ def test_the_gguf_carries_the_trained_shapes(trained_gguf: Path) -> None:
     types = {t.name: t.tensor_type for t in reader.tensors}
     assert types["blk.0.ffn_gate_exps.weight"] == gguf.GGMLQuantizationType.MXFP4
     assert types["token_embd.weight"] == gguf.GGMLQuantizationType.F16
+    # the output matrix: the embedding's values rounded to Q8_0 (the reference computes with them)
+    assert types["output.weight"] == gguf.GGMLQuantizationType.Q8_0
 
 
 def test_llama_cpp_writes_the_training_models_greedy_tokens(engine: LlamaEngine) -> None:
