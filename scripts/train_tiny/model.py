@@ -252,20 +252,32 @@ class Layer(nn.Module):
             self.wo.weight[:, :hd].zero_()
             self.wo.weight[:, :r] = write
 
-    def two_back_head(self, write: Tensor, sharpness: float = 6.0) -> None:
-        """Initialise query head 1, which shares KV head 0 with the previous-token head
-        (previous_token_head first), to attend two tokens back and write what it reads (the
-        same projection of the attended token) along `write`: its query bias is the previous-
-        token head's turned back by one step, q = R(-θ) q0, so q·R(-Δθ)k peaks at Δ = 2. A key
-        then tells which two tokens precede it (`line `` against `to ``), where one tells
-        only the last. write: (d, r)."""
-        hd, r = self.dims.head_dim, write.shape[1]
-        q = self.turned(sharpness, -1)
+    def back_head(
+        self, head: int, steps: int, read: Tensor, write: Tensor, sharpness: float = 6.0
+    ) -> None:
+        """Initialise query head `head` to attend `steps` tokens back and write `read`'s
+        projection of what it finds along `write` (previous_token_head first: KV head 0's keys
+        are turned by one step). Its query bias is the previous-token head's turned back by
+        steps - 1, q = R(-(steps - 1)θ) q0, so q·R(-Δθ)k peaks at Δ = steps. A head of another
+        KV group gets that group's keys and values set as KV head 0's. Keys then tell which
+        tokens precede them (`line `` against `to ``), where one tells only the last.
+        read, write: (d, r)."""
+        dims = self.dims
+        hd, r = dims.head_dim, write.shape[1]
+        kv = head // (dims.n_head // dims.n_head_kv)
+        q = self.turned(sharpness, 1 - steps)
+        rows, cols = slice(kv * hd, (kv + 1) * hd), slice(head * hd, (head + 1) * hd)
         with torch.no_grad():
-            self.wq.weight[hd : 2 * hd].zero_()
-            self.wq.bias[hd : 2 * hd] = q
-            self.wo.weight[:, hd : 2 * hd].zero_()
-            self.wo.weight[:, hd : hd + r] = write
+            self.wq.weight[cols].zero_()
+            self.wq.bias[cols] = q
+            if kv:
+                self.wk.weight[rows].zero_()
+                self.wk.bias[rows] = self.turned(sharpness, 1)
+                self.wv.weight[rows].zero_()
+                self.wv.bias[rows].zero_()
+                self.wv.weight[kv * hd : kv * hd + r] = read.T
+            self.wo.weight[:, cols].zero_()
+            self.wo.weight[:, head * hd : head * hd + r] = write
 
     def induction_heads(
         self, read: Tensor, key: Tensor, gain: float, groups: int | None = None
@@ -448,18 +460,19 @@ class GptOss(nn.Module):
         first.previous_token_head(read, write_gain * write)
         return read, write, gen, last
 
-    def previous_token_init(self, write_gain: float = 2.0, two_back: bool = False) -> None:
+    def previous_token_init(self, write_gain: float = 2.0, back: int = 1) -> None:
         """Half of an induction circuit: the first layer's head 0 writes U of the previous token
         along P (as in induction_init); the last layer passes attended tokens on (pass_through)
         with its queries and keys free to learn both where a value starts and, matching U of
-        its own token against P, where a copied span goes on. two_back: the first layer's head
-        1 also writes U of the token two back, along fresh directions (Layer.two_back_head)."""
+        its own token against P, where a copied span goes on. back > 1: the first layer's heads
+        1 … back - 1 also write U of the token 2 … back tokens back, each along fresh
+        directions (Layer.back_head)."""
         read, _, gen, last = self.previous_token_half(write_gain)
-        if two_back:
-            write2 = torch.linalg.qr(torch.randn(self.dims.n_embd, read.shape[1], generator=gen))[0]
-            first = self.layers[0]
-            assert isinstance(first, Layer)
-            first.two_back_head(write_gain * write2)
+        first = self.layers[0]
+        assert isinstance(first, Layer)
+        for steps in range(2, back + 1):
+            write = torch.linalg.qr(torch.randn(self.dims.n_embd, read.shape[1], generator=gen))[0]
+            first.back_head(steps - 1, steps, read, write_gain * write)
         last.pass_through()
 
     def quantize(self, on: bool) -> None:

@@ -233,7 +233,7 @@ def initial_model(
         if args.induction_init:
             model.induction_init(one_group=args.induction_one_group)
         elif args.previous_token_init:
-            model.previous_token_init(two_back=args.two_back)
+            model.previous_token_init(back=3 if args.three_back else 2 if args.two_back else 1)
         elif args.ov_init:
             model.layers[-1].pass_through()
         return model
@@ -279,6 +279,11 @@ def arguments() -> argparse.Namespace:
     )
     parser.add_argument(
         "--two-back", action="store_true", help="with --previous-token-init: a two-back head too"
+    )
+    parser.add_argument(
+        "--three-back",
+        action="store_true",
+        help="with --previous-token-init: two-back and three-back heads too",
     )
     parser.add_argument("--word-rows", action="store_true", help="trained_rows' word rows")
     parser.add_argument("--copy-weight", type=float, default=1.0, help="of the value targets")
