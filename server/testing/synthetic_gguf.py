@@ -422,22 +422,80 @@ def default_cache_dir() -> Path:
     return Path.home() / ".cache" / "gpt-oss-server" / "synthetic"
 
 
+# Every change to the builder (or to the trained parameters) names a new file; the builds it
+# replaces are removed once no one has used them for a while, so that the cache holds about one
+# model per preset and not one per edit (the 20b preset is 12 GB).
+KEEP_NEWEST = 2  # builds of a preset kept whatever their age: another checkout may use one
+STALE_AFTER_S = 3600.0  # an older build is removed once unused this long
+
+
+def _lock_path(path: Path) -> Path:
+    return path.parent / f".{path.name}.lock"
+
+
+def _use(path: Path) -> bool:
+    """Mark a cached build as used now (its mtime: what pruning reads); False if it is gone.
+    Under a shared lock on its lock file, which pruning takes exclusively, so a build in use
+    is either marked before pruning looks at it or found gone here."""
+    with open(_lock_path(path), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_SH)
+        try:
+            os.utime(path)
+        except FileNotFoundError:
+            return False
+        except OSError:  # a read-only cache: the file is there, just not ours to touch
+            return path.exists()
+    return True
+
+
+def prune_builds(directory: Path, family: str, keep: Path, now: float | None = None) -> list[Path]:
+    """Remove the builds `directory/{family}*.gguf` other than `keep` and the KEEP_NEWEST
+    most recently used, where unused for STALE_AFTER_S; returns those removed."""
+    now = time.time() if now is None else now
+    builds = [p for p in directory.glob(f"{family}*.gguf") if p != keep]
+    builds.sort(key=lambda p: p.stat().st_mtime if p.exists() else 0.0, reverse=True)
+    removed = []
+    for old in builds[max(0, KEEP_NEWEST - 1) :]:
+        lock_path = _lock_path(old)
+        with open(lock_path, "a") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:  # being built or marked used right now
+                continue
+            try:
+                if now - old.stat().st_mtime < STALE_AFTER_S:
+                    continue
+                old.unlink()
+            except FileNotFoundError:
+                pass
+            removed.append(old)
+            lock_path.unlink(missing_ok=True)
+    if removed:
+        logger.info("removed %d unused synthetic model build(s): %s", len(removed),
+                    ", ".join(p.name for p in removed))  # fmt: skip
+    return removed
+
+
 def cached_gguf(preset: str = "tiny", cache_dir: Path | None = None) -> Path:
-    """Path of the synthetic `preset` model, built once per machine (safe under races)."""
+    """Path of the synthetic `preset` model, built once per machine (safe under races); a new
+    build removes the preset's earlier builds that have gone unused (prune_builds)."""
     directory = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     directory.mkdir(parents=True, exist_ok=True)
     if preset == TRAINED:
         from server.testing.trained_model import content_hash
 
-        path = directory / f"gpt-oss-trained-{content_hash()}.gguf"
+        family = "gpt-oss-trained-"
+        path = directory / f"{family}{content_hash()}.gguf"
     else:
-        path = directory / f"gpt-oss-{preset}-synthetic-{builder_hash()}.gguf"
-    if path.exists():
+        family = f"gpt-oss-{preset}-synthetic-"
+        path = directory / f"{family}{builder_hash()}.gguf"
+    if path.exists() and _use(path):
         return path
-    with open(directory / f".{path.name}.lock", "w") as lock:
+    with open(_lock_path(path), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not path.exists():
             build_gguf(preset, path)
+            prune_builds(directory, family, path)
     return path
 
 

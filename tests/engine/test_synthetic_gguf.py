@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import functools
 import logging
 import math
+import os
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -194,3 +197,52 @@ def test_cached_gguf_reuses_file(model_path: Path) -> None:
     again = builder.cached_gguf("tiny", cache_dir=model_path.parent)
     assert again == model_path
     assert builder.builder_hash() in model_path.name
+
+
+def _build_at(directory: Path, name: str, age_s: float) -> Path:
+    path = directory / name
+    path.write_bytes(b"GGUF")
+    used = time.time() - age_s
+    os.utime(path, (used, used))
+    return path
+
+
+def test_a_new_build_removes_the_presets_unused_builds(tmp_path: Path) -> None:
+    """A changed builder names a new file; the builds it replaces go once unused for an hour,
+    but the newest other one stays (another checkout may use it), as do other presets'."""
+    hour = builder.STALE_AFTER_S
+    newest_old = _build_at(tmp_path, "gpt-oss-tiny-synthetic-111111111111.gguf", 2 * hour)
+    older = _build_at(tmp_path, "gpt-oss-tiny-synthetic-222222222222.gguf", 3 * hour)
+    oldest = _build_at(tmp_path, "gpt-oss-tiny-synthetic-333333333333.gguf", 4 * hour)
+    (tmp_path / f".{oldest.name}.lock").touch()
+    other_preset = _build_at(tmp_path, "gpt-oss-20b-synthetic-444444444444.gguf", 5 * hour)
+    trained = _build_at(tmp_path, "gpt-oss-trained-555555555555.gguf", 5 * hour)
+
+    path = builder.cached_gguf("tiny", cache_dir=tmp_path)
+
+    assert builder.builder_hash() in path.name
+    assert [p.exists() for p in (path, newest_old, other_preset, trained)] == [True] * 4
+    assert [p.exists() for p in (older, oldest)] == [False, False]
+    assert not (tmp_path / f".{oldest.name}.lock").exists()
+
+
+def test_recently_used_or_locked_builds_stay(tmp_path: Path) -> None:
+    hour = builder.STALE_AFTER_S
+    keep = _build_at(tmp_path, "gpt-oss-tiny-synthetic-000000000000.gguf", 0)
+    newest = _build_at(tmp_path, "gpt-oss-tiny-synthetic-111111111111.gguf", 0.5 * hour)
+    recent = _build_at(tmp_path, "gpt-oss-tiny-synthetic-222222222222.gguf", 0.9 * hour)
+    in_use = _build_at(tmp_path, "gpt-oss-tiny-synthetic-333333333333.gguf", 9 * hour)
+    stale = _build_at(tmp_path, "gpt-oss-tiny-synthetic-444444444444.gguf", 9 * hour)
+    with open(tmp_path / f".{in_use.name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_SH)  # a process marking it used at this moment
+        removed = builder.prune_builds(tmp_path, "gpt-oss-tiny-synthetic-", keep)
+    assert removed == [stale]
+    assert all(p.exists() for p in (keep, newest, recent, in_use))
+
+
+def test_a_cache_hit_marks_the_build_used(tmp_path: Path) -> None:
+    """What pruning reads: a build a test session picks up again is not stale."""
+    path = builder.cached_gguf("tiny", cache_dir=tmp_path)
+    os.utime(path, (1.0, 1.0))
+    assert builder.cached_gguf("tiny", cache_dir=tmp_path) == path
+    assert time.time() - path.stat().st_mtime < 60
