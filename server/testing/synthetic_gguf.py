@@ -448,12 +448,19 @@ def _use(path: Path) -> bool:
     return True
 
 
+def _last_used(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:  # removed meanwhile by another process's pruning
+        return 0.0
+
+
 def prune_builds(directory: Path, family: str, keep: Path, now: float | None = None) -> list[Path]:
     """Remove the builds `directory/{family}*.gguf` other than `keep` and the KEEP_NEWEST
     most recently used, where unused for STALE_AFTER_S; returns those removed."""
     now = time.time() if now is None else now
     builds = [p for p in directory.glob(f"{family}*.gguf") if p != keep]
-    builds.sort(key=lambda p: p.stat().st_mtime if p.exists() else 0.0, reverse=True)
+    builds.sort(key=_last_used, reverse=True)
     removed = []
     for old in builds[max(0, KEEP_NEWEST - 1) :]:
         lock_path = _lock_path(old)
@@ -462,12 +469,9 @@ def prune_builds(directory: Path, family: str, keep: Path, now: float | None = N
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:  # being built or marked used right now
                 continue
-            try:
-                if now - old.stat().st_mtime < STALE_AFTER_S:
-                    continue
-                old.unlink()
-            except FileNotFoundError:
-                pass
+            if now - _last_used(old) < STALE_AFTER_S:
+                continue
+            old.unlink(missing_ok=True)  # (another process's pruning may have been first)
             removed.append(old)
             lock_path.unlink(missing_ok=True)
     if removed:
