@@ -234,48 +234,30 @@ class Layer(nn.Module):
         v[pairs + hd // 2] = sharpness * torch.sin(steps * theta[pairs])
         return v
 
-    def previous_token_head(self, read: Tensor, write: Tensor, sharpness: float = 6.0) -> None:
-        """Initialise query head 0 (and KV head 0) to attend to the previous token and write
-        `read`'s projection of it back along `write`: with zero query/key weights and biases
-        that RoPE turns into a score peaked at distance 1. read: (d, r), write: (d, r)."""
-        hd, r = self.dims.head_dim, read.shape[1]
-        # k = R(θ) q per pair: q·R(-Δθ)k = |q|² cos((1 - Δ)θ), largest at Δ = 1
-        q, k = self.turned(sharpness, 0), self.turned(sharpness, 1)
-        with torch.no_grad():
-            self.wq.weight[:hd].zero_()
-            self.wq.bias[:hd] = q
-            self.wk.weight[:hd].zero_()
-            self.wk.bias[:hd] = k
-            self.wv.weight[:hd].zero_()
-            self.wv.bias[:hd].zero_()
-            self.wv.weight[:r] = read.T
-            self.wo.weight[:, :hd].zero_()
-            self.wo.weight[:, :r] = write
-
     def back_head(
         self, head: int, steps: int, read: Tensor, write: Tensor, sharpness: float = 6.0
     ) -> None:
         """Initialise query head `head` to attend `steps` tokens back and write `read`'s
-        projection of what it finds along `write` (previous_token_head first: KV head 0's keys
-        are turned by one step). Its query bias is the previous-token head's turned back by
-        steps - 1, q = R(-(steps - 1)θ) q0, so q·R(-Δθ)k peaks at Δ = steps. A head of another
-        KV group gets that group's keys and values set as KV head 0's. Keys then tell which
-        tokens precede them (`line `` against `to ``), where one tells only the last.
-        read, write: (d, r)."""
+        projection of what it finds along `write`: zero query/key weights, and biases that RoPE
+        turns into a score peaked at distance `steps`. The head's KV group gets keys k = R(θ) q0
+        per pair (q0 the previous-token query) and values `read`'s projection; the query is q0
+        turned back by steps - 1, q = R(-(steps - 1)θ) q0, so q·R(-Δθ)k = |q0|² cos((steps -
+        Δ)θ), largest at Δ = steps. Heads of one group share its keys (the same for every
+        steps), so a previous-token head (steps 1) and a two-back head (steps 2) can share one.
+        Keys then tell which tokens precede them (`line `` against `to ``), where one tells only
+        the last. read, write: (d, r)."""
         dims = self.dims
         hd, r = dims.head_dim, write.shape[1]
         kv = head // (dims.n_head // dims.n_head_kv)
-        q = self.turned(sharpness, 1 - steps)
         rows, cols = slice(kv * hd, (kv + 1) * hd), slice(head * hd, (head + 1) * hd)
         with torch.no_grad():
             self.wq.weight[cols].zero_()
-            self.wq.bias[cols] = q
-            if kv:
-                self.wk.weight[rows].zero_()
-                self.wk.bias[rows] = self.turned(sharpness, 1)
-                self.wv.weight[rows].zero_()
-                self.wv.bias[rows].zero_()
-                self.wv.weight[kv * hd : kv * hd + r] = read.T
+            self.wq.bias[cols] = self.turned(sharpness, 1 - steps)
+            self.wk.weight[rows].zero_()
+            self.wk.bias[rows] = self.turned(sharpness, 1)
+            self.wv.weight[rows].zero_()
+            self.wv.bias[rows].zero_()
+            self.wv.weight[kv * hd : kv * hd + r] = read.T
             self.wo.weight[:, cols].zero_()
             self.wo.weight[:, head * hd : head * hd + r] = write
 
@@ -457,7 +439,7 @@ class GptOss(nn.Module):
         first, last = self.layers[0], self.layers[-1]
         assert isinstance(first, Layer)
         assert isinstance(last, Layer)
-        first.previous_token_head(read, write_gain * write)
+        first.back_head(0, 1, read, write_gain * write)
         return read, write, gen, last
 
     def previous_token_init(self, write_gain: float = 2.0, back: int = 1) -> None:
