@@ -12,7 +12,8 @@ for read-then-patch edits. Every request may write at most 300 tokens. Measured:
 
 The edits replace a whole line; with --value-edits a share of them change only the line's last
 value (`color = red` to `color = blue`, as the Codex CLI test's edit does), with --same-form a
-share of the others write a new line of the old one's form (`mode = slow` for `color = red`).
+share of the others write a new line of the old one's form (`mode = slow` for `color = red`),
+with --set-edits a share are asked by key and value (`set color to blue`) and change the value.
 
     python -m scripts.train_tiny.behaviour --n-chat 60 --n-codex 10 --out behaviour.json
 """
@@ -147,11 +148,16 @@ def chat_case(client: httpx.Client, v: Values, tally: dict[str, list[bool]]) -> 
 def codex_case(client: httpx.Client, v: Values, tally: dict[str, list[bool]]) -> None:
     path = v.filename()
     lines = [v.line() for _ in range(v.rng.randint(1, 6))]
-    old = v.rng.choice(lines)
+    target = v.rng.randrange(len(lines))
+    old = lines[target]
     new = v.replacement(old)
+    ask = f"In {path}, change the line `{old}` to `{new}`."
+    setting = v.set_edit(lines, target)
+    if setting is not None:
+        old, new, key, value = setting
+        ask = f"In {path}, set {key} to {value}."
     text = "\n".join(lines) + "\n"
     body = codex_head("2026-11-24", codex_home(v), codex_cwd(v), lite=False)
-    ask = f"In {path}, change the line `{old}` to `{new}`."
     body["input"] = [*body["input"], {"type": "message", "role": "user", "content": ask}]
     body |= {"model": MODEL, "stream": False, "max_output_tokens": MAX_TOKENS}
     out = client.post("/responses", json=body).json()["output"]
@@ -193,10 +199,19 @@ def main() -> None:
     parser.add_argument(
         "--same-form", type=float, default=0.0, help="of the others: Values.same_form"
     )
+    parser.add_argument(
+        "--set-edits", type=float, default=0.0, help="of the Codex edits: Values.set_edits"
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     _, held = word_pool(encoding())
-    v = Values(random.Random(args.seed), held, args.value_edits, same_form=args.same_form)
+    v = Values(
+        random.Random(args.seed),
+        held,
+        args.value_edits,
+        same_form=args.same_form,
+        set_edits=args.set_edits,
+    )
     tally: dict[str, list[bool]] = {
         k: []
         for k in (

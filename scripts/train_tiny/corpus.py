@@ -54,6 +54,7 @@ CODEX_REQUEST = HERE / "codex_request.json"
 EFFORTS: tuple[ReasoningEffort, ...] = ("low", "medium", "high")
 EXTENSIONS = ("py", "txt", "md", "json", "toml", "rs", "js", "go", "yaml", "cfg", "sh", "c")
 LINE_KEYWORDS = ("def", "let")  # the parts of Values.line's forms that are not values
+SETTING = re.compile(r"(?:let )?([a-z]+)(?: = |: )([a-z]+|[0-9]+);?")  # Values.setting's forms
 
 
 def encoding() -> HarmonyEncoding:
@@ -70,6 +71,7 @@ class Values:
     value_edits: float = 0.0  # of Codex edits: the share that changes a line's last value
     split: str = "-"  # the prefixes split off the model's own words (split_prefixes)
     same_form: float = 0.0  # of the other Codex edits: the share whose new line has old's form
+    set_edits: float = 0.0  # of Codex edits: the share asked as `set color to blue`
 
     def word(self) -> str:
         return self.rng.choice(self.words)
@@ -102,6 +104,37 @@ class Values:
                 f"# {self.phrase(2, 4)}",
             ]
         )
+
+    def setting(self) -> str:
+        """A line that sets a key to a value: the forms of `line` that `set_edit` can name."""
+        w = self.word()
+        return self.rng.choice(
+            [
+                f"{w} = {self.word()}",
+                f"{w} = {self.number()}",
+                f"{w}: {self.word()}",
+                f"let {w} = {self.number()};",
+            ]
+        )
+
+    def set_edit(self, lines: list[str], target: int) -> tuple[str, str, str, str] | None:
+        """A share `set_edits` of edits are asked by key and value (`set color to blue`), as
+        users ask for a setting's change: the target line (made a setting if it is not one)
+        gets a fresh value. (old line, new line, key, value), lines[target] updated; None
+        otherwise, with no draw for a share of 0.
+
+        The added line's value then follows ` to` in the request, a mark one token back that
+        the first layer's heads carry, where `change the line `color = red` to `color =
+        blue`` puts four tokens between them and the value."""
+        if not (self.set_edits > 0 and self.rng.random() < self.set_edits):
+            return None
+        if not SETTING.fullmatch(lines[target]):
+            lines[target] = self.setting()
+        old = lines[target]
+        match = SETTING.fullmatch(old)
+        assert match is not None
+        value = self.value_like(match.group(2))
+        return old, old[: match.start(2)] + value + old[match.end(2) :], match.group(1), value
 
     def changed(self, line: str) -> str:
         """The line with its last value changed, as most edits are (`color = red` to
@@ -444,7 +477,17 @@ def family_codex(
     target = v.rng.randrange(len(lines))
     old = lines[target]
     new = v.replacement(old)
-    if kind == "edit":
+    setting = v.set_edit(lines, target) if kind == "edit" else None
+    if setting is not None:
+        old, new, key, value = setting
+        ask = v.rng.choice(
+            [
+                f"In {path}, set {key} to {value}.",
+                f"Set {key} to {value} in {path}.",
+                f"Edit {path}: set {key} to {value}.",
+            ]
+        )
+    elif kind == "edit":
         ask = v.rng.choice(
             [
                 f"In {path}, change the line `{old}` to `{new}`.",
@@ -535,12 +578,13 @@ def generate(
     value_edits: float = 0.0,
     split: str = "-",
     same_form: float = 0.0,
+    set_edits: float = 0.0,
     claude: dict[str, Any] | None = None,
     n_claude_groups: int = 0,
 ) -> list[Sequence]:
     """n generic conversations, then n_codex_groups groups of CODEX_GROUP Codex ones, then
     n_claude_groups groups of Claude Code ones (from its captured request `claude`)."""
-    v = Values(random.Random(seed), words, value_edits, split, same_form)
+    v = Values(random.Random(seed), words, value_edits, split, same_form, set_edits)
     names = list(FAMILIES)
     weights = [FAMILIES[k] for k in names]
     out = []
@@ -614,6 +658,9 @@ def main() -> None:
     parser.add_argument(
         "--same-form", type=float, default=0.0, help="Values.same_form (0: none drawn)"
     )
+    parser.add_argument(
+        "--set-edits", type=float, default=0.0, help="Values.set_edits (0: none drawn)"
+    )
     args = parser.parse_args()
     enc = encoding()
     train_words, held_words = word_pool(enc)
@@ -621,11 +668,12 @@ def main() -> None:
     edits, split = args.value_edits, args.split_prefixes
     train = generate(
         enc, train_words, args.n, args.codex_groups, args.seed, value_edits=edits,
-        split=split, same_form=args.same_form, claude=claude, n_claude_groups=args.claude_groups,
+        split=split, same_form=args.same_form, set_edits=args.set_edits, claude=claude,
+        n_claude_groups=args.claude_groups,
     )  # fmt: skip
     held = generate(
         enc, held_words, args.n_eval, args.codex_groups_eval, args.seed + 1, value_edits=edits,
-        split=split, same_form=args.same_form, claude=claude,
+        split=split, same_form=args.same_form, set_edits=args.set_edits, claude=claude,
         n_claude_groups=args.claude_groups_eval,
     )  # fmt: skip
     arrays = {f"train_{k}": a for k, a in pack(train).items()}
