@@ -15,6 +15,11 @@ value (`color = red` to `color = blue`, as the Codex CLI test's edit does), with
 share of the others write a new line of the old one's form (`mode = slow` for `color = red`),
 with --set-edits a share are asked by key and value (`set color to blue`) and change the value.
 
+With --n-claude N (and --claude, the Claude Code CLI to capture once, as the corpus does) N
+Claude Code rounds follow, drawn as the corpus's: Claude Code's captured request asking for a
+command over /v1/messages (turn_kind: a tool_use; call_exact and claude_exact: `Bash` with
+exactly that command), then its output back (turn_kind: the turn ends; quotes_result).
+
     python -m scripts.train_tiny.behaviour --n-chat 60 --n-codex 10 --out behaviour.json
 """
 
@@ -37,6 +42,7 @@ import httpx
 import uvicorn
 
 from scripts.train_tiny.corpus import (
+    CLAUDE_ASKS,
     GENERIC_TOOLS,
     Values,
     codex_cwd,
@@ -52,6 +58,7 @@ from server.engine.base import EngineConfig
 from server.engine.llama import LlamaEngine
 from server.ops.runtime import Runtime
 from server.ops.settings import Settings
+from server.testing.claude_capture import capture_request, with_ask
 from server.testing.synthetic_gguf import TRAINED, cached_gguf
 from server.testing.trained_words import word_pool
 
@@ -188,6 +195,33 @@ def codex_case(client: httpx.Client, v: Values, tally: dict[str, list[bool]]) ->
     tally["turn_kind"].append(any(o["type"] == "message" for o in out3))
 
 
+def claude_case(
+    client: httpx.Client, v: Values, tally: dict[str, list[bool]], captured: dict[str, Any]
+) -> None:
+    """A Claude Code round as the corpus draws it: its captured request (system prompt, tools,
+    reminders) asking for a command over /v1/messages, then the command's output back."""
+    phrase = v.phrase(1, 3)
+    command = v.rng.choice([f"echo {phrase}", v.command(v.filename())])
+    body = with_ask(captured, v.rng.choice(CLAUDE_ASKS).format(command), "2026-11-24")
+    body |= {"model": MODEL, "max_tokens": MAX_TOKENS, "stream": False}
+    reply = client.post("/messages", json=body).json()
+    calls = [b for b in reply["content"] if b["type"] == "tool_use"]
+    tally["turn_kind"].append(reply["stop_reason"] == "tool_use")
+    exact = len(calls) == 1 and calls[0]["name"] == "Bash"
+    tally["call_exact"].append(exact and calls[0]["input"] == {"command": command})
+    tally["claude_exact"].append(exact and calls[0]["input"] == {"command": command})
+    if not calls:
+        return
+    out = phrase + "\n" if command.startswith("echo ") else v.output()
+    result = {"type": "tool_result", "tool_use_id": calls[0]["id"], "content": out}
+    messages = [*body["messages"], {"role": "assistant", "content": reply["content"]}]
+    messages.append({"role": "user", "content": [result]})
+    reply = client.post("/messages", json={**body, "messages": messages}).json()
+    text = "".join(b.get("text", "") for b in reply["content"] if b["type"] == "text")
+    tally["turn_kind"].append(reply["stop_reason"] == "end_turn")
+    tally["quotes_result"].append(out.splitlines()[0] in text)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n-chat", type=int, default=60)
@@ -202,6 +236,8 @@ def main() -> None:
     parser.add_argument(
         "--set-edits", type=float, default=0.0, help="of the Codex edits: Values.set_edits"
     )
+    parser.add_argument("--n-claude", type=int, default=0, help="Claude Code rounds (--claude)")
+    parser.add_argument("--claude", type=Path, default=None, help="Claude Code's CLI to capture")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     _, held = word_pool(encoding())
@@ -221,15 +257,24 @@ def main() -> None:
             "quotes_result",
             "patch_applies",
             "patch_exact",
+            "claude_exact",
         )
     }
+    if args.n_claude and args.claude is None:
+        parser.error("--n-claude needs --claude")
+    captured = capture_request(args.claude) if args.n_claude else {}
     start = time.monotonic()
-    with serve(16384) as url, httpx.Client(base_url=url, timeout=600) as client:
+    n_ctx = 32768 if args.n_claude else 16384  # Claude Code's first prompt is long
+    with serve(n_ctx) as url, httpx.Client(base_url=url, timeout=600) as client:
         for i in range(args.n_chat + args.n_codex):
             case = chat_case if i < args.n_chat else codex_case
             case(client, v, tally)
             progress = {k: f"{sum(x)}/{len(x)}" for k, x in tally.items()}
             print(json.dumps({"case": i, **progress}), file=sys.stderr, flush=True)
+        for i in range(args.n_claude):
+            claude_case(client, v, tally, captured)
+            progress = {k: f"{sum(x)}/{len(x)}" for k, x in tally.items()}
+            print(json.dumps({"claude": i, **progress}), file=sys.stderr, flush=True)
     report: dict[str, object] = {
         k: {"rate": round(sum(x) / len(x), 3) if x else None, "n": len(x)} for k, x in tally.items()
     }
