@@ -208,8 +208,9 @@ def claude_case(
     calls = [b for b in reply["content"] if b["type"] == "tool_use"]
     tally["turn_kind"].append(reply["stop_reason"] == "tool_use")
     exact = len(calls) == 1 and calls[0]["name"] == "Bash"
-    tally["call_exact"].append(exact and calls[0]["input"] == {"command": command})
-    tally["claude_exact"].append(exact and calls[0]["input"] == {"command": command})
+    exact = exact and calls[0]["input"] == {"command": command}
+    tally["call_exact"].append(exact)
+    tally["claude_exact"].append(exact)
     if not calls:
         return
     out = phrase + "\n" if command.startswith("echo ") else v.output()
