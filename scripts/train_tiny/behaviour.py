@@ -26,6 +26,7 @@ exactly that command), then its output back (turn_kind: the turn ends; quotes_re
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
 import socket
@@ -267,15 +268,12 @@ def main() -> None:
     start = time.monotonic()
     n_ctx = 32768 if args.n_claude else 16384  # Claude Code's first prompt is long
     with serve(n_ctx) as url, httpx.Client(base_url=url, timeout=600) as client:
-        for i in range(args.n_chat + args.n_codex):
-            case = chat_case if i < args.n_chat else codex_case
+        cases = [chat_case] * args.n_chat + [codex_case] * args.n_codex
+        cases += [functools.partial(claude_case, captured=captured)] * args.n_claude
+        for i, case in enumerate(cases):
             case(client, v, tally)
             progress = {k: f"{sum(x)}/{len(x)}" for k, x in tally.items()}
             print(json.dumps({"case": i, **progress}), file=sys.stderr, flush=True)
-        for i in range(args.n_claude):
-            claude_case(client, v, tally, captured)
-            progress = {k: f"{sum(x)}/{len(x)}" for k, x in tally.items()}
-            print(json.dumps({"claude": i, **progress}), file=sys.stderr, flush=True)
     report: dict[str, object] = {
         k: {"rate": round(sum(x) / len(x), 3) if x else None, "n": len(x)} for k, x in tally.items()
     }

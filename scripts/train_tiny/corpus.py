@@ -54,7 +54,7 @@ CODEX_REQUEST = HERE / "codex_request.json"
 EFFORTS: tuple[ReasoningEffort, ...] = ("low", "medium", "high")
 EXTENSIONS = ("py", "txt", "md", "json", "toml", "rs", "js", "go", "yaml", "cfg", "sh", "c")
 LINE_KEYWORDS = ("def", "let")  # the parts of Values.line's forms that are not values
-SETTING = re.compile(r"(?:let )?([a-z]+)(?: = |: )([a-z]+|[0-9]+);?")  # Values.setting's forms
+SETTING = re.compile(r"(?:let )?([a-z]+)(?: = |: )([a-z]+|[0-9]+);?")  # Values.line's settings
 
 
 def encoding() -> HarmonyEncoding:
@@ -106,16 +106,11 @@ class Values:
         )
 
     def setting(self) -> str:
-        """A line that sets a key to a value: the forms of `line` that `set_edit` can name."""
-        w = self.word()
-        return self.rng.choice(
-            [
-                f"{w} = {self.word()}",
-                f"{w} = {self.number()}",
-                f"{w}: {self.word()}",
-                f"let {w} = {self.number()};",
-            ]
-        )
+        """A line that sets a key to a value: a `line` of one of the forms SETTING matches, each
+        as likely as the others."""
+        while not SETTING.fullmatch(line := self.line()):
+            pass
+        return line
 
     def set_edit(self, lines: list[str], target: int) -> tuple[str, str, str, str] | None:
         """A share `set_edits` of edits are asked by key and value (`set color to blue`), as
