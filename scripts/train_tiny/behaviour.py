@@ -21,6 +21,9 @@ command over /v1/messages (turn_kind: a tool_use; call_exact and claude_exact: `
 exactly that command), then its output back (turn_kind: the turn ends; quotes_result).
 
     python -m scripts.train_tiny.behaviour --n-chat 60 --n-codex 10 --out behaviour.json
+
+--edits PATH writes each Codex edit (the ask, the file, the model's command and patch) as a
+line of JSON.
 """
 
 from __future__ import annotations
@@ -153,7 +156,12 @@ def chat_case(client: httpx.Client, v: Values, tally: dict[str, list[bool]]) -> 
     tally["quotes_result"].append(result in (choice["message"].get("content") or ""))
 
 
-def codex_case(client: httpx.Client, v: Values, tally: dict[str, list[bool]]) -> None:
+def codex_case(
+    client: httpx.Client,
+    v: Values,
+    tally: dict[str, list[bool]],
+    edits: list[dict[str, Any]] | None = None,
+) -> None:
     path = v.filename()
     lines = [v.line() for _ in range(v.rng.randint(1, 6))]
     target = v.rng.randrange(len(lines))
@@ -186,6 +194,10 @@ def codex_case(client: httpx.Client, v: Values, tally: dict[str, list[bool]]) ->
     expected = text.replace(old + "\n", new + "\n", 1)
     tally["patch_applies"].append(after is not None)
     tally["patch_exact"].append(after == expected)
+    if edits is not None:  # what the model wrote, for --edits
+        patch = patches[0]["input"] if patches else None
+        edits.append({"ask": ask, "file": text, "call": calls[0]["arguments"], "patch": patch,
+                      "applies": after is not None, "exact": after == expected})  # fmt: skip
     if not patches:
         return
     result = {"type": "custom_tool_call_output", "call_id": patches[0]["call_id"],
@@ -241,6 +253,9 @@ def main() -> None:
     parser.add_argument("--n-claude", type=int, default=0, help="Claude Code rounds (--claude)")
     parser.add_argument("--claude", type=Path, default=None, help="Claude Code's CLI to capture")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--edits", type=Path, default=None, help="JSON lines: each Codex edit, as written"
+    )
     args = parser.parse_args()
     _, held = word_pool(encoding())
     v = Values(
@@ -268,7 +283,9 @@ def main() -> None:
     start = time.monotonic()
     n_ctx = 32768 if args.n_claude else 16384  # Claude Code's first prompt is long
     with serve(n_ctx) as url, httpx.Client(base_url=url, timeout=600) as client:
-        cases = [chat_case] * args.n_chat + [codex_case] * args.n_codex
+        edits: list[dict[str, Any]] = []
+        cases = [chat_case] * args.n_chat
+        cases += [functools.partial(codex_case, edits=edits)] * args.n_codex
         cases += [functools.partial(claude_case, captured=captured)] * args.n_claude
         for i, case in enumerate(cases):
             case(client, v, tally)
@@ -282,6 +299,8 @@ def main() -> None:
     print(text)
     if args.out:
         args.out.write_text(text + "\n")
+    if args.edits:
+        args.edits.write_text("".join(json.dumps(e) + "\n" for e in edits))
 
 
 if __name__ == "__main__":

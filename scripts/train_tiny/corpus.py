@@ -72,6 +72,7 @@ class Values:
     split: str = "-"  # the prefixes split off the model's own words (split_prefixes)
     same_form: float = 0.0  # of the other Codex edits: the share whose new line has old's form
     set_edits: float = 0.0  # of Codex edits: the share asked as `set color to blue`
+    split_shortest: int = 2  # the fewest letters of a word split off (split_prefixes)
 
     def word(self) -> str:
         return self.rng.choice(self.words)
@@ -228,16 +229,16 @@ class Builder:
     """Renders rounds: prompt, model turn (target), tool output, next turn..."""
 
     def __init__(
-        self, enc: HarmonyEncoding, family: str, prompt: list[int], head: int, split: str
+        self, enc: HarmonyEncoding, family: str, prompt: list[int], head: int, v: Values
     ) -> None:
-        self.enc, self.split = enc, split
+        self.enc, self.split = enc, (v.split, v.split_shortest)
         self.seq = Sequence(family, head=head, prompt=len(prompt))
         self.seq.add(prompt, False)
 
     def turn(self, harmony_text: str) -> None:
         start = len(self.seq.tokens)
         tokens = self.enc.encode(harmony_text, allowed_special="all")
-        self.seq.add(split_prefixes(self.enc, tokens, self.split), True)
+        self.seq.add(split_prefixes(self.enc, tokens, *self.split), True)
         self.seq.rounds.append((start, len(self.seq.tokens)))
 
     def tool_output(self, result: ToolResult) -> None:
@@ -376,7 +377,7 @@ def family_answer(enc: HarmonyEncoding, v: Values) -> Sequence:
     )
     tools = [t[0] for t in generic_tools(v, v.rng.randint(0, 2))]
     prompt = render(enc, transcript(v, [UserMessage(ask)], tools))
-    b = Builder(enc, "answer", prompt, 0, v.split)
+    b = Builder(enc, "answer", prompt, 0, v)
     b.turn(analysis(thought) + final(answer))
     return b.seq
 
@@ -388,7 +389,7 @@ def family_call(enc: HarmonyEncoding, v: Values) -> Sequence:
     values = [value_of(v, kind) for _, kind in params]
     user = ask.format(*values)
     tr = transcript(v, [UserMessage(user)], [t[0] for t in offered])
-    b = Builder(enc, "call", render(enc, tr), 0, v.split)
+    b = Builder(enc, "call", render(enc, tr), 0, v)
     arguments = args_json({p: val for (p, _), val in zip(params, values, strict=True)})
     text = analysis(v.rng.choice([f"Call {spec.name}.", "Use the tool.", f"I need {spec.name}."]))
     if v.rng.random() < 0.3:
@@ -503,7 +504,7 @@ def family_codex(
     prompt = render(enc, tr)
     assert prompt[: len(head)] == head
     family = ("codexlite-" if lite else "codex-") + kind
-    b = Builder(enc, family, prompt, 0 if lite else len(head), v.split)
+    b = Builder(enc, family, prompt, 0 if lite else len(head), v)
     pre = (
         preamble(v.rng.choice(["Reading the file first.", f"Let me look at {path}."]))
         if (v.rng.random() < 0.3)
@@ -551,7 +552,7 @@ def family_claude(enc: HarmonyEncoding, v: Values, request: dict[str, Any], date
     body = MessagesRequest.model_validate(with_ask(request, ask, date))
     tr = to_messages_transcript(body, "medium", date, ThinkingSigner(b"corpus"))
     head = head_tokens(enc, tr)
-    b = Builder(enc, "claude-bash", render(enc, tr), len(head), v.split)
+    b = Builder(enc, "claude-bash", render(enc, tr), len(head), v)
     b.turn(analysis("Run the command.") + call_text("Bash", args_json({"command": command})))
     out = phrase + "\n" if command.startswith("echo ") else v.output()
     b.tool_output(ToolResult("call_1", out, "Bash"))
@@ -576,10 +577,11 @@ def generate(
     set_edits: float = 0.0,
     claude: dict[str, Any] | None = None,
     n_claude_groups: int = 0,
+    split_shortest: int = 2,
 ) -> list[Sequence]:
     """n generic conversations, then n_codex_groups groups of CODEX_GROUP Codex ones, then
     n_claude_groups groups of Claude Code ones (from its captured request `claude`)."""
-    v = Values(random.Random(seed), words, value_edits, split, same_form, set_edits)
+    v = Values(random.Random(seed), words, value_edits, split, same_form, set_edits, split_shortest)
     names = list(FAMILIES)
     weights = [FAMILIES[k] for k in names]
     out = []
@@ -619,15 +621,25 @@ def pack(seqs: list[Sequence]) -> dict[str, np.ndarray]:
     }
 
 
-def trainable_ids(enc: HarmonyEncoding, tokens: np.ndarray, words: set[str]) -> np.ndarray:
+def trainable_ids(
+    enc: HarmonyEncoding, tokens: np.ndarray, words: set[str], fixed_values: bool = False
+) -> np.ndarray:
     """Tokens of the corpus whose rows are learned: all but the value words (bare or after a
-    space or separator), which keep their fixed random rows like every unseen token."""
+    space or separator), which keep their fixed random rows like every unseen token. With
+    fixed_values the paths' extensions (`.py`; bare too, `tom` of `.tom` as split_prefixes
+    writes it, so both have their word's row) and numbers' tokens (`33`, ` 9488`'s) keep fixed
+    rows too: values the model copies, whose learned rows drift together (twelve extensions in
+    the same places) until a copy of one writes another."""
+    forms = [enc.encode(dot + ext)[0] for ext in EXTENSIONS for dot in (".", "")]
+    fixed = set(forms) if fixed_values else set()
     keep = []
     for t in np.unique(tokens):
         if int(t) >= FIRST_SPECIAL:
             keep.append(int(t))
             continue
         text = text_of(enc, int(t))
+        if fixed_values and (int(t) in fixed or re.fullmatch(r" ?[0-9]+", text)):
+            continue
         if re.sub(r"^[ _/.\-]", "", text) not in words:
             keep.append(int(t))
     return np.array(sorted(keep), dtype=np.int64)
@@ -648,6 +660,9 @@ def main() -> None:
         "--split-prefixes", default="-", help="split_prefixes' characters (`.-`: also dots)"
     )
     parser.add_argument(
+        "--split-shortest", type=int, default=2, help="split_prefixes' fewest letters split off"
+    )
+    parser.add_argument(
         "--value-edits", type=float, default=0.0, help="Values.value_edits (0: none drawn)"
     )
     parser.add_argument(
@@ -655,6 +670,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--set-edits", type=float, default=0.0, help="Values.set_edits (0: none drawn)"
+    )
+    parser.add_argument(
+        "--fixed-values", action="store_true", help="trainable_ids: extensions, numbers fixed"
     )
     args = parser.parse_args()
     enc = encoding()
@@ -664,19 +682,19 @@ def main() -> None:
     train = generate(
         enc, train_words, args.n, args.codex_groups, args.seed, value_edits=edits,
         split=split, same_form=args.same_form, set_edits=args.set_edits, claude=claude,
-        n_claude_groups=args.claude_groups,
+        n_claude_groups=args.claude_groups, split_shortest=args.split_shortest,
     )  # fmt: skip
     held = generate(
         enc, held_words, args.n_eval, args.codex_groups_eval, args.seed + 1, value_edits=edits,
         split=split, same_form=args.same_form, set_edits=args.set_edits, claude=claude,
-        n_claude_groups=args.claude_groups_eval,
+        n_claude_groups=args.claude_groups_eval, split_shortest=args.split_shortest,
     )  # fmt: skip
     arrays = {f"train_{k}": a for k, a in pack(train).items()}
     arrays |= {f"eval_{k}": a for k, a in pack(held).items()}
     arrays["train_words"] = np.array(train_words)
     arrays["held_words"] = np.array(held_words)
     words = set(train_words) | set(held_words)
-    arrays["trainable_ids"] = trainable_ids(enc, arrays["train_tokens"], words)
+    arrays["trainable_ids"] = trainable_ids(enc, arrays["train_tokens"], words, args.fixed_values)
     arrays["row_word"], arrays["row_prefix"] = vocabulary_keys()  # the fixed rows' structure
     np.savez_compressed(args.out, **arrays)  # type: ignore[arg-type]
     print(

@@ -57,6 +57,8 @@ MXFP4_VALUES = (
 QK = 32
 PREVIOUS_TOKEN_PAIRS = 8  # the fastest RoPE pairs: a score peaked at distance 1
 INDUCTION_DIMS = 28  # query/key dims of an induction head: the 14 slowest RoPE pairs
+RECENCY_PAIR = 10  # turns ≈ 0.8 π over the sliding window: -sin(Δθ) falls with distance
+ATTN_SCALE = 1.347**2 / 8  # q·k to a score: YaRN's mscale on both, head_dim^-0.5 (64)
 
 
 @dataclass(frozen=True)
@@ -261,6 +263,60 @@ class Layer(nn.Module):
             self.wo.weight[:, cols].zero_()
             self.wo.weight[:, head * hd : head * hd + r] = write
 
+    def marker_head(
+        self,
+        head: int,
+        detect: Tensor,
+        read: Tensor,
+        write: Tensor,
+        *,
+        marker: float,
+        recency: float,
+    ) -> None:
+        """Initialise query head `head` to attend to the nearest marker token before it (itself
+        if it is one) and write `read`'s projection of it along `write`: which line or quote a
+        token stands in (a patch's `+` line, the request's `` to `…` `` against its `` line `…`
+        ``), however far back its marker is. Keys: `detect`·h in the slowest RoPE pair (the same
+        anywhere), scored `marker` by a constant query; and a constant in RECENCY_PAIR whose
+        query is turned a quarter turn, scoring -recency·sin(Δθ): the nearer, the higher,
+        over the whole window. marker, recency: in units of the attention score (nats)."""
+        dims = self.dims
+        hd, r = dims.head_dim, write.shape[1]
+        kv = head // (dims.n_head // dims.n_head_kv)
+        k0, q0 = kv * hd, head * hd
+        slow, near = hd // 2 - 1, RECENCY_PAIR
+        with torch.no_grad():
+            self.wq.weight[q0 : q0 + hd].zero_()
+            self.wq.bias[q0 : q0 + hd].zero_()
+            self.wq.bias[q0 + slow] = marker / ATTN_SCALE
+            self.wq.bias[q0 + near + hd // 2] = math.sqrt(recency / ATTN_SCALE)
+            for dim in (slow, slow + hd // 2, near, near + hd // 2):
+                self.wk.weight[k0 + dim].zero_()
+                self.wk.bias[k0 + dim] = 0.0
+            self.wk.weight[k0 + slow] = detect
+            self.wk.bias[k0 + near] = math.sqrt(recency / ATTN_SCALE)
+            self.wv.weight[k0 : k0 + hd].zero_()
+            self.wv.bias[k0 : k0 + hd].zero_()
+            self.wv.weight[k0 : k0 + r] = read.T
+            self.wo.weight[:, q0 : q0 + hd].zero_()
+            self.wo.weight[:, q0 : q0 + r] = write
+
+    def marker_match(self, own: Tensor, other: Tensor, gain: float, slot: int = 0) -> None:
+        """Add to every pass-through head (query head g·rep of KV head g) a score of gain ·
+        (own·h at the query) · (other·h at the key), in the second dimension of the `slot`-th
+        slowest RoPE pair (the same at any distance): a query whose marker is one kind prefers
+        keys whose marker is another (a patch's `+` line, the request's quote after ` to`)."""
+        dims = self.dims
+        hd, rep = dims.head_dim, dims.n_head // dims.n_head_kv
+        dim = hd - 1 - slot
+        root = math.sqrt(gain / ATTN_SCALE)  # other may carry a sign
+        with torch.no_grad():
+            for g in range(dims.n_head_kv):
+                self.wq.weight[g * rep * hd + dim] = root * own
+                self.wq.bias[g * rep * hd + dim] = 0.0
+                self.wk.weight[g * hd + dim] = root * other
+                self.wk.bias[g * hd + dim] = 0.0
+
     def induction_heads(
         self, read: Tensor, key: Tensor, gain: float, groups: int | None = None
     ) -> None:
@@ -456,6 +512,41 @@ class GptOss(nn.Module):
             write = torch.linalg.qr(torch.randn(self.dims.n_embd, read.shape[1], generator=gen))[0]
             first.back_head(steps - 1, steps, read, write_gain * write)
         last.pass_through()
+
+    def marker_init(
+        self, markers: list[int], matches: list[tuple[int, int, float]], gain: float
+    ) -> None:
+        """The first layer's head 2 (KV head 1, beside the previous-token and two-back heads of
+        KV head 0) as a marker head (Layer.marker_head): every token carries which of `markers`
+        came last before it, coded along one direction per marker (the markers' rows
+        orthonormalized, so the codes barely overlap). The last layer's pass-through heads start
+        with a preference (Layer.marker_match) of tokens marked `own` for tokens marked `other`
+        per (own, other, sign) of `matches`, sign · `gain` nats where both marks are whole: a
+        patch's `+` line for the request's quote after ` to`, its `-` line for the quote after
+        ` line` and against the one after ` to` — which a line's key alone (`color =` before
+        `red` and before `blue`) cannot tell."""
+        d = self.dims.n_embd
+        rows = self.embed(torch.tensor(markers)).detach()
+        unit = rows / rows.norm(dim=1, keepdim=True)
+        basis = torch.linalg.qr(unit.T)[0]  # (d, n): column i spans marker i's new part
+        basis = basis * torch.sign(torch.diagonal(basis.T @ unit.T))
+        gen = torch.Generator().manual_seed(self.seed * 1000 + 29)
+        write = torch.linalg.qr(torch.randn(d, len(markers), generator=gen))[0]
+        # ·h = 1 at every marker exactly (h: the normed row, |h|² = d), the least-norm such
+        # direction; another token's score is noise of deviation ≈ √(markers / d)
+        detect = unit.T @ torch.linalg.solve(unit @ unit.T, torch.ones(len(markers)))
+        detect = detect / math.sqrt(d)
+        first, last = self.layers[0], self.layers[-1]
+        assert isinstance(first, Layer)
+        assert isinstance(last, Layer)
+        first.marker_head(2, detect, basis, write, marker=24.0, recency=34.0)
+        # at the last layer a marked token holds ≈ √d along its marker's write direction (its
+        # code); normed (with the row and the first layer's other writes), ≈ 0.7 √d (measured
+        # on a Codex edit at initialisation)
+        scale = 1 / (0.7 * math.sqrt(d))
+        for slot, (own, other, sign) in enumerate(matches):
+            own_dir, other_dir = write[:, markers.index(own)], write[:, markers.index(other)]
+            last.marker_match(own_dir * scale, sign * other_dir * scale, gain, slot)
 
     def quantize(self, on: bool) -> None:
         """Compute the experts' MXFP4 weights once for the coming forward passes (or drop them)."""

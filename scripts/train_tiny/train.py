@@ -40,6 +40,11 @@ from scripts.train_tiny.model import (
 )
 
 STOP = {200002, 200012}  # <|return|>, <|call|>
+# the marker head's markers (GptOss.marker_init): ` to`, ` line`, `+`, `-`, a newline,
+# <|message|>; a patch's `+` line prefers the request's quote after ` to`, its `-` line the
+# quote after ` line` and not the one after ` to`
+MARKERS = [316, 2543, 10, 12, 198, 200008]
+MARKER_MATCHES = [(10, 316, 1.0), (12, 2543, 1.0), (12, 316, -1.0)]
 RARE = 300  # occurrences in the training corpus below which a fixed-row token is a value
 
 
@@ -234,6 +239,9 @@ def initial_model(
             model.induction_init(one_group=args.induction_one_group)
         elif args.previous_token_init:
             model.previous_token_init(back=3 if args.three_back else 2 if args.two_back else 1)
+            if args.marker_head:
+                matches = MARKER_MATCHES[: args.marker_matches]
+                model.marker_init(MARKERS, matches, gain=args.marker_gain)
         elif args.ov_init:
             model.layers[-1].pass_through()
         return model
@@ -284,6 +292,15 @@ def arguments() -> argparse.Namespace:
         "--three-back",
         action="store_true",
         help="with --previous-token-init: two-back and three-back heads too",
+    )
+    parser.add_argument(
+        "--marker-head",
+        action="store_true",
+        help="with --previous-token-init (not --three-back): GptOss.marker_init",
+    )
+    parser.add_argument("--marker-gain", type=float, default=4.0, help="nats, --marker-head")
+    parser.add_argument(
+        "--marker-matches", type=int, default=3, help="of MARKER_MATCHES, --marker-head"
     )
     parser.add_argument("--word-rows", action="store_true", help="trained_rows' word rows")
     parser.add_argument("--copy-weight", type=float, default=1.0, help="of the value targets")

@@ -38,15 +38,19 @@ def typed_words(enc: HarmonyEncoding, words: Iterable[str]) -> list[str]:
     return [w for w in words if len(w) >= 4 and len(enc.encode(" " + w)) == 1]
 
 
-def split_prefixes(enc: HarmonyEncoding, tokens: list[int], prefixes: str = "-") -> list[int]:
+def split_prefixes(
+    enc: HarmonyEncoding, tokens: list[int], prefixes: str = "-", shortest: int = 2
+) -> list[int]:
     """The model's own message text with `-word` written as two tokens, `-` then the bare word,
     wherever that word is one token (the text is the same; the server feeds back whatever
     tokens the model wrote). A patch's removed line (`-color`, one token as the tokenizer
     writes it) then starts with a `-` the place predicts, then copies its first word as it
     stands in the user's message (`` `color``), instead of a merged token whose prefix the
     copy would have to carry; an added line already comes as `+`, `color`. `prefixes`: the
-    characters split off this way (`.-`: also a path's `.tom` of `settings.toml`)."""
-    split = re.compile(f"([{re.escape(prefixes)}])([a-z]{{2,12}})")
+    characters split off this way (`.-`: also a path's `.tom` of `settings.toml`); `shortest`:
+    the fewest letters of a word split off (3: a word that has a word row of its own, so `.py`
+    stays one token, copied as it stands in the user's message)."""
+    split = re.compile(f"([{re.escape(prefixes)}])([a-z]{{{shortest},12}})")
     out: list[int] = []
     content = False
     for t in tokens:

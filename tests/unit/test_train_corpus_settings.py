@@ -1,4 +1,5 @@
-"""The trained model's corpus: Codex edits asked by key and value (`set color to blue`).
+"""The trained model's corpus: Codex edits asked by key and value (`set color to blue`), and
+which rows it trains.
 
 Runs the corpus command (scripts/train_tiny/corpus.py) as a user would, on a few conversations,
 and reads the edits back from the tokens it wrote.
@@ -23,13 +24,18 @@ PATCH = re.compile(r"@@\\n-(.*?)\\n\+(.*?)\\n\*\*\* End Patch")
 SETTING = re.compile(r"(?:let )?([a-z]+)(?: = |: )([a-z]+|[0-9]+);?")
 
 
-def edits(encoding: HarmonyEncoding, tmp_path: Path, *flags: str) -> list[str]:
-    """The texts of the Codex-lite edit conversations of a small corpus built with flags."""
+def corpus(tmp_path: Path, *flags: str) -> dict[str, np.ndarray]:
+    """The arrays of a small corpus (60 conversations) built with flags."""
     out = tmp_path / "corpus.npz"
     command = [sys.executable, "-m", "scripts.train_tiny.corpus", "--out", str(out), "--n", "60"]
     command += ["--codex-groups", "0", "--n-eval", "1", "--codex-groups-eval", "0", *flags]
     subprocess.run(command, cwd=ROOT, check=True, capture_output=True, timeout=300)
-    data = np.load(out)
+    return dict(np.load(out))
+
+
+def edits(encoding: HarmonyEncoding, tmp_path: Path, *flags: str) -> list[str]:
+    """The texts of the Codex-lite edit conversations of a small corpus built with flags."""
+    data = corpus(tmp_path, *flags)
     edit = list(data["train_family_names"]).index("codexlite-edit")
     texts = []
     for offset, length, family in zip(
@@ -73,3 +79,24 @@ def test_without_the_flag_every_edit_quotes_its_lines(
         ((old, new),) = PATCH.findall(text)
         assert f"`{old}`" in text
         assert f"`{new}`" in text
+
+
+def test_fixed_values_leaves_extensions_and_numbers_to_fixed_rows(
+    encoding: HarmonyEncoding, tmp_path: Path
+) -> None:
+    """--fixed-values: paths' extensions and numbers are values (copied, never learned as
+    rows of their own), like the value words; the template's tokens stay trainable."""
+    plain = set(corpus(tmp_path, "--split-prefixes", ".-")["trainable_ids"].tolist())
+    data = corpus(tmp_path, "--split-prefixes", ".-", "--fixed-values")
+    learned = set(data["trainable_ids"].tolist())
+    used = {encoding.decode([t]) for t in set(data["train_tokens"].tolist())}
+    gone = {encoding.decode([t]) for t in plain - learned}
+    assert learned < plain
+    extensions = {".py", ".md", ".rs", ".tom", "tom"} & used
+    assert extensions
+    assert not extensions & {encoding.decode([t]) for t in learned}
+    assert all(re.fullmatch(r"\.?[a-z]+| ?[0-9]+", text) for text in gone), gone
+    assert any(re.fullmatch(r" ?[0-9]+", text) for text in gone)
+    for template in ("***", " Update", " File", " =", "<|message|>"):
+        (token,) = encoding.encode(template, allowed_special="all")
+        assert token in learned

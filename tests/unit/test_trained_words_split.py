@@ -46,3 +46,21 @@ def test_split_prefixes_with_dots_splits_a_paths_extension_too(encoding: Harmony
     j = out.index(" settings")
     assert out[j : j + 4] == [" settings", ".", "tom", "l"]
     assert ".apply" in out  # the header (before <|message|>) is left as it is
+
+
+def test_split_prefixes_shortest_keeps_a_two_letter_extension_whole(
+    encoding: HarmonyEncoding,
+) -> None:
+    """shortest=3: `.py` (its bare `py` has no word row) stays as the user wrote it, `.tom`
+    and `-color` are split as before."""
+    call = CALL.replace("settings.toml", "main.py") + CALL
+    tokens = encoding.encode(call, allowed_special="all")
+    two = texts(encoding, split_prefixes(encoding, tokens, ".-"))
+    three = texts(encoding, split_prefixes(encoding, tokens, ".-", shortest=3))
+    assert "".join(three) == "".join(two) == call
+    assert ".py" not in two
+    assert ".py" in three
+    j = three.index(" settings")
+    assert three[j : j + 4] == [" settings", ".", "tom", "l"]
+    assert "-color" not in three
+    assert len(three) == len(two) - 1  # only `.py` differs
