@@ -307,7 +307,11 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--context-negatives", action="store_true")
     parser.add_argument("--eval-every", type=int, default=0, help="steps between copy evals")
     parser.add_argument("--eval-n", type=int, default=48, help="held-out conversations")
-    return parser.parse_args()
+    args = parser.parse_args()
+    if args.marker_head and (args.three_back or not args.previous_token_init):
+        parser.error("--marker-head takes the first layer's head 2: --previous-token-init, "
+                     "not --three-back")  # fmt: skip
+    return args
 
 
 def main() -> None:
