@@ -231,14 +231,14 @@ class Builder:
     def __init__(
         self, enc: HarmonyEncoding, family: str, prompt: list[int], head: int, v: Values
     ) -> None:
-        self.enc, self.split = enc, (v.split, v.split_shortest)
+        self.enc, self.prefixes, self.shortest = enc, v.split, v.split_shortest
         self.seq = Sequence(family, head=head, prompt=len(prompt))
         self.seq.add(prompt, False)
 
     def turn(self, harmony_text: str) -> None:
         start = len(self.seq.tokens)
         tokens = self.enc.encode(harmony_text, allowed_special="all")
-        self.seq.add(split_prefixes(self.enc, tokens, *self.split), True)
+        self.seq.add(split_prefixes(self.enc, tokens, self.prefixes, self.shortest), True)
         self.seq.rounds.append((start, len(self.seq.tokens)))
 
     def tool_output(self, result: ToolResult) -> None:
@@ -630,8 +630,7 @@ def trainable_ids(
     writes it, so both have their word's row) and numbers' tokens (`33`, ` 9488`'s) keep fixed
     rows too: values the model copies, whose learned rows drift together (twelve extensions in
     the same places) until a copy of one writes another."""
-    forms = [enc.encode(dot + ext)[0] for ext in EXTENSIONS for dot in (".", "")]
-    fixed = set(forms) if fixed_values else set()
+    fixed = {enc.encode(dot + ext)[0] for ext in EXTENSIONS for dot in (".", "") if fixed_values}
     keep = []
     for t in np.unique(tokens):
         if int(t) >= FIRST_SPECIAL:
@@ -678,16 +677,18 @@ def main() -> None:
     enc = encoding()
     train_words, held_words = word_pool(enc)
     claude = capture_request(args.claude) if args.claude is not None else None
-    edits, split = args.value_edits, args.split_prefixes
+    drawn: dict[str, Any] = {  # how both parts draw their conversations
+        "value_edits": args.value_edits, "split": args.split_prefixes,
+        "same_form": args.same_form, "set_edits": args.set_edits, "claude": claude,
+        "split_shortest": args.split_shortest,
+    }  # fmt: skip
     train = generate(
-        enc, train_words, args.n, args.codex_groups, args.seed, value_edits=edits,
-        split=split, same_form=args.same_form, set_edits=args.set_edits, claude=claude,
-        n_claude_groups=args.claude_groups, split_shortest=args.split_shortest,
+        enc, train_words, args.n, args.codex_groups, args.seed,
+        n_claude_groups=args.claude_groups, **drawn,
     )  # fmt: skip
     held = generate(
-        enc, held_words, args.n_eval, args.codex_groups_eval, args.seed + 1, value_edits=edits,
-        split=split, same_form=args.same_form, set_edits=args.set_edits, claude=claude,
-        n_claude_groups=args.claude_groups_eval, split_shortest=args.split_shortest,
+        enc, held_words, args.n_eval, args.codex_groups_eval, args.seed + 1,
+        n_claude_groups=args.claude_groups_eval, **drawn,
     )  # fmt: skip
     arrays = {f"train_{k}": a for k, a in pack(train).items()}
     arrays |= {f"eval_{k}": a for k, a in pack(held).items()}
