@@ -6,6 +6,7 @@ $GPT_OSS_CONFIG, see server.ops.config_file) > defaults.
 
 from __future__ import annotations
 
+import datetime
 import os
 import re
 from pathlib import Path
@@ -253,6 +254,12 @@ class Settings(BaseSettings):
     )
     temperature: float = Field(1.0, ge=0.0, le=2.0, description="Default sampling temperature.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Default nucleus sampling threshold.")
+    conversation_date: datetime.date | None = Field(
+        None,
+        description="The date (YYYY-MM-DD) the system message gives the model instead of "
+        "today's: reproducible runs (evaluations, tests) whose prompts are the same tokens on "
+        "any day.",
+    )
     reasoning_effort: Literal["low", "medium", "high"] = Field(
         "medium", description="Reasoning effort when a request does not say."
     )
@@ -351,6 +358,10 @@ class Settings(BaseSettings):
         "all of its tools so); --no-strict-tools: any JSON object. Tools with `strict: true` "
         "always follow their schema.",
     )
+
+    def today(self) -> str:
+        """The date of a new conversation's system message: conversation_date, else today."""
+        return (self.conversation_date or datetime.date.today()).isoformat()
 
     @property
     def state_dir(self) -> Path:

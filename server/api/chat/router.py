@@ -4,7 +4,6 @@ per choice when `n` > 1: server/api/chat/choices.py)."""
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import logging
 from collections.abc import AsyncIterator
 
@@ -37,8 +36,7 @@ router = APIRouter()
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
     settings: Settings = request.app.state.settings
     generator: Generator = request.app.state.generator
-    today = datetime.date.today().isoformat()
-    transcript = to_transcript(body, settings.reasoning_effort, today)
+    transcript = to_transcript(body, settings.reasoning_effort, settings.today())
     shown = reasoning_view(body, settings.reasoning_visibility)
     n = body.n or 1
     slots = generator.engine.load.slots

@@ -9,7 +9,6 @@ stream with an `error` event.
 
 from __future__ import annotations
 
-import datetime
 import logging
 from dataclasses import dataclass
 from functools import partial
@@ -105,8 +104,7 @@ async def count_tokens(body: CountTokensRequest, request: Request) -> Response:
 
 
 def _transcript(body: CountTokensRequest, settings: Settings, state: MessagesState) -> Transcript:
-    today = datetime.date.today().isoformat()
-    return to_transcript(body, settings.reasoning_effort, today, state.signer)
+    return to_transcript(body, settings.reasoning_effort, settings.today(), state.signer)
 
 
 def _body(events: list[StreamEvent]) -> dict[str, Any]:

@@ -7,7 +7,6 @@ context_length_exceeded). A stream then always ends with exactly one terminal ev
 
 from __future__ import annotations
 
-import datetime
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -90,8 +89,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     generator: Generator = request.app.state.generator
     state: ResponsesState = request.app.state.responses
     earlier = await _earlier(state, body.previous_response_id)
-    today = datetime.date.today().isoformat()
-    date = state.conversation_date(body.prompt_cache_key, earlier, today)
+    date = state.conversation_date(body.prompt_cache_key, earlier, settings.today())
     shown = reasoning_view(body, settings.reasoning_visibility)
     conversation = to_conversation(body, earlier.conversation if earlier is not None else ())
     transcript = to_transcript(body, conversation, settings.reasoning_effort, date)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,8 @@ from server.ops.startup import engine_config
 @pytest.fixture(autouse=True)
 def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """Settings read the process environment: the developer's GPT_OSS_* must not leak in."""
-    for name in ("GPT_OSS_CONFIG", "GPT_OSS_N_CTX", "GPT_OSS_N_GPU_LAYERS", "GPT_OSS_CPU_MOE"):
+    for name in ("GPT_OSS_CONFIG", "GPT_OSS_N_CTX", "GPT_OSS_N_GPU_LAYERS", "GPT_OSS_CPU_MOE",
+                 "GPT_OSS_CONVERSATION_DATE"):  # fmt: skip
         monkeypatch.delenv(name, raising=False)
 
 
@@ -186,3 +188,12 @@ def test_speculative_flags_reach_the_engine(tmp_path: Path) -> None:
         parse_serve(["--speculative", "sometimes"])
     with pytest.raises(ValidationError):
         Settings(draft_max=65)
+
+
+def test_conversation_date_by_flag_or_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert Settings().today() == datetime.date.today().isoformat()
+    assert parse_serve(["--conversation-date", "2024-02-29"]).today() == "2024-02-29"
+    monkeypatch.setenv("GPT_OSS_CONVERSATION_DATE", "2025-01-31")
+    assert Settings().today() == "2025-01-31"
+    with pytest.raises(ValidationError, match="conversation_date"):
+        Settings(conversation_date="2025-02-30")  # type: ignore[arg-type]
