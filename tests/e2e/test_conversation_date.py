@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -30,7 +31,7 @@ def url(runtime: Runtime) -> Iterator[str]:
         yield base
 
 
-REQUESTS = {
+REQUESTS: dict[str, tuple[str, dict[str, Any]]] = {
     "chat": ("/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]}),
     "responses": ("/responses", {"input": "Hi"}),
     "messages": ("/messages", {"max_tokens": 50, "messages": [{"role": "user", "content": "Hi"}]}),
