@@ -22,6 +22,14 @@ exactly that command), then its output back (turn_kind: the turn ends; quotes_re
 
     python -m scripts.train_tiny.behaviour --n-chat 60 --n-codex 10 --out behaviour.json
 
+--test-days N sends the Codex CLI test's own edit (server/testing/trained_tasks.py) as Codex
+sends it from the test's working directory and CODEX_HOME, dated each of the N days from today
+(Codex writes the day's date into its prompt; the test cannot fix it), with Codex's exec output
+drawn (its chunk id and wall time differ from run to run): test_day_exact counts the days whose
+edit comes out exact and whose turn then ends with a message, the days the test would pass.
+--n-test-edits N sends it N times from drawn working directories and CODEX_HOMEs on drawn dates
+(test_edit_exact): how much the outcome owes to the place.
+
 --edits PATH writes each Codex edit (the ask, the file, the model's command and patch) as a
 line of JSON.
 """
@@ -29,6 +37,8 @@ line of JSON.
 from __future__ import annotations
 
 import argparse
+import collections
+import datetime
 import functools
 import json
 import random
@@ -53,9 +63,11 @@ from scripts.train_tiny.corpus import (
     codex_exec_output,
     codex_head,
     codex_home,
+    date_of,
     encoding,
     schema_of,
     value_of,
+    wide_directory,
 )
 from server.app import create_app
 from server.engine.base import EngineConfig
@@ -64,6 +76,7 @@ from server.ops.runtime import Runtime
 from server.ops.settings import Settings
 from server.testing.claude_capture import capture_request, with_ask
 from server.testing.synthetic_gguf import TRAINED, cached_gguf
+from server.testing.trained_tasks import CODEX_EDIT, CODEX_PLACE, CONVERSATION_DATE
 from server.testing.trained_words import word_pool
 
 MAX_TOKENS = 300
@@ -77,7 +90,11 @@ def serve(n_ctx: int) -> Iterator[str]:
         EngineConfig(model_path=str(cached_gguf(TRAINED)), n_ctx=n_ctx, n_threads=2)
     )
     with tempfile.TemporaryDirectory() as store:
-        settings = Settings(responses_store_path=Path(store) / "r.sqlite3", temperature=0.0)
+        settings = Settings(
+            responses_store_path=Path(store) / "r.sqlite3",
+            temperature=0.0,
+            conversation_date=CONVERSATION_DATE,  # as the trained-model tests date theirs
+        )
         app = create_app(settings, Runtime(engine=engine, encoding=enc, model_name=MODEL))
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
@@ -173,7 +190,48 @@ def codex_case(
         old, new, key, value = setting
         ask = f"In {path}, set {key} to {value}."
     text = "\n".join(lines) + "\n"
-    body = codex_head("2026-11-24", codex_home(v), codex_cwd(v), lite=False)
+    place = ("2026-11-24", codex_home(v), codex_cwd(v))
+    written = edit(client, v, tally, place, (path, text, old, new, ask))
+    if edits is not None:  # what the model wrote, for --edits
+        edits.append({"ask": ask, "file": text, **written})
+
+
+def codex_test_case(
+    client: httpx.Client,
+    v: Values,
+    tally: dict[str, list[bool]],
+    day: datetime.date | None = None,
+    edits: list[dict[str, Any]] | None = None,
+) -> None:
+    """The Codex CLI test's edit (CODEX_EDIT), its requests as Codex sends them: from the test's
+    place (CODEX_PLACE) dated `day` (test_day_exact), or from a drawn working directory and
+    CODEX_HOME on a drawn date (test_edit_exact)."""
+    if day is None:
+        place = (date_of(v), wide_directory(v) + "/.codex", wide_directory(v))
+    else:
+        place = (day.isoformat(), str(CODEX_PLACE / "home"), str(CODEX_PLACE / "repo"))
+    e = CODEX_EDIT
+    written = edit(
+        client, v, collections.defaultdict(list), place, (e.path, e.before, e.old, e.new, e.ask)
+    )
+    passes = bool(written["exact"] and written["ends"])  # what the test checks of the turns
+    tally["test_edit_exact" if day is None else "test_day_exact"].append(passes)
+    if edits is not None:
+        edits.append({"ask": e.ask, "date": place[0], "cwd": place[2], **written})
+
+
+def edit(
+    client: httpx.Client,
+    v: Values,
+    tally: dict[str, list[bool]],
+    place: tuple[str, str, str],
+    task: tuple[str, str, str, str, str],
+) -> dict[str, Any]:
+    """A read-then-patch Codex edit: (date, CODEX_HOME, cwd), (path, text, old line, new line,
+    ask); turn_kind, call_exact, patch_applies and patch_exact into tally; returns what the
+    model wrote."""
+    path, text, old, new, ask = task
+    body = codex_head(*place, lite=False)
     body["input"] = [*body["input"], {"type": "message", "role": "user", "content": ask}]
     body |= {"model": MODEL, "stream": False, "max_output_tokens": MAX_TOKENS}
     out = client.post("/responses", json=body).json()["output"]
@@ -182,8 +240,12 @@ def codex_case(
     ok = len(calls) == 1 and calls[0]["name"] == "exec_command"
     ok = ok and arguments_of(calls[0]["arguments"]) == {"cmd": f"cat {path}"}
     tally["call_exact"].append(ok)
+    written: dict[str, Any] = {
+        "call": None, "patch": None, "applies": False, "exact": False, "ends": False
+    }  # fmt: skip
     if not calls:
-        return
+        return written
+    written["call"] = calls[0]["arguments"]
     result = {"type": "function_call_output", "call_id": calls[0]["call_id"],
               "output": codex_exec_output(v, text)}  # fmt: skip
     body["input"] = [*body["input"], *out, result]
@@ -194,18 +256,18 @@ def codex_case(
     expected = text.replace(old + "\n", new + "\n", 1)
     tally["patch_applies"].append(after is not None)
     tally["patch_exact"].append(after == expected)
-    if edits is not None:  # what the model wrote, for --edits
-        patch = patches[0]["input"] if patches else None
-        edits.append({"ask": ask, "file": text, "call": calls[0]["arguments"], "patch": patch,
-                      "applies": after is not None, "exact": after == expected})  # fmt: skip
+    written |= {"applies": after is not None, "exact": after == expected}
     if not patches:
-        return
+        return written
+    written["patch"] = patches[0]["input"]
     result = {"type": "custom_tool_call_output", "call_id": patches[0]["call_id"],
               "output": f"Exit code: 0\nWall time: 0.1 seconds\nOutput:\nSuccess. Updated the "
               f"following files:\nM {path}\n"}  # fmt: skip
     body["input"] = [*body["input"], *out2, result]
     out3 = client.post("/responses", json=body).json()["output"]
+    written["ends"] = [o["type"] for o in out3][-1:] == ["message"]
     tally["turn_kind"].append(any(o["type"] == "message" for o in out3))
+    return written
 
 
 def claude_case(
@@ -250,6 +312,12 @@ def main() -> None:
     parser.add_argument(
         "--set-edits", type=float, default=0.0, help="of the Codex edits: Values.set_edits"
     )
+    parser.add_argument(
+        "--n-test-edits", type=int, default=0, help="the Codex CLI test's edit, drawn places"
+    )
+    parser.add_argument(
+        "--test-days", type=int, default=0, help="the Codex CLI test's edit, N days from today"
+    )
     parser.add_argument("--n-claude", type=int, default=0, help="Claude Code rounds (--claude)")
     parser.add_argument("--claude", type=Path, default=None, help="Claude Code's CLI to capture")
     parser.add_argument("--out", type=Path, default=None)
@@ -275,6 +343,8 @@ def main() -> None:
             "patch_applies",
             "patch_exact",
             "claude_exact",
+            "test_edit_exact",
+            "test_day_exact",
         )
     }
     if args.n_claude and args.claude is None:
@@ -286,6 +356,12 @@ def main() -> None:
         edits: list[dict[str, Any]] = []
         cases = [chat_case] * args.n_chat
         cases += [functools.partial(codex_case, edits=edits)] * args.n_codex
+        cases += [functools.partial(codex_test_case, edits=edits)] * args.n_test_edits
+        today = datetime.date.today()
+        cases += [
+            functools.partial(codex_test_case, day=today + datetime.timedelta(days=i), edits=edits)
+            for i in range(args.test_days)
+        ]
         cases += [functools.partial(claude_case, captured=captured)] * args.n_claude
         for i, case in enumerate(cases):
             case(client, v, tally)

@@ -73,6 +73,7 @@ class Values:
     same_form: float = 0.0  # of the other Codex edits: the share whose new line has old's form
     set_edits: float = 0.0  # of Codex edits: the share asked as `set color to blue`
     split_shortest: int = 2  # the fewest letters of a word split off (split_prefixes)
+    wide_paths: bool = False  # Codex's cwd and CODEX_HOME drawn as wide_directory draws them
 
     def word(self) -> str:
         return self.rng.choice(self.words)
@@ -417,7 +418,23 @@ CODEX_EXEC_OUTPUT = (
 PYENV_NOISE = "pyenv: cannot rehash: /root/.pyenv/shims isn't writable\n"
 
 
+def wide_directory(v: Values) -> str:
+    """A directory as people and test runners name them: under /home, /Users, /tmp, /work or
+    /srv, one to four words deep, or pytest's temporary one (`/tmp/pytest-of-root/pytest-166/
+    test_codex_reads_a_file_and_e0/repo`: the test's name cut to 29 letters and a count).
+    Codex writes its cwd nine times into the prompt, so its length moves what follows."""
+    if v.rng.random() < 0.4:
+        name = "_".join(["test", *(v.word() for _ in range(v.rng.randint(2, 6)))])[:29]
+        user = v.rng.choice(["root", v.word()])
+        run = f"/tmp/pytest-of-{user}/pytest-{v.rng.randint(0, 999)}"
+        return f"{run}/{name}{v.rng.randint(0, 9)}/{v.word()}"
+    root = v.rng.choice(["/home/" + v.word(), "/Users/" + v.word(), "/tmp", "/work", "/srv"])
+    return "/".join([root, *(v.word() for _ in range(v.rng.randint(1, 4)))])
+
+
 def codex_cwd(v: Values) -> str:
+    if v.wide_paths:
+        return wide_directory(v)
     if v.rng.random() < 0.3:
         return f"/home/{v.word()}/{v.word()}"
     return f"/tmp/pytest-of-root/pytest-{v.rng.randint(0, 99)}/work{v.rng.randint(0, 9)}"
@@ -455,6 +472,8 @@ def codex_exec_output(v: Values, body: str) -> str:
 
 
 def codex_home(v: Values) -> str:
+    if v.wide_paths:
+        return wide_directory(v) + v.rng.choice(["/.codex", "/codex-home", ""])
     return f"/tmp/pytest-of-root/pytest-{v.rng.randint(0, 99)}/codex-home{v.rng.randint(0, 9)}"
 
 
@@ -578,10 +597,14 @@ def generate(
     claude: dict[str, Any] | None = None,
     n_claude_groups: int = 0,
     split_shortest: int = 2,
+    wide_paths: bool = False,
 ) -> list[Sequence]:
     """n generic conversations, then n_codex_groups groups of CODEX_GROUP Codex ones, then
     n_claude_groups groups of Claude Code ones (from its captured request `claude`)."""
-    v = Values(random.Random(seed), words, value_edits, split, same_form, set_edits, split_shortest)
+    v = Values(
+        random.Random(seed), words, value_edits, split, same_form, set_edits, split_shortest,
+        wide_paths,
+    )  # fmt: skip
     names = list(FAMILIES)
     weights = [FAMILIES[k] for k in names]
     out = []
@@ -671,6 +694,9 @@ def main() -> None:
         "--set-edits", type=float, default=0.0, help="Values.set_edits (0: none drawn)"
     )
     parser.add_argument(
+        "--wide-paths", action="store_true", help="Values.wide_paths: wide_directory's cwds"
+    )
+    parser.add_argument(
         "--fixed-values", action="store_true", help="trainable_ids: extensions, numbers fixed"
     )
     args = parser.parse_args()
@@ -680,7 +706,7 @@ def main() -> None:
     drawn: dict[str, Any] = {  # how both parts draw their conversations
         "value_edits": args.value_edits, "split": args.split_prefixes,
         "same_form": args.same_form, "set_edits": args.set_edits, "claude": claude,
-        "split_shortest": args.split_shortest,
+        "split_shortest": args.split_shortest, "wide_paths": args.wide_paths,
     }  # fmt: skip
     train = generate(
         enc, train_words, args.n, args.codex_groups, args.seed,

@@ -4,10 +4,19 @@ Nothing is forced: the server runs the trained preset (server/testing/trained_mo
 (temperature 0 by default, as Codex sends none), with its own steering on (harmony's header
 grammar, the JSON schema of exec_command's arguments, Codex's Lark grammar for apply_patch).
 Codex executes what the model asked for, and the test checks the file on disk.
+
+Codex writes its working directory and CODEX_HOME into the prompt, and the server its date, so
+the test fixes all three (server/testing/trained_tasks.py): run after run on one day the prompt
+is the same tokens, and greedy output with it. Codex also writes the day's date from its own
+clock, which the test cannot fix; `python -m scripts.train_tiny.behaviour --test-days N` sends
+this request, as Codex sends it from this place, for each of the N days from today
+(docs/trained-model.md).
 """
 
 from __future__ import annotations
 
+import fcntl
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +25,8 @@ import pytest
 from openai_harmony import HarmonyEncoding
 
 from server.ops.codex_config import CodexSetup, write
+from server.private_files import open_private, private_dir
+from server.testing.trained_tasks import CODEX_EDIT, CODEX_PLACE
 from tests.e2e.test_codex import N_CTX, SANDBOX, Codex, codex_binary, item_types
 from tests.support.trained import MODEL, TrainedServer, trained_server
 
@@ -33,13 +44,26 @@ def server(
 
 
 @pytest.fixture(scope="module")
+def place() -> Iterator[Path]:
+    """CODEX_PLACE, emptied, held under a lock while the module's tests run (another test run
+    on the machine waits for it), removed afterwards. Its folder in /tmp must be this user's
+    alone (private_dir), or the test fails."""
+    with open_private(private_dir(CODEX_PLACE.parent) / "codex-edit.lock", "ab") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        shutil.rmtree(CODEX_PLACE, ignore_errors=True)
+        CODEX_PLACE.mkdir()
+        try:
+            yield CODEX_PLACE
+        finally:
+            shutil.rmtree(CODEX_PLACE, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
 def codex(
-    codex_binary: Path,
-    server: TrainedServer,
-    encoding: HarmonyEncoding,
-    tmp_path_factory: pytest.TempPathFactory,
+    codex_binary: Path, server: TrainedServer, encoding: HarmonyEncoding, place: Path
 ) -> Codex:
-    home = tmp_path_factory.mktemp("codex-home")
+    home = place / "home"
+    home.mkdir()
     setup = CodexSetup(
         base_url=server.url, model=MODEL, context_window=N_CTX, stream_idle_timeout_ms=60_000
     )
@@ -63,21 +87,15 @@ def git_repo(path: Path, files: dict[str, str]) -> Path:
     "not change; such value edits come out exact in 3 of 20 held-out ones "
     "(docs/trained-model.md)",
 )
-def test_codex_reads_a_file_and_edits_it_with_apply_patch(codex: Codex, tmp_path: Path) -> None:
-    before = "mode = fast\ncolor = red\nlimit = 42\n"
-    work = git_repo(tmp_path / "repo", {"settings.toml": before})
-    run = codex.run(
-        work,
-        "--sandbox",
-        SANDBOX,
-        "In settings.toml, change the line `color = red` to `color = blue`.",
-    )
+def test_codex_reads_a_file_and_edits_it_with_apply_patch(codex: Codex, place: Path) -> None:
+    work = git_repo(place / "repo", {CODEX_EDIT.path: CODEX_EDIT.before})
+    run = codex.run(work, "--sandbox", SANDBOX, CODEX_EDIT.ask)
     assert run.returncode == 0, run.stderr
-    assert (work / "settings.toml").read_text() == "mode = fast\ncolor = blue\nlimit = 42\n"
+    assert (work / CODEX_EDIT.path).read_text() == CODEX_EDIT.after
     (command,) = run.items("command_execution")
-    assert "settings.toml" in command["command"]
+    assert CODEX_EDIT.path in command["command"]
     (change,) = run.items("file_change")
-    assert change["changes"] == [{"path": str(work / "settings.toml"), "kind": "update"}]
+    assert change["changes"] == [{"path": str(work / CODEX_EDIT.path), "kind": "update"}]
     kinds = item_types(run)
     assert "function_call" in kinds[0]
     assert "custom_tool_call" in kinds[1]

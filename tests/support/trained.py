@@ -1,7 +1,9 @@
 """The server on the trained tiny gpt-oss (the `trained` preset), for unscripted agent tests.
 
 Nothing is forced: a ForcedScript with an empty queue only records the prompts. The server is
-greedy by default (temperature 0: clients that send none get the same tokens every run).
+greedy by default (temperature 0: clients that send none get the same tokens every run) and
+dates every conversation CONVERSATION_DATE (--conversation-date;
+server/testing/trained_tasks.py), so the server's part of a prompt is the same tokens on any day.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from server.ops.runtime import Runtime
 from server.ops.settings import Settings
 from server.testing.forced import ForcedScript
 from server.testing.synthetic_gguf import TRAINED, cached_gguf
+from server.testing.trained_tasks import CONVERSATION_DATE
 from tests.support.responses import StreamRecorder, served
 
 MODEL = "gpt-oss-trained"
@@ -51,6 +54,7 @@ def trained_server(
         responses_store_path=store_dir / "responses.sqlite3",
         responses_keepalive_s=1.0,
         temperature=0.0,
+        conversation_date=CONVERSATION_DATE,
     )
     app = recorder(create_app(settings, runtime))
     try:
