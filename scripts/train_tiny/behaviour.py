@@ -58,6 +58,7 @@ import uvicorn
 from scripts.train_tiny.corpus import (
     CLAUDE_ASKS,
     GENERIC_TOOLS,
+    RECORDED_MODEL,
     Values,
     codex_cwd,
     codex_exec_output,
@@ -203,17 +204,19 @@ def codex_test_case(
     day: datetime.date | None = None,
     edits: list[dict[str, Any]] | None = None,
 ) -> None:
-    """The Codex CLI test's edit (CODEX_EDIT), its requests as Codex sends them: from the test's
-    place (CODEX_PLACE) dated `day` (test_day_exact), or from a drawn working directory and
-    CODEX_HOME on a drawn date (test_edit_exact)."""
+    """The Codex CLI test's edit (CODEX_EDIT), its requests as Codex sends them to this server
+    (its model name in the instructions): from the test's place (CODEX_PLACE) dated `day`
+    (test_day_exact), or from a drawn working directory and CODEX_HOME on a drawn date
+    (test_edit_exact). The first request is token for token the real CLI's (checked against a
+    recorded run); the exec output's chunk id, wall time, token count and pyenv line are drawn
+    as the corpus draws them, wider than a real run's."""
     if day is None:
         place = (date_of(v), wide_directory(v) + "/.codex", wide_directory(v))
     else:
         place = (day.isoformat(), str(CODEX_PLACE / "home"), str(CODEX_PLACE / "repo"))
     e = CODEX_EDIT
-    written = edit(
-        client, v, collections.defaultdict(list), place, (e.path, e.before, e.old, e.new, e.ask)
-    )
+    task = (e.path, e.before, e.old, e.new, e.ask)
+    written = edit(client, v, collections.defaultdict(list), place, task, model=MODEL)
     passes = bool(written["exact"] and written["ends"])  # what the test checks of the turns
     tally["test_edit_exact" if day is None else "test_day_exact"].append(passes)
     if edits is not None:
@@ -226,12 +229,15 @@ def edit(
     tally: dict[str, list[bool]],
     place: tuple[str, str, str],
     task: tuple[str, str, str, str, str],
+    *,
+    model: str = RECORDED_MODEL,
 ) -> dict[str, Any]:
     """A read-then-patch Codex edit: (date, CODEX_HOME, cwd), (path, text, old line, new line,
     ask); turn_kind, call_exact, patch_applies and patch_exact into tally; returns what the
-    model wrote."""
+    model wrote. model: the name Codex's instructions list (the corpus's, or this server's as
+    the real Codex CLI sends it)."""
     path, text, old, new, ask = task
-    body = codex_head(*place, lite=False)
+    body = codex_head(*place, lite=False, model=model)
     body["input"] = [*body["input"], {"type": "message", "role": "user", "content": ask}]
     body |= {"model": MODEL, "stream": False, "max_output_tokens": MAX_TOKENS}
     out = client.post("/responses", json=body).json()["output"]

@@ -47,6 +47,7 @@ from server.harmony.render import assistant_start_tokens, head_tokens, item_toke
 from server.harmony.tokens import FIRST_SPECIAL
 from server.testing.claude_capture import capture_request, with_ask
 from server.testing.trained_model import vocabulary_keys
+from server.testing.trained_rows import PREFIXES
 from server.testing.trained_words import split_prefixes, text_of, word_pool
 
 HERE = Path(__file__).parent
@@ -415,6 +416,7 @@ CODEX_EXEC_OUTPUT = (
     "Chunk ID: {chunk}\nWall time: {t} seconds\nProcess exited with code 0\n"
     "Original token count: {count}\nOutput:\n{noise}{body}"
 )
+RECORDED_MODEL = "gpt-oss-tiny"  # the server's model name when codex_request.json was recorded
 PYENV_NOISE = "pyenv: cannot rehash: /root/.pyenv/shims isn't writable\n"
 
 
@@ -440,10 +442,14 @@ def codex_cwd(v: Values) -> str:
     return f"/tmp/pytest-of-root/pytest-{v.rng.randint(0, 99)}/work{v.rng.randint(0, 9)}"
 
 
-def codex_head(date: str, home: str, cwd: str, lite: bool) -> dict[str, Any]:
+def codex_head(
+    date: str, home: str, cwd: str, lite: bool, model: str = RECORDED_MODEL
+) -> dict[str, Any]:
     """Codex's request up to the task. lite: its instructions and tools cut to the two used
-    (the same conversation shape for a fraction of the tokens)."""
+    (the same conversation shape for a fraction of the tokens); model: the server's model
+    name, which Codex lists in its instructions (the corpus keeps the recorded one)."""
     text = CODEX_REQUEST.read_text().replace("{CODEX_HOME}", home).replace("{CWD}", cwd)
+    text = text.replace(RECORDED_MODEL, model)
     body: dict[str, Any] = json.loads(text.replace("{DATE}", date))
     if lite:
         body["tools"] = [
@@ -699,6 +705,12 @@ def main() -> None:
     parser.add_argument(
         "--fixed-values", action="store_true", help="trainable_ids: extensions, numbers fixed"
     )
+    parser.add_argument(
+        "--row-prefixes",
+        default=PREFIXES.decode(),
+        help="the prefixes whose words share their word's row (trained_rows); ' _/-': an "
+        "extension's `.toml` keeps a whole row",
+    )
     args = parser.parse_args()
     enc = encoding()
     train_words, held_words = word_pool(enc)
@@ -722,7 +734,9 @@ def main() -> None:
     arrays["held_words"] = np.array(held_words)
     words = set(train_words) | set(held_words)
     arrays["trainable_ids"] = trainable_ids(enc, arrays["train_tokens"], words, args.fixed_values)
-    arrays["row_word"], arrays["row_prefix"] = vocabulary_keys()  # the fixed rows' structure
+    # the fixed rows' structure
+    arrays["row_word"], arrays["row_prefix"] = vocabulary_keys(args.row_prefixes.encode())
+    arrays["row_prefixes"] = np.array(args.row_prefixes)
     np.savez_compressed(args.out, **arrays)  # type: ignore[arg-type]
     print(
         json.dumps(

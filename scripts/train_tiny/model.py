@@ -16,6 +16,7 @@ server/testing/trained_rows.py, numpy only), so the model can copy tokens it nev
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -23,7 +24,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import Tensor, nn
 
-from server.testing.trained_rows import PREFIX_DIMS, random_rows
+from server.testing.trained_rows import PREFIX_DIMS, PREFIXES, random_rows
 
 N_VOCAB = 201088
 SLIDING_WINDOW = 128
@@ -405,6 +406,12 @@ class Layer(nn.Module):
         return torch.cat(out, dim=2)[..., :hd]
 
     cache: tuple[Tensor, Tensor, Tensor] | None = None
+    # the reference's router probe (routing_alternatives): sees, and may change, the router
+    # logits (B, T, n_expert) of each call; None in training
+    probe: Callable[[Tensor], Tensor] | None = None
+    # round the experts' inputs to Q8_0 as llama.cpp's CPU backend does before its MXFP4
+    # products (GptOss.backend_rounding; the reference only, never training)
+    round_inputs = False
 
     def quantized(self) -> tuple[Tensor, Tensor, Tensor]:
         """The experts' MXFP4 weights (straight-through); cached while GptOss.step() lasts."""
@@ -416,14 +423,20 @@ class Layer(nn.Module):
         dims = self.dims
         h = rms_norm(x, self.post_norm)
         logits = self.router(h)
+        if self.probe is not None:
+            logits = self.probe(logits)
         top, idx = logits.topk(dims.n_expert_used, dim=-1)
         weights = torch.softmax(top, dim=-1)
         gate, up, down = self.quantized()
         # all experts on every token (cheaper than gathering at this size), weights 0 off top-k
         w = torch.zeros_like(logits).scatter(-1, idx, weights)
+        if self.round_inputs:
+            h = q8_0(h)
         g = (torch.einsum("btd,efd->btef", h, gate) + self.gate_b).clamp(max=SWIGLU_LIMIT)
         u = (torch.einsum("btd,efd->btef", h, up) + self.up_b).clamp(-SWIGLU_LIMIT, SWIGLU_LIMIT)
         act = g * torch.sigmoid(SWIGLU_ALPHA * g) * (u + 1)
+        if self.round_inputs:
+            act = q8_0(act)
         y = torch.einsum("btef,edf->bted", act, down) + self.down_b
         out = (y * w[..., None]).sum(2)
         return out.view_as(x)
@@ -438,6 +451,8 @@ class GptOss(nn.Module):
         super().__init__()
         self.dims, self.attn_factor, self.seed = dims, attn_factor, seed
         self.word_rows = keys is not None
+        self.rounds = False  # backend_rounding
+        self.row_prefixes = PREFIXES.decode()  # whose words share a row (the corpus's keys)
         rows = random_rows(seed, dims.n_embd, keys)
         fixed = torch.from_numpy(rows.astype(np.float32))
         self.register_buffer("fixed", fixed, persistent=False)
@@ -548,6 +563,19 @@ class GptOss(nn.Module):
             own_dir, other_dir = write[:, markers.index(own)], write[:, markers.index(other)]
             last.marker_match(own_dir * scale, sign * other_dir * scale, gain, slot)
 
+    def backend_rounding(self, on: bool) -> None:
+        """Compute as llama.cpp's CPU backend rounds (the reference's greedy runs): the experts'
+        inputs and the output product's input rounded to Q8_0 (ggml quantizes the activations
+        to the weights' dot-product type: Q8_0 for MXFP4 and Q8_0 weights). What is left between
+        the two computations is the order of sums and the F16 keys and values."""
+        self.rounds = on
+        for layer in self.layers:
+            layer.round_inputs = on
+
+    def output_input(self, h: Tensor) -> Tensor:
+        """The final states as the output product takes them (backend_rounding: Q8_0)."""
+        return q8_0(h) if self.rounds else h
+
     def quantize(self, on: bool) -> None:
         """Compute the experts' MXFP4 weights once for the coming forward passes (or drop them)."""
         for layer in self.layers:
@@ -637,7 +665,7 @@ class GptOss(nn.Module):
         out: list[int] = []
         for _ in range(max_new):
             h, own = self.hidden(cur, pos, cache)
-            top = torch.topk(h[0, -1] @ full.T, 2)
+            top = torch.topk(self.output_input(h[0, -1]) @ full.T, 2)
             nxt = int(top.indices[0])
             margins.append(float(top.values[0] - top.values[1]))
             out.append(nxt)
@@ -655,6 +683,73 @@ class GptOss(nn.Module):
             cur = torch.tensor([[nxt]])
         self.quantize(False)
         return out
+
+
+ROUTER_NEAR_TIE = 0.05  # router logits: an expert choice this close may go the other way
+
+
+def routing_alternatives(
+    model: GptOss, seq: list[int], start: int, near_tie: float = ROUTER_NEAR_TIE
+) -> list[set[int]]:
+    """For each token of seq[start:], the other tokens the model's greedy choice there becomes
+    when one router near-tie goes the other way (teacher-forced on seq).
+
+    A router whose n_expert_used-th and next experts' logits are closer than `near_tie` may pick
+    either in another computation of the same model (llama.cpp rounds activations to Q8_0 and
+    keys and values to F16), and the expert it picks changes that token's state: at the last
+    layer only that token's logits; at an earlier one every later token's through attention.
+    Each such near-tie is swapped alone (the two experts' logits exchanged) and the argmax of
+    every position that predicts a token of seq[start:] recorded where it differs."""
+    full = model.full_matrix()
+    k = model.dims.n_expert_used
+    ids = torch.tensor([seq[:-1]])  # position p predicts seq[p + 1]
+    first = start - 1
+    gaps: list[Tensor] = []
+
+    def record(logits: Tensor) -> Tensor:
+        top = logits[0].topk(k + 1, dim=-1).values
+        gaps.append(top[:, k - 1] - top[:, k])
+        return logits
+
+    def swap_at(j: int) -> Callable[[Tensor], Tensor]:
+        def probe(logits: Tensor) -> Tensor:
+            order = logits[0, j].argsort(descending=True)
+            out = logits.clone()
+            out[0, j, order[k - 1]], out[0, j, order[k]] = (
+                logits[0, j, order[k]],
+                logits[0, j, order[k - 1]],
+            )
+            return out
+
+        return probe
+
+    out: list[set[int]] = [set() for _ in range(len(seq) - start)]
+
+    def probe_only(chosen: int | None, probe: Callable[[Tensor], Tensor] | None) -> None:
+        for i, layer in enumerate(model.layers):
+            layer.probe = probe if i == chosen or chosen is None else None
+
+    with torch.no_grad():
+        model.quantize(True)
+        probe_only(None, record)
+        h, _ = model.hidden(ids)
+        probe_only(None, None)
+        base = torch.argmax(model.output_input(h[0, first:]) @ full.T, dim=-1)
+        cache = model.prefix_cache(ids)
+        last = len(model.layers) - 1
+        for i in range(len(model.layers)):
+            near = torch.nonzero(gaps[i] < near_tie).flatten().tolist()
+            for j in near if i < last else [j for j in near if j >= first]:
+                begin = min(j, first)  # recompute from the swapped position (or the span) on
+                past = [(ck[:, :, :begin], cv[:, :, :begin]) for ck, cv in cache]
+                probe_only(i, swap_at(j - begin))
+                hj, _ = model.hidden(ids[:, begin:], begin, past if begin > 0 else None)
+                got = torch.argmax(model.output_input(hj[0, first - begin :]) @ full.T, dim=-1)
+                for pos in torch.nonzero(got != base).flatten().tolist():
+                    out[pos].add(int(got[pos]))
+        probe_only(None, None)
+        model.quantize(False)
+    return out
 
 
 def sampled_loss(
@@ -703,6 +798,8 @@ def from_params(path: str, keys: Keys, attn_factor: float | None = None) -> GptO
     trainable = data["trainable_ids"].astype(np.int64)
     word_rows = bool(data["word_rows"]) if "word_rows" in data.files else False
     model = GptOss(dims, trainable, int(data["seed"]), keys if word_rows else None, factor)
+    if "row_prefixes" in data.files:
+        model.row_prefixes = str(data["row_prefixes"])
 
     def t(key: str) -> Tensor:
         return torch.from_numpy(np.asarray(data[key], dtype=np.float32))

@@ -36,8 +36,10 @@ from scripts.train_tiny.model import (
     GptOss,
     from_params,
     mxfp4_codes,
+    routing_alternatives,
     sampled_loss,
 )
+from server.testing.trained_rows import PREFIXES
 
 STOP = {200002, 200012}  # <|return|>, <|call|>
 # the marker head's markers (GptOss.marker_init): ` to`, ` line`, `+`, `-`, a newline,
@@ -161,6 +163,7 @@ def export(model: GptOss, out: Path, seed: int, trainable: np.ndarray) -> None:
         "attn_factor": np.array(model.attn_factor),
         "trainable_ids": trainable.astype(np.int32),
         "word_rows": np.array(model.word_rows),
+        "row_prefixes": np.array(model.row_prefixes),
         "rows": model.rows.detach().half().numpy(),
         "output_norm": model.out_norm.detach().numpy(),
     }
@@ -183,10 +186,14 @@ def export(model: GptOss, out: Path, seed: int, trainable: np.ndarray) -> None:
 def reference(
     model: GptOss, corpus: Corpus, n_generic: int, n_codex: int, *, max_new: int, out: Path
 ) -> dict[str, float]:
-    """Greedy tokens on held-out prompts (first round of each), for the agreement test."""
+    """Greedy tokens on held-out prompts (first round of each), for the agreement test: with
+    each token its margin over the runner-up and its routing alternatives; computed with
+    llama.cpp's rounding of activations (GptOss.backend_rounding)."""
+    model.backend_rounding(True)
     generic = [i for i in range(len(corpus.lengths)) if corpus.heads[i] == 0][:n_generic]
     codex = [i for i in range(len(corpus.lengths)) if corpus.heads[i] > 0][:n_codex]
     prompts, outputs, margins, exact = [], [], [], 0
+    alternatives: list[list[int]] = []
     for i in generic + codex:
         t, _ = corpus.seq(i)
         p = int(corpus.prompts[i])
@@ -196,6 +203,7 @@ def reference(
         margin: list[float] = []
         got = model.greedy(prompt, max_new, STOP, margin)
         margins.append(np.array(margin, dtype=np.float32))
+        alternatives += [sorted(a) for a in routing_alternatives(model, prompt + got, len(prompt))]
         exact += got == want[: end + 1]
         prompts.append(np.array(prompt, dtype=np.int32))
         outputs.append(np.array(got, dtype=np.int32))
@@ -206,7 +214,11 @@ def reference(
         output_lengths=np.array([len(o) for o in outputs]),
         outputs=np.concatenate(outputs),
         margins=np.concatenate(margins),
+        # per reference token, the tokens one router near-tie the other way gives there
+        alternative_counts=np.array([len(a) for a in alternatives], dtype=np.int32),
+        alternatives=np.array([x for a in alternatives for x in a], dtype=np.int32),
     )
+    model.backend_rounding(False)
     return {"first_round_exact": exact / len(prompts)}
 
 
@@ -248,6 +260,12 @@ def initial_model(
     model = from_params(str(args.init), keys)
     assert np.array_equal(model.trainable_ids.numpy(), trainable), "another corpus"
     return model
+
+
+def corpus_prefixes(data: dict[str, np.ndarray]) -> str:
+    """The prefixes whose words share a row in the corpus's keys (all of them in corpora made
+    before the choice was recorded)."""
+    return str(data["row_prefixes"]) if "row_prefixes" in data else PREFIXES.decode()
 
 
 def arguments() -> argparse.Namespace:
@@ -322,6 +340,8 @@ def main() -> None:
     train = Corpus(data, "train")
     trainable = data["trainable_ids"].astype(np.int64)
     model = initial_model(args, trainable, train.keys)
+    assert args.init is None or model.row_prefixes == corpus_prefixes(data), "another corpus"
+    model.row_prefixes = corpus_prefixes(data)
     held = Corpus(data, "eval")
     args.out.mkdir(parents=True, exist_ok=True)
     curve_path = args.curve or Path("artifacts/train_tiny/curve.jsonl")

@@ -16,6 +16,7 @@ for them: the test that llama.cpp, running this GGUF, writes the same tokens.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 from dataclasses import dataclass
@@ -36,10 +37,21 @@ REFERENCE = DATA_DIR / "reference.npz"
 QK = 32
 
 
-def vocabulary_keys() -> tuple[NDArray[np.int32], NDArray[np.int8]]:
-    """Word and prefix of every token id (trained_rows.word_keys over o200k_harmony)."""
+def vocabulary_keys(
+    shared: bytes = trained_rows.PREFIXES,
+) -> tuple[NDArray[np.int32], NDArray[np.int8]]:
+    """Word and prefix of every token id (trained_rows.word_keys over o200k_harmony); `shared`:
+    the prefixes whose words share their word's row."""
     tokens = sg.load_o200k_ranks()
-    return trained_rows.word_keys([*tokens, *[b""] * (sg.N_VOCAB - len(tokens))])
+    return trained_rows.word_keys([*tokens, *[b""] * (sg.N_VOCAB - len(tokens))], shared)
+
+
+def row_prefixes(params: dict[str, NDArray[np.generic]]) -> bytes:
+    """The prefixes whose words share their word's row in these parameters (all of them where
+    the parameters do not say)."""
+    return (
+        str(params["row_prefixes"]).encode() if "row_prefixes" in params else trained_rows.PREFIXES
+    )
 
 
 def load_params(path: Path = PARAMS) -> dict[str, NDArray[np.generic]]:
@@ -65,7 +77,7 @@ def preset_of(params: dict[str, NDArray[np.generic]]) -> sg.Preset:
 def embedding(params: dict[str, NDArray[np.generic]]) -> NDArray[np.float16]:
     """The whole vocabulary's rows: fixed random, the trained rows put in place."""
     dims = json.loads(str(params["dims"]))
-    keys = vocabulary_keys() if bool(params.get("word_rows", False)) else None
+    keys = vocabulary_keys(row_prefixes(params)) if bool(params.get("word_rows", False)) else None
     rows = trained_rows.random_rows(int(params["seed"]), dims["n_embd"], keys)
     rows[params["trainable_ids"].astype(np.int64)] = params["rows"]
     return rows
@@ -163,11 +175,14 @@ def content_hash(params_path: Path = PARAMS) -> str:
 @dataclass(frozen=True, slots=True)
 class ReferenceRun:
     """One held-out prompt and the training model's greedy tokens after it; `margins[i]`: how
-    far token i's logit was above the runner-up's there (a near-tie when small)."""
+    far token i's logit was above the runner-up's there (a near-tie when small);
+    `alternatives[i]`: the tokens the training model writes there instead when one of its
+    routers' near-ties (an expert choice within 0.05) goes the other way."""
 
     prompt: list[int]
     tokens: list[int]
     margins: list[float]
+    alternatives: list[frozenset[int]]
 
 
 def load_reference(path: Path = REFERENCE) -> list[ReferenceRun]:
@@ -177,7 +192,14 @@ def load_reference(path: Path = REFERENCE) -> list[ReferenceRun]:
         ends = np.cumsum(data["output_lengths"])[:-1]
         outputs = np.split(data["outputs"], ends)
         margins = np.split(data["margins"], ends)
+        counts, flat = data.get("alternative_counts"), data.get("alternatives")
+    if counts is None or flat is None:  # recorded before routing alternatives were
+        counts, flat = np.zeros(sum(len(o) for o in outputs), dtype=np.int32), np.array([])
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    per_token = [frozenset(int(x) for x in flat[a:b]) for a, b in itertools.pairwise(starts)]
+    token_ends = np.cumsum([len(o) for o in outputs])
+    alternatives = [per_token[b - len(o) : b] for o, b in zip(outputs, token_ends, strict=True)]
     return [
-        ReferenceRun([int(x) for x in p], [int(x) for x in o], [float(x) for x in m])
-        for p, o, m in zip(prompts, outputs, margins, strict=True)
+        ReferenceRun([int(x) for x in p], [int(x) for x in o], [float(x) for x in m], a)
+        for p, o, m, a in zip(prompts, outputs, margins, alternatives, strict=True)
     ]

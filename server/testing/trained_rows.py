@@ -11,6 +11,12 @@ per word) and differ in the prefix's part (the last PREFIX_DIMS, drawn per prefi
 writes ` silver`, the JSON argument needs `silver`: the model copies the word's part and writes
 the prefix the place wants. With independent rows per id that mapping would have to be learned
 word by word, which no amount of training teaches for words the corpus never contains.
+
+Which prefixes share their word's row is a choice recorded with the parameters (`row_prefixes`):
+the committed model's leaves `.` out, so a path's extension (`.toml`, `.json`) keeps a whole row
+of its own, as the short ones (`.py`, `.rs`) always had: an extension is copied as it stands,
+never written with another prefix, and with a shared row the `.` became a second decision that
+the model got wrong about half the time (`settingstoml`; docs/trained-model.md).
 """
 
 from __future__ import annotations
@@ -27,9 +33,13 @@ PREFIX_DIMS = 16
 WORD_TOKEN = re.compile(rb"([ _/.\-]?)([a-z]{3,9})")
 
 
-def word_keys(tokens: Sequence[bytes]) -> tuple[NDArray[np.int32], NDArray[np.int8]]:
+def word_keys(
+    tokens: Sequence[bytes], shared: bytes = PREFIXES
+) -> tuple[NDArray[np.int32], NDArray[np.int8]]:
     """Per token id (the vocabulary's bytes in id order): the index of its word among the
-    sorted distinct words (-1: not word-shaped) and its prefix class."""
+    sorted distinct words (-1: not word-shaped) and its prefix class. Only a bare word and the
+    words after a prefix in `shared` are word-shaped; the others keep whole rows (the words'
+    indices, hence every shared row, are the same whatever `shared` leaves out)."""
     found: dict[int, tuple[bytes, int]] = {}
     for tid, text in enumerate(tokens):
         m = WORD_TOKEN.fullmatch(text)
@@ -39,7 +49,8 @@ def word_keys(tokens: Sequence[bytes]) -> tuple[NDArray[np.int32], NDArray[np.in
     word_of = np.full(N_VOCAB, -1, dtype=np.int32)
     prefix_of = np.zeros(N_VOCAB, dtype=np.int8)
     for tid, (w, p) in found.items():
-        word_of[tid], prefix_of[tid] = index[w], p
+        if p == 0 or PREFIXES[p - 1 : p] in shared:
+            word_of[tid], prefix_of[tid] = index[w], p
     return word_of, prefix_of
 
 

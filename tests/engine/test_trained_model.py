@@ -64,9 +64,13 @@ def test_the_gguf_carries_the_trained_shapes(trained_gguf: Path) -> None:
 
 
 def test_llama_cpp_writes_the_training_models_greedy_tokens(engine: LlamaEngine) -> None:
-    """Token for token, except where the training model's top two logits were a near-tie:
-    llama.cpp computes in other orders and precisions (F16 KV cache, fused kernels), so there
-    either token is right and the two continuations part. Any other difference fails."""
+    """Token for token, except at a near-tie of the training model: llama.cpp computes in other
+    orders and precisions (activations rounded to Q8_0, F16 KV cache, fused kernels), so where
+    its top two logits were closer than NEAR_TIE either token is right, and where one of its
+    routers' expert choices was that close (a near-tie a token earlier in the sequence reaches
+    later ones through attention) llama.cpp may route the other way: it may then write what the
+    training model writes with that choice swapped (the reference's alternatives). There the two
+    continuations part. Any other difference fails."""
     reference = trained_model.load_reference()
     same_sequences = 0
     same_tokens = total_tokens = 0
@@ -83,11 +87,14 @@ def test_llama_cpp_writes_the_training_models_greedy_tokens(engine: LlamaEngine)
         agreed = first_diff
         if got != expected:
             margin = run.margins[first_diff] if first_diff < len(run.margins) else 0.0
-            if margin < NEAR_TIE:  # either token is right there: the rest is another continuation
+            routed = first_diff < len(got) and got[first_diff] in run.alternatives[first_diff]
+            tie = margin < NEAR_TIE or routed
+            if tie:  # either token is right there: the rest is another continuation
                 agreed = len(expected)
-            log.warning("prompt of %d tokens: diverged at %d of %d, margin %.4f",
-                        len(run.prompt), first_diff, len(expected), margin)  # fmt: skip
-            if margin >= NEAR_TIE:
+            log.warning("prompt of %d tokens: diverged at %d of %d, margin %.4f, %s",
+                        len(run.prompt), first_diff, len(expected), margin,
+                        "a routing near-tie's token" if routed else "")  # fmt: skip
+            if not tie:
                 real_differences.append((len(run.prompt), first_diff, margin))
         same_tokens += agreed
     log.info("agreement: %.3f of sequences, %.3f of tokens (until a difference not at a near-tie)",

@@ -37,3 +37,14 @@ def test_without_keys_every_row_is_independent_and_as_before() -> None:
     assert np.array_equal(independent, expected.astype(np.float16))
     keyed = trained_rows.random_rows(3, 32, trained_rows.word_keys(TOKENS))
     assert np.array_equal(keyed[len(TOKENS) :], independent[len(TOKENS) :])
+
+
+def test_words_after_a_prefix_left_out_keep_whole_rows() -> None:
+    tokens = [b"toml", b".toml", b" toml", b"-toml"]
+    word_of, prefix_of = trained_rows.word_keys(tokens, shared=b" _/-")
+    assert word_of[1] == -1  # `.toml`: an extension, copied whole
+    assert prefix_of[1] == 0
+    assert word_of[0] == word_of[2] == word_of[3] >= 0
+    assert list(prefix_of[[0, 2, 3]]) == [0, 1, 5]  # the classes of PREFIXES, as before
+    rows = trained_rows.random_rows(3, 32, (word_of, prefix_of))
+    assert np.array_equal(rows[1], trained_rows.random_rows(3, 32, None)[1])
