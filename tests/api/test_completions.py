@@ -12,8 +12,10 @@ from fastapi.testclient import TestClient
 from openai.types import Completion
 from openai_harmony import HarmonyEncoding
 
+from server.api.completions.router import _Text
 from server.engine.base import SamplingParams
 from server.engine.llama import LlamaEngine
+from server.harmony.token_bytes import TokenBytes
 from server.testing.forced import ForcedScript
 from tests.support.sse import parse_sse
 
@@ -100,6 +102,19 @@ def test_max_tokens_and_stop_string(client: TestClient, forced: ForcedScript) ->
     assert body["choices"][0]["text"] == "one two"
     assert body["choices"][0]["finish_reason"] == "stop"
     assert body["choices"][0]["logprobs"]["tokens"] == ["one", " two"]
+
+
+def test_bytes_after_a_stop_string_add_nothing(encoding: HarmonyEncoding) -> None:
+    """A chunk may bring tokens past the stop string; one that ends inside a character leaves
+    bytes in the decoder, and the final flush must not append their U+FFFD to the cut text."""
+    vocab = TokenBytes.load(encoding)
+    partial = encoding.encode("\U0001f999")[0]  # the first of the character's tokens
+    assert vocab.text(partial) == "\ufffd"
+    text = _Text(vocab, [" three"])
+    assert text.add([*encoding.encode("one two three four"), partial]) == "one two"
+    assert text.stopped
+    assert text.add((), final=True) == ""
+    assert text.text == "one two"
 
 
 def test_several_prompts_are_several_choices(client: TestClient, encoding: HarmonyEncoding) -> None:

@@ -158,7 +158,10 @@ class _Text:
         self.stopped = False
 
     def add(self, tokens: Sequence[int], *, final: bool = False) -> str:
-        """Add tokens; the text that can go out now."""
+        """Add tokens; the text that can go out now (nothing once a stop string appeared:
+        bytes the decoder holds from tokens after it are not the completion's)."""
+        if self.stopped:
+            return ""
         data = b"".join(self._vocab.of(t) for t in tokens)
         self.text += self._decoder.decode(data, final=final)
         cuts = [i for stop in self._stops if (i := self.text.find(stop)) >= 0]
