@@ -159,6 +159,7 @@ def generate(engine: LlamaEngine, prompt: list[int], params: SamplingParams) -> 
 
 
 N_CTX = 4096
+N_CTX_TRAINED = 16384  # the trained model's Codex turn is under Codex's ≈7.9k-token request
 TURN_ENDS = frozenset({RETURN, CALL})
 Runner = Callable[[list[int], list[int], int, int], dict[str, Any]]
 
@@ -206,6 +207,10 @@ def peer_runners(
     return runners
 
 
+def n_ctx(args: argparse.Namespace) -> int:
+    return N_CTX_TRAINED if args.trained else N_CTX
+
+
 def workloads(model: str, args: argparse.Namespace) -> dict[str, Any]:
     hook = Scripts()
     # one engine: a request with speculate=False decodes one token a step (two engines in one
@@ -214,7 +219,7 @@ def workloads(model: str, args: argparse.Namespace) -> dict[str, Any]:
     engine = LlamaEngine(
         EngineConfig(
             model_path=model,
-            n_ctx=N_CTX,
+            n_ctx=n_ctx(args),
             n_slots=1,
             n_threads=args.threads,
             use_mmap=args.mmap,
@@ -247,7 +252,7 @@ def take_turns(
     limits: dict[tuple[str, int], int],
 ) -> dict[str, dict[str, list[dict[str, Any]]]]:
     """Every round, every workload, every runner once (who goes first rotates)."""
-    plan = peer_plan(model, args.threads, N_CTX, mmap=args.mmap)
+    plan = peer_plan(model, args.threads, n_ctx(args), mmap=args.mmap)
     servers = (
         LlamaServers(plan, args.llama_server_modes, args.draft_max)
         if args.peers and args.llama_server_modes

@@ -2,8 +2,9 @@
 
 Each workload is a round of a corpus conversation, cut where the model's turn starts, so the
 model writes the turn itself (no forced script): a Codex-shaped apply_patch edit of the file it
-has just read, a function call copying the user's values, and an answer quoting a tool result.
-A workload has one prompt per benchmark round (other values each time).
+has just read (under Codex's short head, and under its full ≈7.9k-token request as Codex CLI
+sends it), a function call copying the user's values, and an answer quoting a tool result. A
+workload has one prompt per benchmark round (other values each time).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from server.testing.trained_words import word_pool
 # workload: (family whose conversations it takes, index of the model's round)
 ROUNDS = {
     "trained_apply_patch": ("codexlite-edit", 1),
+    "trained_codex_patch": ("codex-edit", 1),
     "trained_call": ("call", 0),
     "trained_quote_result": ("call", 1),
 }
@@ -45,6 +47,7 @@ def trained_cases(rounds: int, seed: int = 7) -> dict[str, list[list[int]]]:
         conversations = [
             family_call(enc, v),
             family_codex(enc, v, date_of(v), codex_home(v), codex_cwd(v), lite=True),
+            family_codex(enc, v, date_of(v), codex_home(v), codex_cwd(v), lite=False),
         ]
         for name, (family, index) in ROUNDS.items():
             for conversation in conversations:

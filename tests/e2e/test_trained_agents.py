@@ -101,8 +101,8 @@ def test_chat_the_model_calls_the_tool_the_user_asks_for(sdk: OpenAI, pool: list
 def test_chat_tool_loop_copies_the_argument_and_quotes_the_result(
     sdk: OpenAI, pool: list[str]
 ) -> None:
-    """Eight loops (the committed model: 8 calls copy the city exactly; 6 answers then quote
-    the result as a word, the others write it twice over, `headerheader`)."""
+    """Eight loops (the committed model: 8 calls copy the city exactly and all 8 answers then
+    quote the result as a word; the model before it wrote 2 of them twice over)."""
     words = held_out_words(pool, 16, seed=1)
     tools = [chat_tool(WEATHER), chat_tool(LOOKUP)]
     copied = quoted = 0

@@ -35,8 +35,8 @@ def server(encoding: HarmonyEncoding, tmp_path_factory: pytest.TempPathFactory) 
 @pytest.mark.xfail(
     strict=True,
     reason="the committed model, trained with Claude Code rounds, calls Bash behind Claude "
-    "Code's ≈10k-token prompt but not with the asked command (`cat.runnotget`): "
-    "docs/trained-model.md",
+    "Code's ≈10k-token prompt but not with the asked command (`rules bakomisel thisphase`, "
+    "then more calls): docs/trained-model.md",
 )
 def test_claude_code_runs_the_command_the_model_calls(
     claude_binary: Path, server: Server, tmp_path: Path

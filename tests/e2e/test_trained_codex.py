@@ -6,11 +6,11 @@ grammar, the JSON schema of exec_command's arguments, Codex's Lark grammar for a
 Codex executes what the model asked for, and the test checks the file on disk.
 
 Codex writes its working directory and CODEX_HOME into the prompt, and the server its date, so
-the test fixes all three (server/testing/trained_tasks.py): run after run on one day the prompt
-is the same tokens, and greedy output with it. Codex also writes the day's date from its own
-clock, which the test cannot fix; `python -m scripts.train_tiny.behaviour --test-days N` sends
-this request, as Codex sends it from this place, for each of the N days from today
-(docs/trained-model.md).
+the test fixes all three (server/testing/trained_tasks.py). What it cannot fix: the day's date,
+which Codex writes from its own clock, and its exec output's chunk id and wall time, new in
+every run. `python -m scripts.train_tiny.behaviour --test-days N` sends this request as Codex
+sends it from this place on each of the N days from today, those drawn: the committed model
+edits the file exactly on 365 of 365 days (docs/trained-model.md).
 """
 
 from __future__ import annotations
@@ -79,14 +79,6 @@ def git_repo(path: Path, files: dict[str, str]) -> Path:
     return path
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the committed model reads the file (`cat settings.toml`) and writes a patch whose "
-    "added line has the new value (`+color = blue`), but its removed line takes another value "
-    "(`-color = teu` on this request sent as the behaviour script sends it), so the file does "
-    "not change; such value edits come out exact in 3 of 20 held-out ones "
-    "(docs/trained-model.md)",
-)
 def test_codex_reads_a_file_and_edits_it_with_apply_patch(codex: Codex, place: Path) -> None:
     work = git_repo(place / "repo", {CODEX_EDIT.path: CODEX_EDIT.before})
     run = codex.run(work, "--sandbox", SANDBOX, CODEX_EDIT.ask)
