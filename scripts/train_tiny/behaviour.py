@@ -77,11 +77,11 @@ from server.ops.runtime import Runtime
 from server.ops.settings import Settings
 from server.testing.claude_capture import capture_request, with_ask
 from server.testing.synthetic_gguf import TRAINED, cached_gguf
-from server.testing.trained_tasks import CODEX_EDIT, CODEX_PLACE, CONVERSATION_DATE
+from server.testing.trained_tasks import CODEX_EDIT, CODEX_PLACE, CONVERSATION_DATE, MODEL_NAME
 from server.testing.trained_words import word_pool
 
 MAX_TOKENS = 300
-MODEL = "gpt-oss-trained"
+MODEL = MODEL_NAME
 
 
 @contextmanager

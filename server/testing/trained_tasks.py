@@ -37,5 +37,7 @@ CODEX_EDIT = CodexEdit(
 )
 # home/ (CODEX_HOME) and repo/ (the working directory); one test run at a time holds it
 CODEX_PLACE = Path("/tmp/gpt-oss-server-tests/codex-edit")
+# the name the server gives the trained model (Codex writes it into its instructions)
+MODEL_NAME = "gpt-oss-trained"
 # the server's system message (--conversation-date): the same tokens on any day
 CONVERSATION_DATE = datetime.date(2026, 11, 24)

@@ -25,10 +25,10 @@ from server.ops.runtime import Runtime
 from server.ops.settings import Settings
 from server.testing.forced import ForcedScript
 from server.testing.synthetic_gguf import TRAINED, cached_gguf
-from server.testing.trained_tasks import CONVERSATION_DATE
+from server.testing.trained_tasks import CONVERSATION_DATE, MODEL_NAME
 from tests.support.responses import StreamRecorder, served
 
-MODEL = "gpt-oss-trained"
+MODEL = MODEL_NAME
 
 
 @dataclass
