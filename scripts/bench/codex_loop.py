@@ -43,6 +43,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from server.bench.http_path import free_port
 from server.bench.machine import load_average
 from server.bench.procs import ServerProcess, serve_command
+from server.bench.report import print_json
 from server.ops.codex_config import CodexSetup, write
 from server.private_files import open_private, private_dir
 from server.testing.synthetic_gguf import TRAINED, cached_gguf
@@ -214,10 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             shutil.rmtree(CODEX_PLACE, ignore_errors=True)
     report |= {"runs": runs, "summary": summary(runs), "loadavg_after": load_average()}
-    text = json.dumps(report, indent=2)
-    if args.out is not None:
-        args.out.write_text(text + "\n")
-    print(text)
+    print_json(report, args.out)
     return 0
 
 

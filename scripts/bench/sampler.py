@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import json
 import logging
 import random
 import statistics
@@ -36,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from scripts.bench.trained_workloads import trained_cases
+from server.bench.report import print_json
 from server.contracts.directives import Constrain
 from server.engine.base import EngineConfig, SamplingParams
 from server.engine.llama import LlamaEngine
@@ -189,10 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         report["engine"] = engine_part(
             model, args.n_threads, args.prompt_tokens, args.decode_tokens, args.repetitions
         )
-    text = json.dumps(report, indent=2)
-    if args.out is not None:
-        args.out.write_text(text + "\n")
-    print(text)
+    print_json(report, args.out)
     return 0
 
 

@@ -44,6 +44,7 @@ from typing import Any
 from scripts.bench.llama_peers import SPEC_MODES, LlamaServers, llama_bench_tg, peer_plan
 from scripts.bench.trained_workloads import trained_cases
 from server.bench.plan import Plan
+from server.bench.report import print_json
 from server.engine.base import EngineConfig, SamplingParams, default_threads
 from server.engine.llama import LlamaEngine
 from server.engine.llama_context import LlamaContext
@@ -424,10 +425,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         report["verify_cost"] = verify_cost(model, args.threads, args.cost_rounds, args.mmap)
     report["workloads"] = workloads(model, args)
     report["loadavg_after"] = loadavg()
-    text = json.dumps(report, indent=2)
-    if args.out is not None:
-        args.out.write_text(text + "\n")
-    print(text)
+    print_json(report, args.out)
     return 0
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 import statistics
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from server.bench.plan import Measurement, PathRun
@@ -12,6 +14,14 @@ from server.bench.plan import Measurement, PathRun
 GIB = 1024**3
 RAW_PATHS = ("llama-bench", "llama-server")
 QUIET_CPUS = 0.15  # a measurement is "quiet" when other processes kept at most this many busy
+
+
+def print_json(report: Mapping[str, Any], out: Path | None) -> None:
+    """A benchmark script's result: printed as JSON, and written to `out` when one is given."""
+    text = json.dumps(report, indent=2)
+    if out is not None:
+        out.write_text(text + "\n")
+    print(text)
 
 
 def summary(values: Sequence[float]) -> dict[str, float]:
