@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import Tensor, nn
 
-from server.testing.trained_rows import PREFIX_DIMS, PREFIXES, random_rows
+from server.testing.trained_rows import PREFIX_DIMS, PREFIXES, random_rows, row_prefixes
 
 N_VOCAB = 201088
 SLIDING_WINDOW = 128
@@ -798,8 +798,7 @@ def from_params(path: str, keys: Keys, attn_factor: float | None = None) -> GptO
     trainable = data["trainable_ids"].astype(np.int64)
     word_rows = bool(data["word_rows"]) if "word_rows" in data.files else False
     model = GptOss(dims, trainable, int(data["seed"]), keys if word_rows else None, factor)
-    if "row_prefixes" in data.files:
-        model.row_prefixes = str(data["row_prefixes"])
+    model.row_prefixes = row_prefixes(data).decode()
 
     def t(key: str) -> Tensor:
         return torch.from_numpy(np.asarray(data[key], dtype=np.float32))

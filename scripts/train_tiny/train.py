@@ -39,7 +39,7 @@ from scripts.train_tiny.model import (
     routing_alternatives,
     sampled_loss,
 )
-from server.testing.trained_rows import PREFIXES
+from server.testing.trained_rows import row_prefixes
 
 STOP = {200002, 200012}  # <|return|>, <|call|>
 # the marker head's markers (GptOss.marker_init): ` to`, ` line`, `+`, `-`, a newline,
@@ -262,12 +262,6 @@ def initial_model(
     return model
 
 
-def corpus_prefixes(data: dict[str, np.ndarray]) -> str:
-    """The prefixes whose words share a row in the corpus's keys (all of them in corpora made
-    before the choice was recorded)."""
-    return str(data["row_prefixes"]) if "row_prefixes" in data else PREFIXES.decode()
-
-
 def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--corpus", type=Path, required=True)
@@ -340,8 +334,9 @@ def main() -> None:
     train = Corpus(data, "train")
     trainable = data["trainable_ids"].astype(np.int64)
     model = initial_model(args, trainable, train.keys)
-    assert args.init is None or model.row_prefixes == corpus_prefixes(data), "another corpus"
-    model.row_prefixes = corpus_prefixes(data)
+    prefixes = row_prefixes(data).decode()  # whose words share a row in the corpus's keys
+    assert args.init is None or model.row_prefixes == prefixes, "another corpus"
+    model.row_prefixes = prefixes
     held = Corpus(data, "eval")
     args.out.mkdir(parents=True, exist_ok=True)
     curve_path = args.curve or Path("artifacts/train_tiny/curve.jsonl")

@@ -46,14 +46,6 @@ def vocabulary_keys(
     return trained_rows.word_keys([*tokens, *[b""] * (sg.N_VOCAB - len(tokens))], shared)
 
 
-def row_prefixes(params: dict[str, NDArray[np.generic]]) -> bytes:
-    """The prefixes whose words share their word's row in these parameters (all of them where
-    the parameters do not say)."""
-    return (
-        str(params["row_prefixes"]).encode() if "row_prefixes" in params else trained_rows.PREFIXES
-    )
-
-
 def load_params(path: Path = PARAMS) -> dict[str, NDArray[np.generic]]:
     with np.load(path) as data:
         return {k: data[k] for k in data.files}
@@ -77,7 +69,8 @@ def preset_of(params: dict[str, NDArray[np.generic]]) -> sg.Preset:
 def embedding(params: dict[str, NDArray[np.generic]]) -> NDArray[np.float16]:
     """The whole vocabulary's rows: fixed random, the trained rows put in place."""
     dims = json.loads(str(params["dims"]))
-    keys = vocabulary_keys(row_prefixes(params)) if bool(params.get("word_rows", False)) else None
+    word_rows = bool(params.get("word_rows", False))
+    keys = vocabulary_keys(trained_rows.row_prefixes(params)) if word_rows else None
     rows = trained_rows.random_rows(int(params["seed"]), dims["n_embd"], keys)
     rows[params["trainable_ids"].astype(np.int64)] = params["rows"]
     return rows

@@ -22,7 +22,8 @@ the model got wrong about half the time (`settingstoml`; docs/trained-model.md).
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -31,6 +32,12 @@ N_VOCAB = 201088
 PREFIXES = b" _/.-"  # a word's prefix class: 0 for none, 1 + its index here
 PREFIX_DIMS = 16
 WORD_TOKEN = re.compile(rb"([ _/.\-]?)([a-z]{3,9})")
+
+
+def row_prefixes(saved: Mapping[str, Any]) -> bytes:
+    """The prefixes whose words share their word's row, as saved parameters or a corpus record
+    them (`row_prefixes`); all of PREFIXES where they were saved before the choice was."""
+    return str(saved["row_prefixes"]).encode() if "row_prefixes" in saved else PREFIXES
 
 
 def word_keys(
