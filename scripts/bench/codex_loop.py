@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import fcntl
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -46,10 +45,11 @@ from server.bench.procs import ServerProcess, serve_command
 from server.bench.report import print_json
 from server.ops.codex_config import CodexSetup, write
 from server.private_files import open_private, private_dir
+from server.testing.codex_cli import codex_dir, codex_exec
 from server.testing.synthetic_gguf import TRAINED, cached_gguf
 from server.testing.trained_tasks import CODEX_EDIT, CODEX_PLACE, CONVERSATION_DATE, MODEL_NAME
 
-CODEX = Path.home() / ".cache/gpt-oss-server/codex-0.169.0/node_modules/.bin/codex"
+CODEX = codex_dir() / "node_modules" / ".bin" / "codex"
 N_CTX = 16384  # Codex's first prompt is ≈7.9k tokens, and the loop adds its turns
 SANDBOX = "workspace-write"  # as the test runs it (the permission text is in the prompt)
 COUNTERS = {
@@ -97,23 +97,10 @@ def loop(codex: Path, url: str, place: Path) -> dict[str, Any]:
         base_url=f"{url}/v1", model=MODEL_NAME, context_window=N_CTX, stream_idle_timeout_ms=60_000
     )
     write(setup, home)
-    env = {**os.environ, "CODEX_HOME": str(home), "NO_COLOR": "1"}
-    env.pop("OPENAI_API_KEY", None)
-    command = [str(codex), "exec", "--json", "--skip-git-repo-check", "--sandbox", SANDBOX]
     started = time.perf_counter()
-    result = subprocess.run(
-        [*command, CODEX_EDIT.ask],
-        cwd=repo,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    result = codex_exec(codex, home, repo, "--sandbox", SANDBOX, CODEX_EDIT.ask, timeout=600)
     wall_s = time.perf_counter() - started
-    events = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
-    items = [e["item"] for e in events if e.get("type") == "item.completed"]
+    items = [e["item"] for e in result.events if e.get("type") == "item.completed"]
     done = {key: value - before.get(key, 0.0) for key, value in counters(url).items()}
     return {
         "returncode": result.returncode,
@@ -185,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         "is the baseline of the paired ratios"
     )  # fmt: skip
     parser.add_argument("--model", help="a GGUF file (default: the trained preset)")
-    parser.add_argument("--codex", type=Path, default=CODEX, help="the Codex CLI 0.169 binary")
+    parser.add_argument("--codex", type=Path, default=CODEX, help="the Codex CLI binary")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     if not args.codex.exists():

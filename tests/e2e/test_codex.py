@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
-import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,26 +24,19 @@ from server.engine.llama import LlamaEngine
 from server.ops.codex_config import CodexSetup, served_model, write
 from server.ops.runtime import Runtime
 from server.ops.settings import Settings
+from server.testing.codex_cli import CODEX_VERSION, codex_dir, codex_exec
 from server.testing.forced import ForcedScript
 from tests.support.event_grammar import CheckedStream
-from tests.support.npm_cli import cache_dir, pinned
+from tests.support.npm_cli import pinned
 from tests.support.responses import StreamRecorder, check_sse, served
 from tests.support.scripts import reason_then_call
 
 pytestmark = pytest.mark.slow  # the real Codex CLI (installed from npm once per machine)
 
-CODEX_VERSION = "0.169.0"
 N_CTX = 16384  # Codex's first prompt alone is ≈7.3k tokens
 MODEL = "gpt-oss-tiny"
 SANDBOX = "workspace-write"  # one mode for all runs: the permission text is part of the prefix
 USAGE_LINE = re.compile(r"response (\S+) (\w+): (\d+) input tokens \((\d+) cached\), (\d+) output")
-
-
-def codex_dir() -> Path:
-    override = os.environ.get("GPT_OSS_CODEX_DIR")
-    if override:
-        return Path(override)
-    return cache_dir(f"codex-{CODEX_VERSION}")
 
 
 @pytest.fixture(scope="module")
@@ -119,24 +110,10 @@ class Codex:
     recorder: StreamRecorder
 
     def run(self, workdir: Path, *args: str) -> CodexRun:
-        env = {**os.environ, "CODEX_HOME": str(self.home), "NO_COLOR": "1"}
-        env.pop("OPENAI_API_KEY", None)
-        command = [str(self.binary), "exec", "--json", "--skip-git-repo-check", *args]
         before = len(self.recorder.streams)
-        result = subprocess.run(
-            command,
-            cwd=workdir,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        lines = result.stdout.splitlines()
-        events = [json.loads(line) for line in lines if line.startswith("{")]
+        done = codex_exec(self.binary, self.home, workdir, *args)
         streams = [check_sse(raw) for raw in self.recorder.streams[before:]]
-        return CodexRun(result.returncode, events, result.stderr, streams)
+        return CodexRun(done.returncode, done.events, done.stderr, streams)
 
     def prompt(self, index: int) -> str:
         return self.encoding.decode_utf8(self.script.prompts[index])

@@ -10,8 +10,6 @@ choose the answer. What --oss leaves out next to `codex-config --write` is measu
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,8 +27,8 @@ from server.engine.llama import LlamaEngine
 from server.ops.runtime import Runtime
 from server.ops.settings import Settings
 from server.ops.startup import idle_unloading, model_aliases
+from server.testing.codex_cli import CODEX_VERSION, codex_dir, codex_exec
 from server.testing.forced import ForcedScript
-from tests.e2e.test_codex import CODEX_VERSION, codex_dir
 from tests.support.npm_cli import pinned
 from tests.support.responses import StreamRecorder, served
 
@@ -131,21 +129,15 @@ def run_oss(
     server.wait_unloaded()
     home = tmp_path / "codex-home"
     home.mkdir()
-    env = {**os.environ, "CODEX_HOME": str(home), "NO_COLOR": "1"}
-    env["CODEX_OSS_BASE_URL"] = server.url
-    env.pop("OPENAI_API_KEY", None)
-    command = [str(codex_binary), "exec", "--json", "--skip-git-repo-check", "--oss",
-               "--local-provider", provider, *args, "Say hello."]  # fmt: skip
     before_paths, before_bodies = len(server.paths.seen), len(server.recorder.requests)
-    result = subprocess.run(
-        command, cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, capture_output=True,
-        text=True, timeout=180, check=False,
+    done = codex_exec(
+        codex_binary, home, tmp_path, "--oss", "--local-provider", provider, *args, "Say hello.",
+        timeout=180, extra_env={"CODEX_OSS_BASE_URL": server.url},
     )  # fmt: skip
-    events = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     posted = server.recorder.requests[before_bodies:]
     bodies = [json.loads(body) for path, _, body in posted if path.endswith("/responses")]
     return OssRun(
-        result.returncode, events, result.stderr, server.paths.seen[before_paths:], bodies
+        done.returncode, done.events, done.stderr, server.paths.seen[before_paths:], bodies
     )
 
 

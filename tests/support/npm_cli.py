@@ -14,12 +14,14 @@ from pathlib import Path
 
 import pytest
 
+from server.ops.settings import default_cache_dir
+
 REQUIRE_ENV = "GPT_OSS_REQUIRE_CLIENTS"
 
 
 def cache_dir(name: str) -> Path:
     """`~/.cache/gpt-oss-server/<name>`: where a pinned client is installed."""
-    return Path.home() / ".cache" / "gpt-oss-server" / name
+    return default_cache_dir() / name
 
 
 def unavailable(reason: str) -> None:
