@@ -32,7 +32,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import statistics
 import sys
 import threading
@@ -43,6 +42,7 @@ from typing import Any
 
 from scripts.bench.llama_peers import SPEC_MODES, LlamaServers, llama_bench_tg, peer_plan
 from scripts.bench.trained_workloads import trained_cases
+from server.bench.machine import load_average
 from server.bench.plan import Plan
 from server.bench.report import print_json
 from server.engine.base import EngineConfig, SamplingParams, default_threads
@@ -110,10 +110,6 @@ class Scripts:
             return None
         script = iter(self.queue.pop(0))
         return lambda sampled: next(script, sampled)
-
-
-def loadavg() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
 
 
 def verify_cost(model: str, threads: int, rounds: int, mmap: bool) -> dict[str, Any]:
@@ -418,13 +414,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "threads": args.threads,
         "temperature": args.temperature,
         "speculative": args.mode,
-        "loadavg_before": loadavg(),
+        "loadavg_before": load_average(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     if not args.skip_cost:
         report["verify_cost"] = verify_cost(model, args.threads, args.cost_rounds, args.mmap)
     report["workloads"] = workloads(model, args)
-    report["loadavg_after"] = loadavg()
+    report["loadavg_after"] = load_average()
     print_json(report, args.out)
     return 0
 
