@@ -27,7 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from scripts.train_tiny.corpus import encoding as corpus_encoding
+from devkit.models import TRAINED, cached_gguf
+from devkit.train_tiny.corpus import encoding as corpus_encoding
 from server.contracts.directives import Constrain
 from server.contracts.transcript import ToolSpec, Transcript, UserMessage
 from server.engine.base import EngineConfig, SamplingParams
@@ -38,7 +39,6 @@ from server.engine.sampling.numpy_sampler import NumpySampler
 from server.grammars.tools import call_grammar
 from server.harmony.render import render
 from server.harmony.tokens import CALL, SPECIALS
-from server.testing.synthetic_gguf import TRAINED, cached_gguf
 
 SCHEMA: dict[str, Any] = {
     "type": "object",

@@ -21,6 +21,7 @@ from server.app import create_app
 from server.bench.options import BenchOptions
 from server.contracts.errors import StartupError
 from server.engine.base import default_threads
+from server.engine.loading import gpt_oss
 from server.engine.loading.placement import ContextShape
 from server.ops import codex_config, doctor
 from server.ops.model_source import resolve_model
@@ -31,7 +32,6 @@ from server.ops.settings import Settings, default_cache_dir
 from server.ops.startup import load_runtime, placement_options
 
 log = logging.getLogger("gpt_oss_server")
-CONTEXT_LENGTH = 131072  # gpt-oss's trained context (--n-ctx 0)
 
 
 class Serve(Settings):
@@ -57,7 +57,7 @@ class Doctor(Settings):
 
     def cli_cmd(self) -> None:
         configure_logging("warning")
-        context = ContextShape(self.n_ctx or CONTEXT_LENGTH, self.n_ubatch, self.n_slots,
+        context = ContextShape(self.n_ctx or gpt_oss.CONTEXT_LENGTH, self.n_ubatch, self.n_slots,
                                self.swa_full, self.flash_attn != "off")  # fmt: skip
         sys.stdout.write(doctor.report(context, placement_options(self)) + "\n")
 
@@ -136,19 +136,17 @@ class CodexConfig(BaseModel):
 
 
 class Synth(BaseModel):
-    """Write a synthetic gpt-oss GGUF: the real vocabulary and architecture, random or trained
-    weights."""
+    """Write a synthetic gpt-oss GGUF: the real vocabulary and architecture, random weights."""
 
-    preset: Literal["tiny", "20b", "trained"] = Field(
-        description="tiny: a few tens of MB, for tests; 20b: gpt-oss-20b's exact shapes and "
-        "tensor types (about 12 GB), for honest speed benchmarks; trained: the tiny model "
-        "trained to act in agent loops (its committed parameters; docs/trained-model.md)."
+    preset: Literal["tiny", "20b"] = Field(
+        description="tiny: a few tens of MB, a smoke test of a build; 20b: gpt-oss-20b's exact "
+        "shapes and tensor types (about 12 GB), for honest speed benchmarks."
     )
     out: Path = Field(description="Where to write the .gguf file (atomically).")
     seed: int = Field(0, description="Seed of the random weights.")
 
     def cli_cmd(self) -> None:
-        from server.testing.synthetic_gguf import build_gguf
+        from server.synth.build import build_gguf
 
         configure_logging("info")
         path = build_gguf(self.preset, self.out, self.seed)

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 from openai_harmony import HarmonyEncoding
 
+from devkit.forced import ForcedScript
+from devkit.models import cached_gguf
 from server.engine.base import EngineConfig
 from server.engine.llama import LlamaEngine
 from server.harmony.encoding import ENV_VAR, load_encoding
 from server.ops.runtime import Runtime
-from server.testing.forced import ForcedScript
-from server.testing.synthetic_gguf import cached_gguf
 
 TEST_N_CTX = 4096
 

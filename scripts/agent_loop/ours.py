@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -12,19 +11,18 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import uvicorn
 from openai_harmony import HarmonyEncoding
 
+from devkit.forced import ForcedScript
+from devkit.serving import served
 from scripts.agent_loop.conversation import Turn, first_request, next_input, turns
 from server.app import create_app
-from server.bench.http_path import free_port
 from server.engine.base import EngineConfig
 from server.engine.llama import LlamaEngine
 from server.engine.loading.gguf_header import vocabulary_bytes
 from server.harmony.encoding import load_encoding
 from server.ops.runtime import Runtime
 from server.ops.settings import Settings
-from server.testing.forced import ForcedScript
 
 
 @dataclass
@@ -71,19 +69,12 @@ def serving(
     engine = LlamaEngine(
         EngineConfig(model_path=str(model), n_ctx=n_ctx, n_threads=threads), forced
     )
-    port = free_port()
     settings = Settings(responses_store_path=cache / "responses.sqlite3")
     app = create_app(settings, Runtime(engine=engine, encoding=encoding, model_name="gpt-oss"))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.05)
     try:
-        yield f"http://127.0.0.1:{port}", forced
+        with served(app) as root:
+            yield root, forced
     finally:
-        server.should_exit = True
-        thread.join(timeout=30)
         engine.close()
 
 

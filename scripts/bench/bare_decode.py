@@ -18,9 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
+from devkit.models import cached_gguf
 from server.engine.base import EngineConfig
 from server.engine.llama_context import BatchPart, LlamaContext
-from server.testing.synthetic_gguf import cached_gguf
 
 
 def main(argv: list[str] | None = None) -> int:

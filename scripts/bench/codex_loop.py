@@ -3,7 +3,7 @@
 `python -m scripts.bench.codex_loop [--rounds 5] [--warmup 1] [--loops 2] [--modes auto off]
 [--codex PATH] [--out FILE]`
 
-Every round runs the Codex CLI test's task (server/testing/trained_tasks.py: read
+Every round runs the Codex CLI test's task (devkit/trained/tasks.py: read
 settings.toml, change one line with apply_patch, say so) once per speculative setting (`--modes`,
 auto and off by default; which goes first rotates every round), each time on a fresh
 `gpt-oss-server serve` process on the trained preset: greedy, the test's conversation date and
@@ -39,15 +39,15 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from devkit.codex_cli import codex_dir, codex_exec
+from devkit.models import TRAINED, cached_gguf
+from devkit.trained.tasks import CODEX_EDIT, CODEX_PLACE, CONVERSATION_DATE, MODEL_NAME
 from server.bench.http_path import free_port
 from server.bench.machine import load_average
 from server.bench.procs import ServerProcess, serve_command
 from server.bench.report import print_json
 from server.ops.codex_config import CodexSetup, write
 from server.private_files import open_private, private_dir
-from server.testing.codex_cli import codex_dir, codex_exec
-from server.testing.synthetic_gguf import TRAINED, cached_gguf
-from server.testing.trained_tasks import CODEX_EDIT, CODEX_PLACE, CONVERSATION_DATE, MODEL_NAME
 
 CODEX = codex_dir() / "node_modules" / ".bin" / "codex"
 N_CTX = 16384  # Codex's first prompt is ≈7.9k tokens, and the loop adds its turns

@@ -29,12 +29,12 @@ from typing import Any
 
 import numpy as np
 
+from devkit.models import cached_gguf
 from server.bench.procs import start_rpc_worker
 from server.engine.base import SamplingParams
 from server.engine.llama import LlamaEngine
 from server.ops.settings import Settings
 from server.ops.startup import engine_config, start_engine
-from server.testing.synthetic_gguf import cached_gguf
 
 
 def worker_bytes(port: int) -> int:

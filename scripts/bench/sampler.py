@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from devkit.models import TRAINED, cached_gguf
 from scripts.bench.trained_workloads import trained_cases
 from server.bench.report import print_json
 from server.contracts.directives import Constrain
@@ -44,7 +45,6 @@ from server.engine.sampling.banned import Banned
 from server.engine.sampling.llama_chain import chain_seed
 from server.engine.sampling.numpy_sampler import NumpySampler
 from server.harmony.tokens import RETURN, SPECIALS
-from server.testing.synthetic_gguf import TRAINED, cached_gguf
 
 log = logging.getLogger(__name__)
 

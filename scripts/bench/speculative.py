@@ -40,6 +40,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from devkit.models import cached_gguf
 from scripts.bench.llama_peers import SPEC_MODES, LlamaServers, llama_bench_tg, peer_plan
 from scripts.bench.trained_workloads import trained_cases
 from server.bench.machine import load_average
@@ -51,7 +52,6 @@ from server.engine.llama_context import LlamaContext
 from server.engine.speculation import measure_verify_cost
 from server.harmony.encoding import load_encoding
 from server.harmony.tokens import CALL, RETURN
-from server.testing.synthetic_gguf import cached_gguf
 
 FILE = "\n".join(
     f"def handler_{i}(request, session):\n"

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import random
 
-from scripts.train_tiny.corpus import Sequence as Conversation
-from scripts.train_tiny.corpus import (
+from devkit.trained.words import word_pool
+from devkit.train_tiny.corpus import Sequence as Conversation
+from devkit.train_tiny.corpus import (
     Values,
     codex_cwd,
     codex_home,
@@ -21,7 +22,6 @@ from scripts.train_tiny.corpus import (
     family_call,
     family_codex,
 )
-from server.testing.trained_words import word_pool
 
 # workload: (family whose conversations it takes, index of the model's round)
 ROUNDS = {

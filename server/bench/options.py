@@ -1,4 +1,4 @@
-"""Options of the tokens/sec benchmark (`gpt-oss-server bench`, `python -m server.bench`).
+"""Options of the tokens/sec benchmark (`gpt-oss-server bench`).
 
 This module holds only what the CLI needs to parse its flags, so importing the CLI does not
 import the benchmark (server.bench.runner and the paths it runs).

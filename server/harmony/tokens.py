@@ -7,8 +7,9 @@ tests check the two agree.
 
 from __future__ import annotations
 
+from server.contracts.vocabulary import N_VOCAB
+
 FIRST_SPECIAL = 199998  # <|startoftext|>: o200k_base has this many ordinary ranks
-N_VOCAB = 201088
 
 START_OF_TEXT = 199998  # <|startoftext|>
 END_OF_TEXT = 199999  # <|endoftext|>

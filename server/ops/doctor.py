@@ -29,7 +29,6 @@ from server.ops.accelerator import Machine
 GIB = 1024**3
 FIX = f"{accelerator.INSTALL_COMMAND} && pip install ."
 _WHERE = "(in the gpt-oss-server checkout; docs/gpu.md)"
-_N_SWA = 128  # gpt-oss's sliding window
 
 
 @dataclass(frozen=True)
@@ -105,7 +104,8 @@ def _driver_advice(machine: Machine) -> str:
 
 def catalog_footprint(name: str, context: ContextShape) -> ModelFootprint:
     """A catalog model's memory from its exact tensor shapes, without its file."""
-    from server.testing.synthetic_gguf import N_VOCAB, REAL_SHAPES, tensor_specs
+    from server.contracts.vocabulary import N_VOCAB
+    from server.engine.loading.gpt_oss import REAL_SHAPES, SLIDING_WINDOW, tensor_specs
 
     shape = REAL_SHAPES[name]
     hparams = Hyperparameters(
@@ -115,7 +115,7 @@ def catalog_footprint(name: str, context: ContextShape) -> ModelFootprint:
         n_head_kv=shape.n_head_kv,
         head_dim=shape.head_dim,
         n_vocab=N_VOCAB,
-        n_swa=_N_SWA,
+        n_swa=SLIDING_WINDOW,
     )
     tensors = [(spec.name, spec.nbytes) for spec in tensor_specs(shape)]
     return footprint(tensors, hparams, context)

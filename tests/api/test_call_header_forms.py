@@ -18,8 +18,8 @@ import pytest
 from fastapi.testclient import TestClient
 from openai_harmony import HarmonyEncoding
 
+from devkit.forced import ForcedScript
 from server.ops.runtime import Runtime
-from server.testing.forced import ForcedScript
 from tests.support.responses import MODEL, responses_client
 
 UNIT = {

@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 from openai.types.chat import ChatCompletion
 from openai_harmony import HarmonyEncoding
 
-from server.testing.forced import ForcedScript
+from devkit.forced import ForcedScript
 from tests.support.chat import USER_HI, chunks_of, post, stream
 from tests.support.scripts import answer
 

@@ -10,11 +10,11 @@ from fastapi.testclient import TestClient
 from openai.types.chat import ChatCompletion
 from openai_harmony import HarmonyEncoding
 
+from devkit.forced import ForcedScript
 from server.app import create_app
 from server.contracts.events import Finished
 from server.ops.runtime import Runtime
 from server.ops.settings import Settings
-from server.testing.forced import ForcedScript
 from tests.support.chat import USER_HI, chunks_of, joined, post, stream
 from tests.support.chat_grammar import check_chat_stream
 from tests.support.scripts import GREETING

@@ -11,11 +11,11 @@ from fastapi.testclient import TestClient
 from openai.types.chat import ChatCompletion
 from openai_harmony import HarmonyEncoding
 
+from devkit.forced import ForcedScript
 from server.engine.base import SamplingParams
 from server.engine.llama import LlamaEngine
-from server.testing.forced import ForcedScript
-from tests.engine.test_logprobs import ACROSS_PATHS
 from tests.support.chat import USER_HI, chunks_of, joined, post, stream
+from tests.support.engine_runs import ACROSS_PATHS
 from tests.support.scripts import GREETING, reason_then_answer
 
 ANSWER = "Hello! 👋 How can I help?"

@@ -12,11 +12,12 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from devkit.forced import ForcedScript
 from server.app import create_app
 from server.ops.runtime import Runtime
 from server.ops.settings import Settings
-from server.testing.forced import ForcedScript
 from tests.support.chat import USER_HI, chunks_of, joined, post, stream
+from tests.support.metrics import metric
 from tests.support.scripts import GREETING as REASON_THEN_ANSWER
 
 TOOLS: list[dict[str, Any]] = [
@@ -243,13 +244,6 @@ def test_tool_names_that_are_not_identifiers(
     assert "<|start|>functions.web_search_v2 to=assistant" in encoding.decode_utf8(
         forced.prompts[-1]
     )
-
-
-def metric(client: TestClient, name: str) -> float:
-    for line in client.get("/metrics").text.splitlines():
-        if line.startswith(f"{name} "):
-            return float(line.split()[-1])
-    raise AssertionError(f"{name} is not in /metrics")
 
 
 def test_metrics_count_where_steering_overrode_the_model(

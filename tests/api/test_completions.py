@@ -12,11 +12,11 @@ from fastapi.testclient import TestClient
 from openai.types import Completion
 from openai_harmony import HarmonyEncoding
 
+from devkit.forced import ForcedScript
 from server.api.completions.router import _Text
 from server.engine.base import SamplingParams
 from server.engine.llama import LlamaEngine
 from server.harmony.token_bytes import TokenBytes
-from server.testing.forced import ForcedScript
 from tests.support.sse import parse_sse
 
 

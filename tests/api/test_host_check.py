@@ -12,11 +12,11 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic_settings import CliApp
 
+from devkit.forced import ForcedScript
 from server.app import create_app
 from server.cli import Serve
 from server.ops.runtime import Runtime
 from server.ops.settings import Settings
-from server.testing.forced import ForcedScript
 
 CHAT = {"model": "gpt-oss-tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8}
 MESSAGE = {

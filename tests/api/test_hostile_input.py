@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from devkit.forced import ForcedScript
 from server.ops.runtime import Runtime
-from server.testing.forced import ForcedScript
 from tests.support.responses import MODEL, responses_client
 
 LIMIT = 64 * 1024

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from devkit.forced import ForcedScript
 from server.ops.runtime import Runtime
-from server.testing.forced import ForcedScript
 from tests.support.chat_grammar import ChatStream, check_chat_body, check_chat_stream
 from tests.support.responses import MODEL, create, responses_client, stream
 from tests.support.sse import parse_sse

@@ -14,10 +14,10 @@ from anthropic.types import Message
 from fastapi.testclient import TestClient
 from openai_harmony import HarmonyEncoding
 
+from devkit.forced import ForcedScript
 from server.app import create_app
 from server.ops.runtime import Runtime
 from server.ops.settings import Settings
-from server.testing.forced import ForcedScript
 from tests.support.anthropic import CheckedMessageStream, check_messages_sse
 from tests.support.scripts import WEATHER_CALL, reason_then_answer
 

@@ -10,10 +10,10 @@ import pytest
 from anthropic.types.shared import ErrorResponse
 from fastapi.testclient import TestClient
 
+from devkit.forced import ForcedScript
 from server.app import create_app
 from server.ops.runtime import Runtime
 from server.ops.settings import Settings
-from server.testing.forced import ForcedScript
 
 MODEL = "gpt-oss-tiny"
 LIMIT = 64 * 1024

@@ -20,8 +20,8 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.responses import ResponseReasoningItem, ResponseReasoningSummaryTextDeltaEvent
 from openai_harmony import HarmonyEncoding
 
+from devkit.forced import ForcedScript
 from server.ops.runtime import Runtime
-from server.testing.forced import ForcedScript
 from tests.support.chat_grammar import check_chat_stream
 from tests.support.event_grammar import check_stream
 from tests.support.responses import MODEL, create, responses_client, sse_payloads, stream

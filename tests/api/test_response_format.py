@@ -17,7 +17,7 @@ import jsonschema
 import pytest
 from fastapi.testclient import TestClient
 
-from server.testing.forced import ForcedScript
+from devkit.forced import ForcedScript
 from tests.support.chat import USER_HI, chunks_of, joined, post, stream
 from tests.support.responses import create
 from tests.support.responses import stream as responses_stream

@@ -12,8 +12,8 @@ from fastapi.testclient import TestClient
 from openai.types.responses import Response
 from openai_harmony import HarmonyEncoding
 
+from devkit.forced import ForcedScript
 from server.ops.runtime import Runtime
-from server.testing.forced import ForcedScript
 from tests.support.responses import create, responses_client, stream
 
 TOOLS = [{"type": "function", "name": "exec_command", "parameters": {"type": "object"}}]

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from fastapi.testclient import TestClient
 
-from server.testing.forced import ForcedScript
-from tests.api.test_chat_steering import metric
+from devkit.forced import ForcedScript
 from tests.support.chat import chunks_of, joined, post, stream
+from tests.support.metrics import metric
 from tests.support.scripts import answer
 
 QUOTED = (

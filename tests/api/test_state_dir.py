@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from devkit.forced import ForcedScript
 from server.app import create_app
 from server.contracts.errors import StartupError
 from server.ops.runtime import Runtime
 from server.ops.settings import Settings
-from server.testing.forced import ForcedScript
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="owners and modes are POSIX")
 

@@ -19,7 +19,7 @@ import lark
 import pytest
 from fastapi.testclient import TestClient
 
-from server.testing.forced import ForcedScript
+from devkit.forced import ForcedScript
 from tests.support.chat import post
 from tests.support.chat import stream as chat_stream
 from tests.support.responses import create

@@ -7,11 +7,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e import test_graceful_shutdown as shutdown
-
 pytestmark = pytest.mark.slow  # starts `gpt-oss-server serve` processes
-
-start_server = shutdown.start_server  # the fixture: `gpt-oss-server serve` on the tiny GGUF
 
 
 def test_all_interfaces_without_a_key_prints_a_loud_warning(start_server: Any) -> None:

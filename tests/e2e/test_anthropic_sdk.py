@@ -17,10 +17,10 @@ from anthropic import Anthropic
 from anthropic.types import Message, MessageParam, ToolParam, ToolUseBlock
 from openai_harmony import HarmonyEncoding
 
+from devkit.forced import ForcedScript
 from server.app import create_app
 from server.ops.runtime import Runtime
 from server.ops.settings import Settings
-from server.testing.forced import ForcedScript
 from tests.support.anthropic import CheckedMessageStream, check_messages_sse
 from tests.support.responses import served
 from tests.support.scripts import ARITHMETIC, WEATHER_CALL

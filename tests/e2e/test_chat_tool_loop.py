@@ -11,7 +11,7 @@ from openai.types.chat import ChatCompletionChunk, ChatCompletionFunctionToolPar
 from openai.types.chat.chat_completion_chunk import ChoiceDeltaToolCall
 from openai_harmony import HarmonyEncoding
 
-from server.testing.forced import ForcedScript
+from devkit.forced import ForcedScript
 
 WEATHER_TOOL: ChatCompletionFunctionToolParam = {
     "type": "function",

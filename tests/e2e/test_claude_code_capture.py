@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from devkit.claude_capture import DATE, PLACEHOLDER, capture_request, with_ask
 from server.api.messages.schemas import MessagesRequest
-from server.testing.claude_capture import DATE, PLACEHOLDER, capture_request, with_ask
 from tests.e2e.test_claude_code import claude_binary
 
 pytestmark = pytest.mark.slow  # the real Claude Code CLI

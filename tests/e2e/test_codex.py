@@ -18,14 +18,14 @@ from typing import Any
 import pytest
 from openai_harmony import HarmonyEncoding
 
+from devkit.codex_cli import CODEX_VERSION, codex_dir, codex_exec
+from devkit.forced import ForcedScript
 from server.app import create_app
 from server.engine.base import EngineConfig
 from server.engine.llama import LlamaEngine
 from server.ops.codex_config import CodexSetup, served_model, write
 from server.ops.runtime import Runtime
 from server.ops.settings import Settings
-from server.testing.codex_cli import CODEX_VERSION, codex_dir, codex_exec
-from server.testing.forced import ForcedScript
 from tests.support.event_grammar import CheckedStream
 from tests.support.npm_cli import pinned
 from tests.support.responses import StreamRecorder, check_sse, served

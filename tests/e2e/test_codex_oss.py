@@ -21,14 +21,14 @@ import pytest
 from openai_harmony import HarmonyEncoding
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from devkit.codex_cli import CODEX_VERSION, codex_dir, codex_exec
+from devkit.forced import ForcedScript
 from server.app import create_app
 from server.engine.base import EngineConfig
 from server.engine.llama import LlamaEngine
 from server.ops.runtime import Runtime
 from server.ops.settings import Settings
 from server.ops.startup import idle_unloading, model_aliases
-from server.testing.codex_cli import CODEX_VERSION, codex_dir, codex_exec
-from server.testing.forced import ForcedScript
 from tests.support.npm_cli import pinned
 from tests.support.responses import StreamRecorder, served
 

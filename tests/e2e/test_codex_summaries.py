@@ -17,13 +17,13 @@ from typing import Any
 import pytest
 from openai_harmony import HarmonyEncoding
 
+from devkit.forced import ForcedScript
 from server.app import create_app
 from server.engine.base import EngineConfig
 from server.engine.llama import LlamaEngine
 from server.ops.codex_config import CodexSetup, write
 from server.ops.runtime import Runtime
 from server.ops.settings import Settings
-from server.testing.forced import ForcedScript
 from tests.e2e import test_codex
 from tests.e2e.test_codex import MODEL, N_CTX, SANDBOX, Codex, CodexRun
 from tests.support.responses import StreamRecorder, served

@@ -14,10 +14,10 @@ import httpx
 import pytest
 from openai_harmony import HarmonyEncoding
 
+from devkit.forced import ForcedScript
 from server.app import create_app
 from server.ops.runtime import Runtime
 from server.ops.settings import Settings
-from server.testing.forced import ForcedScript
 from tests.support.responses import served
 
 MODEL = "gpt-oss-tiny"

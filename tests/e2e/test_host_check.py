@@ -9,7 +9,7 @@ import json
 import httpx
 import pytest
 
-from server.testing.forced import ForcedScript
+from devkit.forced import ForcedScript
 
 CHAT = {"model": "gpt-oss-tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8}
 ANSWER = "<|channel|>final<|message|>Hello!<|return|>"

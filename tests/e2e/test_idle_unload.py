@@ -17,6 +17,8 @@ import psutil
 import pytest
 from openai_harmony import HarmonyEncoding
 
+from devkit.models import TRAINED, cached_gguf
+from devkit.serving import server_process
 from server.app import create_app
 from server.bench.procs import ServerProcess
 from server.engine.base import EngineConfig
@@ -24,8 +26,6 @@ from server.engine.llama import LlamaEngine
 from server.ops.runtime import Runtime
 from server.ops.settings import Settings
 from server.ops.startup import idle_unloading
-from server.testing.synthetic_gguf import TRAINED, cached_gguf
-from tests.e2e.conftest import server_process
 from tests.support.responses import served
 
 pytestmark = pytest.mark.slow  # a server process on the 160 MB trained model, loaded 3 times

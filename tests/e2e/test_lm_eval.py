@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 import yaml
 
+from devkit.forced import ForcedScript
 from server.engine.base import SamplingParams
 from server.engine.llama import LlamaEngine
 from server.harmony.encoding import VOCAB_FILE, ensure_vocab_dir
-from server.testing.forced import ForcedScript
 
 pytestmark = pytest.mark.slow  # lm-eval's import and task set-up take a while
 

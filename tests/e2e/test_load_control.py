@@ -4,21 +4,19 @@ generation, and /metrics counts what happened."""
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 
+from devkit.serving import served
 from server.app import create_app
 from server.engine.base import EngineConfig
 from server.engine.llama import LlamaEngine
 from server.ops.runtime import Runtime
 from server.ops.settings import Settings
-from tests.e2e.conftest import free_port
 
 LONG = {"messages": [{"role": "user", "content": "Go on."}], "max_tokens": 100000, "stream": True}
 
@@ -31,19 +29,8 @@ def one_slot_server(tiny_gguf: Path, encoding: object) -> Iterator[tuple[str, Ll
     )
     engine = LlamaEngine(config)
     runtime = Runtime(engine=engine, encoding=encoding, model_name="tiny")  # type: ignore[arg-type]
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(
-            create_app(Settings(), runtime), host="127.0.0.1", port=port, log_level="warning"
-        )
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}", engine
-    server.should_exit = True
-    thread.join(timeout=10)
+    with served(create_app(Settings(), runtime)) as root:
+        yield root, engine
     engine.close()
 
 

@@ -1,4 +1,4 @@
-"""The load test (`python -m server.bench.load`) on the tiny synthetic GGUF, with small numbers:
+"""The load test (`python -m devkit.load_test`) on the tiny synthetic GGUF, with small numbers:
 the server runs as a child process, and the report's invariants must all hold: the count mode,
 the burst phase (12 simultaneous requests against 2 sequences + 1 waiting place), and a short
 soak (mixed traffic on all three APIs for a time, tool loops, a burst, the RSS curve)."""
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from server.bench.load.mix import ENDPOINTS
-from server.bench.load.runner import LoadTestOptions, run_load_test
+from devkit.load_test.mix import ENDPOINTS
+from devkit.load_test.runner import LoadTestOptions, run_load_test
 
 pytestmark = pytest.mark.slow  # a server process under load
 

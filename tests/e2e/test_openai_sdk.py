@@ -14,8 +14,8 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from server.testing.forced import ForcedScript
-from tests.e2e.conftest import free_port
+from devkit.forced import ForcedScript
+from devkit.serving import free_port
 
 pytestmark = pytest.mark.slow  # starts `gpt-oss-server serve` processes
 

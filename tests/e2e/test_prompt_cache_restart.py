@@ -17,9 +17,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from devkit.serving import server_process
 from server.bench.procs import ServerProcess
 from server.engine.disk_cache.kv_files import SUFFIX
-from tests.e2e.conftest import server_process
 
 CAPTURE = Path(__file__).resolve().parents[1] / "data" / "codex" / "exec_round2.json"
 

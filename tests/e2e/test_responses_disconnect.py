@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -18,27 +18,8 @@ from server.engine.channel import TokenChannel
 from server.engine.llama import LlamaEngine
 from server.ops.runtime import Runtime
 from server.ops.settings import Settings
-from server.testing.forced import ForcedScript
+from tests.support.counting import CountingScript
 from tests.support.responses import MODEL, served
-
-
-class CountingScript(ForcedScript):
-    """A forced script that also counts the tokens the engine has sampled so far."""
-
-    def __init__(self, encoding: HarmonyEncoding) -> None:
-        super().__init__(encoding)
-        self.sampled = 0
-
-    def __call__(self, prompt_tokens: Sequence[int]) -> Callable[[int], int] | None:
-        chooser = super().__call__(prompt_tokens)
-        if chooser is None:
-            return None
-
-        def counting(sampled: int) -> int:
-            self.sampled += 1
-            return chooser(sampled)
-
-        return counting
 
 
 @pytest.fixture(scope="module")

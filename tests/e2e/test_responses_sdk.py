@@ -15,10 +15,10 @@ from openai.types.responses import (
     ResponseFunctionToolCall,
 )
 
+from devkit.forced import ForcedScript
 from server.app import create_app
 from server.ops.runtime import Runtime
 from server.ops.settings import Settings
-from server.testing.forced import ForcedScript
 from tests.support.event_grammar import check_stream
 from tests.support.responses import MODEL, served, sse_payloads
 from tests.support.scripts import ARITHMETIC, WEATHER_CALL

@@ -29,8 +29,8 @@ import httpx
 import llama_cpp.llama_cpp as lc
 import pytest
 
+from devkit.serving import free_port, server_process
 from server.bench.procs import ServerProcess, serve_command, start_rpc_worker
-from tests.e2e.conftest import free_port, server_process
 
 pytestmark = pytest.mark.slow  # worker and server processes
 

@@ -14,9 +14,9 @@ import httpx
 import pytest
 from openai_harmony import HarmonyEncoding
 
+from devkit.serving import free_port, server_process
 from server.api.messages.signature import KEY_FILE, ThinkingSigner
 from server.bench.procs import ServerProcess, serve_command
-from tests.e2e.conftest import free_port, server_process
 
 pytestmark = [
     pytest.mark.slow,  # starts and restarts `gpt-oss-server serve` processes

@@ -18,11 +18,10 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e import test_graceful_shutdown as shutdown
+from tests.support.serve_process import ServerProcess
 
 pytestmark = pytest.mark.slow  # kills and restarts a server process
 
-start_server = shutdown.start_server  # the fixture: `gpt-oss-server serve` on the tiny GGUF
 
 N_SHORT, N_LONG = 24, 4
 KILL_AFTER = 12  # reported responses; the other short ones are finishing, or storing
@@ -71,7 +70,7 @@ def _body(index: int, max_tokens: int) -> dict[str, Any]:
     }
 
 
-async def _burst_then_kill(url: str, server: shutdown.ServerProcess) -> Burst:
+async def _burst_then_kill(url: str, server: ServerProcess) -> Burst:
     burst = Burst()
     async with httpx.AsyncClient(base_url=url, timeout=120) as client:
         tasks = [

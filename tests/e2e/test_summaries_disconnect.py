@@ -17,7 +17,7 @@ from server.engine.base import EngineConfig
 from server.engine.llama import LlamaEngine
 from server.ops.runtime import Runtime
 from server.ops.settings import Settings
-from tests.e2e.test_responses_disconnect import CountingScript
+from tests.support.counting import CountingScript
 from tests.support.responses import MODEL, served
 
 

@@ -2,7 +2,7 @@
 
 Nothing is forced (tests/support/trained.py); the server is greedy and its steering is on. The
 values the model must copy are words from the held-out part of the training vocabulary: the
-corpus never used them (scripts/train_tiny/corpus.py splits the word pool by hash). Copying is
+corpus never used them (devkit/train_tiny/corpus.py splits the word pool by hash). Copying is
 checked over many such words, each test against a floor below what the committed model does
 (docs/trained-model.md): a retrained model that copies less fails them.
 """
@@ -21,7 +21,7 @@ import pytest
 from openai import OpenAI
 from openai_harmony import HarmonyEncoding
 
-from server.testing.trained_words import typed_words, word_pool
+from devkit.trained.words import typed_words, word_pool
 from tests.support.trained import MODEL, TrainedServer, trained_server
 
 log = logging.getLogger(__name__)

@@ -1,14 +1,14 @@
 """Codex CLI 0.169 on the trained tiny gpt-oss, unscripted: it reads a file and edits it.
 
-Nothing is forced: the server runs the trained preset (server/testing/trained_model.py) greedy
+Nothing is forced: the server runs the trained preset (devkit/trained/model.py) greedy
 (temperature 0 by default, as Codex sends none), with its own steering on (harmony's header
 grammar, the JSON schema of exec_command's arguments, Codex's Lark grammar for apply_patch).
 Codex executes what the model asked for, and the test checks the file on disk.
 
 Codex writes its working directory and CODEX_HOME into the prompt, and the server its date, so
-the test fixes all three (server/testing/trained_tasks.py). What it cannot fix: the day's date,
+the test fixes all three (devkit/trained/tasks.py). What it cannot fix: the day's date,
 which Codex writes from its own clock, and its exec output's chunk id and wall time, new in
-every run. `python -m scripts.train_tiny.behaviour --test-days N` sends this request as Codex
+every run. `python -m devkit.train_tiny.behaviour --test-days N` sends this request as Codex
 sends it from this place on each of the N days from today, those drawn: the committed model
 edits the file exactly on 365 of 365 days (docs/trained-model.md).
 """
@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 from openai_harmony import HarmonyEncoding
 
+from devkit.trained.tasks import CODEX_EDIT, CODEX_PLACE
 from server.ops.codex_config import CodexSetup, write
 from server.private_files import open_private, private_dir
-from server.testing.trained_tasks import CODEX_EDIT, CODEX_PLACE
 from tests.e2e.test_codex import N_CTX, SANDBOX, Codex, codex_binary, item_types
 from tests.support.trained import MODEL, TrainedServer, trained_server
 

@@ -25,12 +25,12 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webelement import WebElement
 
+from devkit.forced import ForcedScript
 from server.app import create_app
 from server.engine.base import EngineConfig
 from server.engine.llama import LlamaEngine
 from server.ops.runtime import Runtime
 from server.ops.settings import Settings
-from server.testing.forced import ForcedScript
 from tests.support.browser import ARTIFACTS, chromium, console_log, wait_until
 from tests.support.responses import served
 

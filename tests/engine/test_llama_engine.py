@@ -4,42 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 from openai_harmony import HarmonyEncoding
 
-from server.contracts.directives import Allow, Directive, Steering, SteeringStats
-from server.contracts.transcript import Transcript, UserMessage
+from devkit.forced import ForcedScript
+from server.contracts.directives import Allow, Directive, SteeringStats
 from server.engine.base import EngineConfig, EngineResult, SamplingParams, StopReason
 from server.engine.llama import LlamaEngine
-from server.harmony.render import render
-from server.testing.forced import ForcedScript
-
-STOPS = frozenset({200002, 200012})
-GREEDY = SamplingParams(max_tokens=16, temperature=0.0, stop_tokens=STOPS)
-
-
-def run(
-    engine: LlamaEngine,
-    prompt: Sequence[int],
-    params: SamplingParams,
-    steering: Steering | None = None,
-) -> tuple[list[int], EngineResult]:
-    async def collect() -> tuple[list[int], EngineResult]:
-        stream = engine.submit(prompt, params, steering)
-        tokens = [t async for chunk in stream for t in chunk]
-        return tokens, stream.result
-
-    return asyncio.run(collect())
-
-
-def unique_prompt(encoding: HarmonyEncoding, text: str) -> list[int]:
-    """A prompt whose first token differs from anything cached by other tests."""
-    nonce = random.Random(text).randrange(1000, 100000)
-    transcript = Transcript(items=(UserMessage(f"{text}"),), instructions=f"Run {nonce}.")
-    return [nonce, *render(encoding, transcript)]
+from tests.support.engine_runs import GREEDY, STOPS, run, unique_prompt
 
 
 def test_stops_on_return(

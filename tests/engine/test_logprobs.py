@@ -13,12 +13,7 @@ from server.contracts.events import TokenLogprob
 from server.engine.base import EngineResult, SamplingParams, StopReason
 from server.engine.llama import LlamaEngine
 from server.engine.scheduler import PROMPT_LOGPROBS_CHUNK
-from tests.engine.test_llama_engine import STOPS, unique_prompt
-
-# llama.cpp's kernels for a one-token step and for a batch of positions round differently (on
-# the tiny model's random weights, logits differ by up to a few hundredths): the two paths agree
-# to this many nats; the same path gives the same values exactly.
-ACROSS_PATHS = 0.1
+from tests.support.engine_runs import ACROSS_PATHS, STOPS, unique_prompt
 
 
 def run(

@@ -28,7 +28,7 @@ from server.engine.base import EngineConfig, EngineResult
 from server.engine.disk_cache.kv_files import MAGIC, SUFFIX
 from server.engine.llama import LlamaEngine
 from server.private_files import PrivatePathError
-from tests.engine.test_llama_engine import GREEDY
+from tests.support.engine_runs import GREEDY
 
 pytestmark = pytest.mark.slow  # engines started and restarted per test
 

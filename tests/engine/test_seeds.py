@@ -20,7 +20,7 @@ from server.contracts.directives import Constrain, Directive
 from server.engine.base import EngineConfig, SamplingParams
 from server.engine.llama import LlamaEngine
 from server.harmony.tokens import SPECIALS
-from tests.engine.test_llama_engine import run, unique_prompt
+from tests.support.engine_runs import run, unique_prompt
 
 SEEDS = [2**32 - 1, 2**64 - 1, 2**33 - 1, 12345]
 DIGITS = "root ::= [0-9]+"

@@ -11,7 +11,7 @@ import pytest
 
 from server.engine.base import EngineConfig, EngineResult, SamplingParams, StopReason
 from server.engine.llama import LlamaEngine
-from tests.engine.test_llama_engine import GREEDY, run
+from tests.support.engine_runs import GREEDY, run
 
 FREE = frozenset[int]()
 

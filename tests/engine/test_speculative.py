@@ -18,18 +18,18 @@ import numpy as np
 import pytest
 from openai_harmony import HarmonyEncoding
 
+from devkit.forced import ForcedScript
 from server.contracts.transcript import ToolChoice, Transcript, UserMessage
 from server.engine.base import EngineConfig, EngineResult, SamplingParams
 from server.engine.llama import LlamaEngine
 from server.engine.llama_context import BatchPart, LlamaContext
+from server.engine.loading.gpt_oss import SLIDING_WINDOW
 from server.engine.scheduler import Job, Scheduler
 from server.engine.speculation import SequenceDrafts, Speculator
 from server.harmony.render import render
 from server.harmony.steering import plan_steering
-from server.testing.forced import ForcedScript
-from server.testing.synthetic_gguf import SLIDING_WINDOW
-from tests.engine.test_llama_engine import STOPS, run
 from tests.support.chi_square import homogeneity
+from tests.support.engine_runs import STOPS, run
 
 
 def tokens(seed: int, n: int) -> list[int]:

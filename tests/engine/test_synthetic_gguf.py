@@ -18,9 +18,12 @@ import llama_cpp.llama_cpp as llama
 import numpy as np
 import pytest
 
-from server.testing import synthetic_gguf as builder
+from devkit import models
+from server.contracts.vocabulary import N_VOCAB
+from server.engine.loading import gpt_oss
+from server.synth import build
+from server.synth import vocab as synth_vocab
 
-N_VOCAB = 201088
 ORDINARY_TEXTS = [
     "Hello, world!",
     "def f(x):\n    return x",
@@ -32,7 +35,7 @@ ORDINARY_TEXTS = [
 
 @pytest.fixture(scope="module")
 def model_path() -> Path:
-    return builder.cached_gguf("tiny")
+    return models.cached_gguf("tiny")
 
 
 @pytest.fixture(scope="module")
@@ -89,9 +92,9 @@ def test_loads_as_gpt_oss(model: llama.llama_model_p, vocab: llama.llama_vocab_p
     assert meta(model, "general.architecture") == "gpt-oss"
     assert meta(model, "tokenizer.ggml.pre") == "gpt-4o"
     assert llama.llama_vocab_n_tokens(vocab) == N_VOCAB
-    assert llama.llama_model_n_layer(model) == builder.PRESETS["tiny"].n_layer
+    assert llama.llama_model_n_layer(model) == build.PRESETS["tiny"].n_layer
     assert llama.llama_model_n_swa(model) == 128
-    assert llama.llama_model_n_embd(model) == builder.PRESETS["tiny"].n_embd
+    assert llama.llama_model_n_embd(model) == build.PRESETS["tiny"].n_embd
 
 
 def test_special_token_ids(vocab: llama.llama_vocab_p) -> None:
@@ -99,13 +102,13 @@ def test_special_token_ids(vocab: llama.llama_vocab_p) -> None:
     assert llama.llama_vocab_eos(vocab) == 200002
     assert tokenize(vocab, "<|start|>", special=True) == [200006]
     assert tokenize(vocab, "<|return|>", special=True) == [200002]
-    for token_id, text in builder.HARMONY_SPECIALS.items():
+    for token_id, text in synth_vocab.HARMONY_SPECIALS.items():
         assert tokenize(vocab, text, special=True) == [token_id]
     # Without special parsing CONTROL tokens are ordinary text ...
     assert tokenize(vocab, "<|return|>", special=False) == o200k_encode("<|return|>")
     # ... but llama.cpp's gpt-oss hack makes these USER_DEFINED, parsed even then.
     for token_id in (200003, 200005, 200006, 200007, 200008):
-        text = builder.HARMONY_SPECIALS[token_id]
+        text = synth_vocab.HARMONY_SPECIALS[token_id]
         assert tokenize(vocab, text, special=False) == [token_id]
 
 
@@ -127,7 +130,7 @@ def test_o200k_reference_agrees_with_openai_harmony(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     harmony = pytest.importorskip("openai_harmony")
-    (tmp_path / "o200k_base.tiktoken").write_bytes(builder.o200k_tiktoken_bytes())
+    (tmp_path / "o200k_base.tiktoken").write_bytes(synth_vocab.o200k_tiktoken_bytes())
     monkeypatch.setenv("TIKTOKEN_ENCODINGS_BASE", str(tmp_path))
     encoding = harmony.load_harmony_encoding(harmony.HarmonyEncodingName.HARMONY_GPT_OSS)
     for text in ORDINARY_TEXTS:
@@ -167,36 +170,36 @@ def test_decoding_gives_finite_logits(
 
 
 def test_20b_preset_shapes_and_size() -> None:
-    specs = builder.tensor_specs(builder.PRESETS["20b"])
+    specs = gpt_oss.tensor_specs(build.PRESETS["20b"])
     by_name = {s.name: s for s in specs}
     assert len(specs) == 3 + 24 * 19
     assert by_name["blk.0.attn_q.weight"].shape == (2880, 4096)
     assert by_name["blk.0.attn_k.weight"].shape == (2880, 512)
     assert by_name["blk.23.ffn_down_exps.weight"].shape == (2880, 2880, 32)
-    assert by_name["blk.23.ffn_down_exps.weight"].qtype == builder.MXFP4
-    assert by_name["token_embd.weight"].qtype == builder.Q8_0
+    assert by_name["blk.23.ffn_down_exps.weight"].qtype == gpt_oss.MXFP4
+    assert by_name["token_embd.weight"].qtype == gpt_oss.Q8_0
     total = sum(s.nbytes for s in specs)
     assert 11.5e9 < total < 12.5e9
 
 
 def test_generated_blocks_are_deterministic_and_sane() -> None:
-    spec = builder.TensorSpec("x", (64, 8), builder.Q8_0, 0.02)
-    a = builder.generate_tensor(spec, np.random.default_rng([7, 0]))
-    b = builder.generate_tensor(spec, np.random.default_rng([7, 0]))
+    spec = gpt_oss.TensorSpec("x", (64, 8), gpt_oss.Q8_0)
+    a = build.generate_q8_0(spec, 0.02, np.random.default_rng([7, 0]))
+    b = build.generate_q8_0(spec, 0.02, np.random.default_rng([7, 0]))
     assert a.shape == (8, 68)
     assert np.array_equal(a, b)
     scales = a.reshape(-1, 34)[:, :2].copy().view(np.float16).astype(np.float64)
     assert np.all(np.isfinite(scales))
-    assert math.isclose(float(scales.mean()) * builder.INT8_STD, 0.02, rel_tol=0.2)
-    mx = builder.TensorSpec("y", (64, 4, 2), builder.MXFP4, 0.02)
-    exps = builder.generate_tensor(mx, np.random.default_rng(1)).reshape(-1, 17)[:, 0]
+    assert math.isclose(float(scales.mean()) * build.INT8_STD, 0.02, rel_tol=0.2)
+    mx = gpt_oss.TensorSpec("y", (64, 4, 2), gpt_oss.MXFP4)
+    exps = build.generate_mxfp4(mx, 0.02, np.random.default_rng(1)).reshape(-1, 17)[:, 0]
     assert set(np.unique(exps).tolist()) <= {119, 120, 121}
 
 
 def test_cached_gguf_reuses_file(model_path: Path) -> None:
-    again = builder.cached_gguf("tiny", cache_dir=model_path.parent)
+    again = models.cached_gguf("tiny", cache_dir=model_path.parent)
     assert again == model_path
-    assert builder.builder_hash() in model_path.name
+    assert models.builder_hash() in model_path.name
 
 
 def _build_at(directory: Path, name: str, age_s: float) -> Path:
@@ -210,7 +213,7 @@ def _build_at(directory: Path, name: str, age_s: float) -> Path:
 def test_a_new_build_removes_the_presets_unused_builds(tmp_path: Path) -> None:
     """A changed builder names a new file; the builds it replaces go once unused for an hour,
     but the newest other one stays (another checkout may use it), as do other presets'."""
-    hour = builder.STALE_AFTER_S
+    hour = models.STALE_AFTER_S
     newest_old = _build_at(tmp_path, "gpt-oss-tiny-synthetic-111111111111.gguf", 2 * hour)
     older = _build_at(tmp_path, "gpt-oss-tiny-synthetic-222222222222.gguf", 3 * hour)
     oldest = _build_at(tmp_path, "gpt-oss-tiny-synthetic-333333333333.gguf", 4 * hour)
@@ -218,16 +221,16 @@ def test_a_new_build_removes_the_presets_unused_builds(tmp_path: Path) -> None:
     other_preset = _build_at(tmp_path, "gpt-oss-20b-synthetic-444444444444.gguf", 5 * hour)
     trained = _build_at(tmp_path, "gpt-oss-trained-555555555555.gguf", 5 * hour)
 
-    path = builder.cached_gguf("tiny", cache_dir=tmp_path)
+    path = models.cached_gguf("tiny", cache_dir=tmp_path)
 
-    assert builder.builder_hash() in path.name
+    assert models.builder_hash() in path.name
     assert [p.exists() for p in (path, newest_old, other_preset, trained)] == [True] * 4
     assert [p.exists() for p in (older, oldest)] == [False, False]
     assert not (tmp_path / f".{oldest.name}.lock").exists()
 
 
 def test_recently_used_or_locked_builds_stay(tmp_path: Path) -> None:
-    hour = builder.STALE_AFTER_S
+    hour = models.STALE_AFTER_S
     keep = _build_at(tmp_path, "gpt-oss-tiny-synthetic-000000000000.gguf", 0)
     newest = _build_at(tmp_path, "gpt-oss-tiny-synthetic-111111111111.gguf", 0.5 * hour)
     recent = _build_at(tmp_path, "gpt-oss-tiny-synthetic-222222222222.gguf", 0.9 * hour)
@@ -235,14 +238,14 @@ def test_recently_used_or_locked_builds_stay(tmp_path: Path) -> None:
     stale = _build_at(tmp_path, "gpt-oss-tiny-synthetic-444444444444.gguf", 9 * hour)
     with open(tmp_path / f".{in_use.name}.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_SH)  # a process marking it used at this moment
-        removed = builder.prune_builds(tmp_path, "gpt-oss-tiny-synthetic-", keep)
+        removed = models.prune_builds(tmp_path, "gpt-oss-tiny-synthetic-", keep)
     assert removed == [stale]
     assert all(p.exists() for p in (keep, newest, recent, in_use))
 
 
 def test_a_cache_hit_marks_the_build_used(tmp_path: Path) -> None:
     """What pruning reads: a build a test session picks up again is not stale."""
-    path = builder.cached_gguf("tiny", cache_dir=tmp_path)
+    path = models.cached_gguf("tiny", cache_dir=tmp_path)
     os.utime(path, (1.0, 1.0))
-    assert builder.cached_gguf("tiny", cache_dir=tmp_path) == path
+    assert models.cached_gguf("tiny", cache_dir=tmp_path) == path
     assert time.time() - path.stat().st_mtime < 60

@@ -1,6 +1,6 @@
 """The trained preset builds from the committed parameters, and llama.cpp runs it exactly.
 
-The reference tokens were written by the training model (scripts/train_tiny) on held-out
+The reference tokens were written by the training model (devkit/train_tiny) on held-out
 prompts, greedy; llama.cpp, greedy on the assembled GGUF (MXFP4 experts), must write the same.
 """
 
@@ -15,9 +15,10 @@ from pathlib import Path
 import gguf
 import pytest
 
+from devkit import models
+from devkit.trained import model as trained_model
 from server.engine.base import EngineConfig, EngineResult, SamplingParams
 from server.engine.llama import LlamaEngine
-from server.testing import synthetic_gguf, trained_model
 
 pytestmark = pytest.mark.slow  # builds the trained GGUF (≈160 MB) and evaluates ≈8k-token prompts
 
@@ -28,7 +29,7 @@ log = logging.getLogger(__name__)
 
 @pytest.fixture(scope="module")
 def trained_gguf() -> Path:
-    return synthetic_gguf.cached_gguf(synthetic_gguf.TRAINED)
+    return models.cached_gguf(models.TRAINED)
 
 
 @pytest.fixture(scope="module")

@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import uvicorn
 from fastapi.testclient import TestClient
 from openai.types.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from devkit.serving import served as devkit_served
 from server.api.responses.adapter import generation_options, to_conversation, to_transcript
 from server.api.responses.schemas import ResponsesRequest
 from server.app import create_app
@@ -86,22 +83,8 @@ class StreamRecorder:
 @contextmanager
 def served(app: ASGIApp) -> Iterator[str]:
     """`app` served by uvicorn on 127.0.0.1 in a thread; yields its /v1 base URL."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+    with devkit_served(app) as root:
+        yield f"{root}/v1"
 
 
 def sse_payloads(lines: Iterable[str]) -> list[dict[str, Any]]:

@@ -1,7 +1,7 @@
 """Forced-token scripts the tests share: harmony text for what the model "says".
 
 A script is the assistant's output after `<|start|>assistant`, as harmony text with its special
-tokens; `server.testing.forced.ForcedScript` turns it into the token ids the engine emits. The
+tokens; `devkit.forced.ForcedScript` turns it into the token ids the engine emits. The
 builders keep the header forms in one place; the constants are the conversations several test
 modules script alike.
 """

@@ -3,7 +3,7 @@
 Nothing is forced: a ForcedScript with an empty queue only records the prompts. The server is
 greedy by default (temperature 0: clients that send none get the same tokens every run) and
 dates every conversation CONVERSATION_DATE (--conversation-date;
-server/testing/trained_tasks.py), so the server's part of a prompt is the same tokens on any day.
+devkit/trained/tasks.py), so the server's part of a prompt is the same tokens on any day.
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ from typing import Any
 from openai_harmony import HarmonyEncoding
 from starlette.types import ASGIApp
 
+from devkit.forced import ForcedScript
+from devkit.models import TRAINED, cached_gguf
+from devkit.trained.tasks import CONVERSATION_DATE, MODEL_NAME
 from server.app import create_app
 from server.engine.base import EngineConfig
 from server.engine.llama import LlamaEngine
 from server.ops.runtime import Runtime
 from server.ops.settings import Settings
-from server.testing.forced import ForcedScript
-from server.testing.synthetic_gguf import TRAINED, cached_gguf
-from server.testing.trained_tasks import CONVERSATION_DATE, MODEL_NAME
 from tests.support.responses import StreamRecorder, served
 
 MODEL = MODEL_NAME

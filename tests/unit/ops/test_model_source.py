@@ -17,6 +17,7 @@ from server.engine.loading.gguf_header import (
     split_paths,
     vocabulary_bytes,
 )
+from server.engine.loading.gpt_oss import tensor_specs
 from server.ops import model_source
 from server.ops.model_source import (
     catalog,
@@ -25,7 +26,7 @@ from server.ops.model_source import (
     model_name,
     resolve_model,
 )
-from server.testing.synthetic_gguf import PRESETS, tensor_specs
+from server.synth.build import PRESETS
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 

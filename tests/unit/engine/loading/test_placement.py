@@ -12,6 +12,14 @@ from typing import Any
 
 import pytest
 
+from server.contracts.vocabulary import N_VOCAB
+from server.engine.loading.gpt_oss import (
+    GPT_OSS_20B,
+    GPT_OSS_120B,
+    SLIDING_WINDOW,
+    Shape,
+    tensor_specs,
+)
 from server.engine.loading.offload import model_footprint
 from server.engine.loading.placement import (
     EXPERTS_REGEX,
@@ -27,14 +35,13 @@ from server.engine.loading.placement import (
     kv_bytes,
     plan_placement,
 )
-from server.testing.synthetic_gguf import PRESETS, Preset, tensor_specs
+from server.synth.build import PRESETS
 
 GIB = 1024**3
-N_VOCAB = 201088
-PRESET_120B = Preset("120B", 36, 2880, 64, 8, 64, 128, 4, 2880)
+PRESET_120B = GPT_OSS_120B
 
 
-def gpt_oss(preset: Preset, n_ctx: int = 32768) -> ModelFootprint:
+def gpt_oss(preset: Shape, n_ctx: int = 32768) -> ModelFootprint:
     tensors = [(spec.name, spec.nbytes) for spec in tensor_specs(preset)]
     hparams = Hyperparameters(
         n_layer=preset.n_layer,
@@ -43,7 +50,7 @@ def gpt_oss(preset: Preset, n_ctx: int = 32768) -> ModelFootprint:
         n_head_kv=preset.n_head_kv,
         head_dim=preset.head_dim,
         n_vocab=N_VOCAB,
-        n_swa=128,
+        n_swa=SLIDING_WINDOW,
     )
     return footprint(tensors, hparams, ContextShape(n_ctx))
 
@@ -59,7 +66,7 @@ def plan(model: ModelFootprint, gpus: list[GpuMemory], **options: Any) -> Placem
 
 @pytest.fixture(scope="module")
 def gpt_oss_20b() -> ModelFootprint:
-    return gpt_oss(PRESETS["20b"])
+    return gpt_oss(GPT_OSS_20B)
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ import llama_cpp.llama_cpp as lc
 import pytest
 from pydantic import ValidationError
 
+from devkit.serving import free_port
 from server.contracts.errors import StartupError
 from server.engine.rpc.hosts import (
     RpcError,
@@ -25,7 +26,6 @@ from server.engine.rpc.hosts import (
 from server.ops.rpc_worker import WorkerOptions, run_worker
 from server.ops.settings import Settings
 from server.ops.startup import connect_rpc_hosts
-from tests.e2e.conftest import free_port
 
 
 @pytest.mark.parametrize(
