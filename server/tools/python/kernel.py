@@ -1,7 +1,8 @@
 """The python tool's kernel: the one process that lives inside the sandbox for a conversation.
 
-This file is not imported by the server: the sandbox runs it as a script with whichever
-interpreter the operator chose, so it uses the standard library only and runs on Python 3.8+.
+This file is not imported by the server: the sandbox runs its source (`python -c`) with
+whichever interpreter the operator chose, so it uses the standard library only and runs on
+Python 3.8+.
 
 It first sets its resource limits (hard and soft alike: nothing inside the sandbox can raise
 them again), then reads one request per line from its standard input, a JSON object
@@ -25,6 +26,8 @@ import resource
 import signal
 import sys
 import traceback
+
+KERNEL_FILE = "<string>"  # the sandbox runs this source with `python -c`
 
 LIMITS = {
     "memory_bytes": resource.RLIMIT_AS,
@@ -77,7 +80,7 @@ def run_cell(code: str, namespace: dict[str, object], cell: int) -> None:
         report = traceback.TracebackException.from_exception(exc)
         # the kernel's own frames are not the model's business
         report.stack = traceback.StackSummary.from_list(
-            [frame for frame in report.stack if frame.filename != __file__]
+            [frame for frame in report.stack if frame.filename != KERNEL_FILE]
         )
         sys.stderr.write("".join(report.format()))
 

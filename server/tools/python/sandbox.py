@@ -18,6 +18,7 @@ users), the python tool stays off and `serve` says why.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -28,7 +29,6 @@ from pathlib import Path
 
 KERNEL_SCRIPT = Path(__file__).with_name("kernel.py")
 SCRATCH_MOUNT = "/mnt/data"
-KERNEL_MOUNT = "/opt/kernel/kernel.py"
 SYSTEM_DIRS = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin")
 SYSTEM_FILES = ("/etc/ld.so.cache", "/etc/localtime")
 DEFAULT_INTERPRETERS = ("/usr/bin/python3", "/usr/local/bin/python3")
@@ -123,9 +123,6 @@ class SandboxConfig:
             str(self.limits.tmp_bytes),
             "--tmpfs",
             "/tmp",
-            "--ro-bind",
-            str(KERNEL_SCRIPT),
-            KERNEL_MOUNT,
             "--bind",
             str(scratch),
             SCRATCH_MOUNT,
@@ -136,7 +133,8 @@ class SandboxConfig:
             self.interpreter,
             "-I",  # isolated: no user site, no PYTHON* variables, no cwd on sys.path
             "-u",  # unbuffered, so that stdout and stderr keep their order
-            KERNEL_MOUNT,
+            "-c",  # the kernel's source itself: the sandbox's user need not reach this file
+            kernel_source(),
             json.dumps(self.limits.for_kernel()),
         ]
         return argv
@@ -152,6 +150,11 @@ class SandboxConfig:
         path.mkdir(mode=0o700)
         if self.uid is not None:
             os.chown(path, self.uid, self.uid)
+
+
+@functools.cache
+def kernel_source() -> str:
+    return KERNEL_SCRIPT.read_text(encoding="utf-8")
 
 
 class SandboxUnavailable(RuntimeError):
