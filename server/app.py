@@ -35,6 +35,7 @@ from server.harmony.render import assistant_start_tokens
 from server.ops.runtime import Runtime
 from server.ops.settings import Settings
 from server.ops.startup import load_runtime
+from server.ops.tools import start_server_tools
 from server.private_files import PrivatePathError, private_dir
 
 
@@ -70,9 +71,11 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
         app.state.metrics.watch_model(loaded)
         app.state.responses = ResponsesState.from_settings(settings)
         app.state.messages = MessagesState.from_settings(settings, signer)
+        app.state.server_tools = await start_server_tools(settings)
         try:
             yield
         finally:
+            await app.state.server_tools.close()
             app.state.responses.store.close()
             if runtime is None:
                 loaded.close()

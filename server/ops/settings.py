@@ -142,6 +142,52 @@ class Settings(BaseSettings):
         "their generations are stopped and each stream ends with its terminal event. Under "
         "Docker's default 10 s stop timeout.",
     )
+    python_tool: bool = Field(
+        False,
+        description="Offer gpt-oss's python tool, run by the server: a stateful kernel per "
+        "conversation in a bubblewrap sandbox (no network, a private scratch directory, CPU, "
+        "memory and process limits). Needs Linux and bubblewrap; where its sandbox cannot run, "
+        "the tool stays off and the start-up log says why.",
+    )
+    python_tool_interpreter: str | None = Field(
+        None,
+        description="The python the sandbox runs (default: the system's /usr/bin/python3). "
+        "Its packages are what the model can import; it must be reachable by an unprivileged "
+        "user when the server runs as root.",
+    )
+    python_tool_timeout_s: float = Field(
+        60.0, gt=0, le=3600, description="Wall-clock time of one python call."
+    )
+    python_tool_memory_mb: int = Field(
+        1024, ge=64, description="Address space of the python tool's kernel, in MiB."
+    )
+    python_tool_max_kernels: int = Field(
+        4, ge=1, le=256, description="Python kernels alive at once (one per conversation)."
+    )
+    python_tool_idle_s: float = Field(
+        600.0, gt=0, description="A python kernel idle this long is closed, its files removed."
+    )
+    python_tool_uid: int = Field(
+        64000,
+        ge=1,
+        description="The unprivileged user (and group) a root server runs sandboxes as.",
+    )
+    browser_tool: bool = Field(
+        False,
+        description="Offer gpt-oss's browser tool, run by the server: search (through "
+        "--browser-search-url), open and find. Pages on private, loopback and link-local "
+        "addresses are refused.",
+    )
+    browser_search_url: str | None = Field(
+        None,
+        description="A SearXNG-compatible search endpoint (GET URL?q=...&format=json), for "
+        "the browser tool's search; without it the browser only opens URLs.",
+    )
+    browser_allow_private: bool = Field(
+        False,
+        description="Let the browser tool open private, loopback and link-local addresses "
+        "(for tests against local pages; it lets the model reach this machine's services).",
+    )
     idle_unload: Annotated[float | None, BeforeValidator(parse_duration)] = Field(
         None,
         gt=0,

@@ -1,0 +1,188 @@
+"""gpt-oss's `browser` tool as a server-run tool: harmony's `browser` namespace.
+
+`browser.search {"query"}` shows the provider's results as a page of numbered links;
+`browser.open {"id", "cursor", "loc", "num_lines"}` opens a link of a page by its number, a URL
+(`id` a string), or scrolls a page (no `id`); `browser.find {"pattern", "cursor"}` lists the
+lines of a page that contain the pattern. Every page shown goes on the conversation's page
+stack; its place there is the cursor the model cites (`【{cursor}†L{from}-L{to}】`). The `item`
+of each result holds a `web_search_call`'s `action` as OpenAI's API shapes it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from typing import Any
+
+from server.tools.base import ToolContext, ToolNamespace, ToolResult, truncate
+from server.tools.browser.fetch import FetchError, PageFetcher
+from server.tools.browser.page import (
+    Page,
+    PageError,
+    find_in,
+    from_html,
+    from_text,
+    search_results,
+    view,
+)
+from server.tools.browser.search import SearchError, SearxngSearch
+
+# harmony's description of the tool as gpt-oss was trained with it
+DESCRIPTION = (
+    "Tool for browsing.\n"
+    "The `cursor` appears in brackets before each browsing display: `[{cursor}]`.\n"
+    "Cite information from the tool using the following format:\n"
+    "`【{cursor}†L{line_start}(-L{line_end})?】`, for example: `【6†L9-L11】` or `【8†L3】`.\n"
+    "Do not quote more than 10 words directly from the tool output.\n"
+    "sources=web (default: web)"
+)
+
+
+class BrowserState:
+    """One conversation's page stack, and the pages fetched (opened again from here)."""
+
+    def __init__(self) -> None:
+        self.stack: list[Page] = []
+        self.fetched: dict[str, Page] = {}
+
+    def page(self, cursor: int = -1) -> Page:
+        if not self.stack:
+            raise PageError("No pages to access!")
+        if cursor == -1:
+            return self.stack[-1]
+        if not 0 <= cursor < len(self.stack):
+            raise PageError(
+                f"Cursor `{cursor}` is out of range. "
+                f"Available cursor indices: [0 - {len(self.stack) - 1}]."
+            )
+        return self.stack[cursor]
+
+    def show(self, page: Page, loc: int, num_lines: int, max_chars: int) -> str:
+        self.stack.append(page)
+        try:
+            return view(page, len(self.stack) - 1, loc, num_lines, max_chars)
+        except PageError:
+            self.stack.pop()
+            raise
+
+
+class BrowserTool:
+    """The `browser` namespace (a ServerTool)."""
+
+    namespace = "browser"
+
+    def __init__(
+        self,
+        search: SearxngSearch | None,
+        fetcher: PageFetcher,
+        *,
+        max_results: int = 10,
+        view_chars: int = 4000,
+        max_conversations: int = 256,
+    ) -> None:
+        self.searcher = search
+        self.fetcher = fetcher
+        self.max_results = max_results
+        self.view_chars = view_chars
+        self.max_conversations = max_conversations
+        self._states: OrderedDict[str, BrowserState] = OrderedDict()
+
+    def description(self) -> ToolNamespace:
+        return ToolNamespace(name=self.namespace, description=DESCRIPTION, builtin="browser")
+
+    def state(self, key: str) -> BrowserState:
+        state = self._states.pop(key, None) or BrowserState()
+        self._states[key] = state
+        while len(self._states) > self.max_conversations:
+            self._states.popitem(last=False)
+        return state
+
+    async def call(self, name: str, arguments: str, ctx: ToolContext) -> ToolResult:
+        function = name.rsplit(".", 1)[-1]
+        state = self.state(ctx.conversation_id or ctx.response_id)
+        action: dict[str, Any] = {}
+        try:
+            args = _arguments(arguments)
+            if function == "search":
+                action = {"type": "search", "query": str(args.get("query", ""))}
+                text, sources = await self._search(state, action["query"])
+                action["sources"] = [{"type": "url", "url": url} for url in sources]
+            elif function == "open":
+                text, url = await self._open(state, args)
+                action = {"type": "open_page", "url": url}
+            elif function == "find":
+                action = {"type": "find_in_page", "pattern": str(args.get("pattern", ""))}
+                page = state.page(_int(args.get("cursor", -1)))
+                if page.is_listing:
+                    raise PageError("Cannot run `find` on search results page or find results page")
+                action["url"] = page.url
+                text = state.show(find_in(page, action["pattern"]), 0, -1, self.view_chars)
+            else:
+                raise PageError(f"Unknown function: {function}")
+        except (PageError, FetchError, SearchError) as exc:
+            return ToolResult(text=str(exc), is_error=True, item={"action": action})
+        text, _ = truncate(text, ctx.max_output_chars)
+        return ToolResult(text=text, item={"action": action})
+
+    async def _search(self, state: BrowserState, query: str) -> tuple[str, list[str]]:
+        if not query:
+            raise PageError("`query` is required")
+        if self.searcher is None:
+            raise SearchError("No search provider is configured on this server.")
+        hits = await self.searcher.search(query, self.max_results)
+        page = search_results(query, hits)
+        return state.show(page, 0, -1, self.view_chars), [hit.url for hit in hits]
+
+    async def _open(self, state: BrowserState, args: dict[str, Any]) -> tuple[str, str]:
+        target = args.get("id", -1)
+        loc = _int(args.get("loc", -1))
+        num_lines = _int(args.get("num_lines", -1))
+        if isinstance(target, str) and not target.lstrip("-").isdigit():
+            page = await self._fetch(state, target, refresh=True)
+            return state.show(page, max(loc, 0), num_lines, self.view_chars), page.url
+        link = _int(target)
+        current = state.page(_int(args.get("cursor", -1)))
+        if link < 0:  # scroll the page
+            return state.show(current, max(loc, 0), num_lines, self.view_chars), current.url
+        if link not in current.links:
+            raise PageError(f"Invalid link id `{link}`.")
+        page = await self._fetch(state, current.links[link], refresh=False)
+        if loc < 0:
+            line = current.lines_of.get(link, 0)
+            loc = line - 4 if line > 4 else 0
+        return state.show(page, loc, num_lines, self.view_chars), page.url
+
+    async def _fetch(self, state: BrowserState, url: str, *, refresh: bool) -> Page:
+        if not refresh and url in state.fetched:
+            return state.fetched[url]
+        fetched = await self.fetcher.get(url)
+        if fetched.content_type in ("text/html", "application/xhtml+xml"):
+            page = from_html(fetched.text, fetched.url)
+        else:
+            page = from_text(fetched.text, fetched.url)
+        state.fetched[url] = state.fetched[page.url] = page
+        return page
+
+    async def close(self) -> None:
+        await self.fetcher.close()
+        if self.searcher is not None:
+            await self.searcher.close()
+
+
+def _arguments(arguments: str) -> dict[str, Any]:
+    if not arguments.strip():
+        return {}
+    try:
+        parsed = json.loads(arguments)
+    except ValueError as exc:
+        raise PageError(f"Invalid function arguments: {exc}") from exc
+    if not isinstance(parsed, dict):
+        raise PageError("Invalid function arguments: expected a JSON object")
+    return parsed
+
+
+def _int(value: object) -> int:
+    try:
+        return int(value)  # type: ignore[call-overload, no-any-return]
+    except (TypeError, ValueError) as exc:
+        raise PageError(f"`{value}` should be an integer") from exc

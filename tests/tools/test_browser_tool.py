@@ -1,0 +1,265 @@
+"""The browser tool against pages and a SearXNG-shaped JSON endpoint served on 127.0.0.1 (the
+private-address rule relaxed for these only), and its refusals by default."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Awaitable, Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+
+from server.tools.base import ServerTool, ToolContext
+from server.tools.browser.fetch import PageFetcher, address_refused
+from server.tools.browser.search import SearxngSearch
+from server.tools.browser.tool import BrowserTool
+
+ARTICLE = """<html><head><title>Tides of the Moon</title><style>p{color:red}</style></head>
+<body><h1>Tides</h1>
+<p>The <b>tide</b> rises twice a day. See <a href="/moon.html">the Moon page</a> and
+<a href="https://example.org/sea">the sea</a>.</p>
+<table><tr><td>High</td><td>06:12</td></tr><tr><td>Low</td><td>12:30</td></tr></table>
+<script>document.write('hidden')</script>
+<p>%s</p>
+<p>The spring tide comes at the full moon.</p>
+</body></html>""" % ("filler words " * 200)
+
+
+class Handler(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        parts = urlsplit(self.path)
+        port = self.server.server_port  # type: ignore[attr-defined]
+        if parts.path == "/search":
+            query = parse_qs(parts.query)
+            assert query["format"] == ["json"]
+            body = json.dumps(
+                {
+                    "query": query["q"][0],
+                    "results": [
+                        {
+                            "title": "Tides of the Moon",
+                            "url": f"http://127.0.0.1:{port}/tides.html",
+                            "content": "Why the tide rises twice a day.",
+                        },
+                        {"title": "Moon", "url": f"http://127.0.0.1:{port}/moon.html"},
+                        {"title": "not a web page", "url": "file:///etc/passwd"},
+                    ],
+                }
+            )
+            self._send(200, "application/json", body)
+        elif parts.path == "/tides.html":
+            self._send(200, "text/html; charset=utf-8", ARTICLE)
+        elif parts.path == "/moon.html":
+            self._send(200, "text/html", "<title>Moon</title><p>The Moon orbits the Earth.</p>")
+        elif parts.path == "/moved":
+            self.send_response(302)
+            self.send_header("Location", "/moon.html")
+            self.end_headers()
+        elif parts.path == "/plain.txt":
+            self._send(200, "text/plain", "line one\nline two")
+        elif parts.path == "/image.png":
+            self._send(200, "image/png", "PNG")
+        else:
+            self._send(404, "text/plain", "no")
+
+    def _send(self, status: int, kind: str, body: str) -> None:
+        data = body.encode("utf-8")
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def site() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def run_with(
+    site: str, body: Callable[[BrowserTool], Awaitable[None]], *, allow_private: bool = True
+) -> None:
+    async def main() -> None:
+        tool = BrowserTool(
+            SearxngSearch(f"{site}/search"),
+            PageFetcher(allow_private=allow_private, timeout_s=10),
+            view_chars=1200,
+        )
+        try:
+            await body(tool)
+        finally:
+            await tool.close()
+
+    asyncio.run(main())
+
+
+CTX = ToolContext(response_id="resp_1", conversation_id="conv_1")
+
+
+def test_is_a_server_tool_with_harmonys_browser_namespace() -> None:
+    tool = BrowserTool(None, PageFetcher())
+    assert isinstance(tool, ServerTool)
+    described = tool.description()
+    assert (described.name, described.builtin) == ("browser", "browser")
+    assert described.description.startswith("Tool for browsing.\nThe `cursor` appears")
+
+
+def test_search_open_find_and_scroll(site: str) -> None:
+    port = site.rsplit(":", 1)[1]
+
+    async def body(tool: BrowserTool) -> None:
+        found = await tool.call("browser.search", '{"query": "tides", "topn": 5}', CTX)
+        assert not found.is_error
+        assert found.text == (
+            "[0] tides\n**viewing lines [0 - 1] of 1**\n\n"
+            f"L0: * 【0†Tides of the Moon†127.0.0.1:{port}】 Why the tide rises twice a day.\n"
+            f"L1: * 【1†Moon†127.0.0.1:{port}】"
+        )
+        assert found.item["action"] == {
+            "type": "search",
+            "query": "tides",
+            "sources": [
+                {"type": "url", "url": f"{site}/tides.html"},
+                {"type": "url", "url": f"{site}/moon.html"},
+            ],
+        }
+
+        opened = await tool.call("browser.open", '{"id": 0}', CTX)
+        assert not opened.is_error
+        lines = opened.text.split("\n")
+        assert lines[0] == f"[1] Tides of the Moon ({site}/tides.html)"
+        assert lines[1].startswith("**viewing lines [0 - ")
+        assert lines[3] == f"L0: URL: {site}/tides.html"
+        assert lines[4] == "L1: Tides"
+        page = "\n".join(lines)
+        assert "【0†the Moon page】" in page  # a link on the same site
+        assert "【1†the sea†example.org】" in page  # one elsewhere
+        assert "High" in page
+        assert "06:12" in page
+        assert "hidden" not in page
+        assert "color:red" not in page
+        assert "spring tide" not in page  # past the view
+        assert opened.item["action"] == {"type": "open_page", "url": f"{site}/tides.html"}
+
+        find = await tool.call("browser.find", '{"pattern": "SPRING tide"}', CTX)
+        assert find.text.startswith(
+            f"[2] Find results for text: `SPRING tide` in `Tides of the Moon` ({site}/tides.html/"
+            "find?pattern=SPRING tide)\n**viewing lines [0 - 1] of 1**\n\nL0: # 【0†match at L"
+        )
+        assert "L1: The spring tide comes at the full moon." in find.text
+        match_line = int(find.text.split("match at L")[1].split("】")[0])
+        assert find.item["action"] == {
+            "type": "find_in_page",
+            "pattern": "SPRING tide",
+            "url": f"{site}/tides.html",
+        }
+
+        at_match = await tool.call("browser.open", '{"id": 0}', CTX)  # the match, in context
+        assert at_match.text.startswith(f"[3] Tides of the Moon ({site}/tides.html)\n")
+        assert f"**viewing lines [{match_line - 4} - " in at_match.text
+        assert f"L{match_line}: The spring tide comes at the full moon." in at_match.text
+
+        scrolled = await tool.call("browser.open", '{"cursor": 1, "loc": 2, "num_lines": 2}', CTX)
+        assert scrolled.text.split("\n")[1] == "**viewing lines [2 - 3] of 43**"
+        assert scrolled.text.startswith("[4] ")
+        assert scrolled.text.count("\nL") == 2
+
+        moon = await tool.call("browser.open", '{"cursor": 1, "id": 0}', CTX)  # a page's link
+        assert moon.text.startswith(f"[5] Moon ({site}/moon.html)\n")
+        assert "L1: The Moon orbits the Earth." in moon.text
+
+    run_with(site, body)
+
+
+def test_urls_redirects_and_plain_text(site: str) -> None:
+    async def body(tool: BrowserTool) -> None:
+        moved = await tool.call("browser.open", json.dumps({"id": f"{site}/moved"}), CTX)
+        assert moved.text.startswith(f"[0] Moon ({site}/moon.html)\n")
+        plain = await tool.call("browser.open", json.dumps({"id": f"{site}/plain.txt"}), CTX)
+        assert plain.text.endswith("L1: line one\nL2: line two")
+
+    run_with(site, body)
+
+
+def test_mistakes_are_told_to_the_model(site: str) -> None:
+    async def body(tool: BrowserTool) -> None:
+        cases = {
+            ("browser.open", '{"id": 3}'): "No pages to access!",
+            ("browser.find", '{"pattern": "x"}'): "No pages to access!",
+            ("browser.open", json.dumps({"id": f"{site}/missing"})): "answered HTTP 404",
+            ("browser.open", json.dumps({"id": f"{site}/image.png"})): "is image/png",
+            ("browser.open", '{"id": "file:///etc/passwd"}'): "only http and https",
+            ("browser.open", "{not json"): "Invalid function arguments",
+            ("browser.fly", "{}"): "Unknown function: fly",
+        }
+        for (name, arguments), said in cases.items():
+            result = await tool.call(name, arguments, CTX)
+            assert result.is_error, (name, arguments)
+            assert said in result.text, (name, arguments, result.text)
+        await tool.call("browser.search", '{"query": "tides"}', CTX)
+        assert "Invalid link id `9`" in (await tool.call("browser.open", '{"id": 9}', CTX)).text
+        assert (
+            "Cursor `7` is out of range"
+            in (await tool.call("browser.open", '{"cursor": 7}', CTX)).text
+        )
+        assert (
+            "Cannot run `find` on search results"
+            in (await tool.call("browser.find", '{"pattern": "x"}', CTX)).text
+        )
+        assert (
+            "Invalid location parameter: `99`"
+            in (await tool.call("browser.open", '{"loc": 99}', CTX)).text
+        )
+
+    run_with(site, body)
+
+
+def test_loopback_and_private_addresses_are_refused_by_default(site: str) -> None:
+    port = site.rsplit(":", 1)[1]
+
+    async def body(tool: BrowserTool) -> None:
+        for url in (f"{site}/tides.html", f"http://localhost:{port}/tides.html"):
+            result = await tool.call("browser.open", json.dumps({"id": url}), CTX)
+            assert result.is_error
+            assert "a loopback address: the browser only opens public addresses" in result.text
+        # the operator's search endpoint is reached; the loopback pages it found are not
+        await tool.call("browser.search", '{"query": "tides"}', CTX)
+        refused = await tool.call("browser.open", '{"id": 0}', CTX)
+        assert "127.0.0.1" in refused.text
+        assert "loopback" in refused.text
+
+    run_with(site, body, allow_private=False)
+
+
+@pytest.mark.parametrize(
+    ("address", "why"),
+    [
+        ("127.0.0.1", "a loopback address"),
+        ("::1", "a loopback address"),
+        ("10.1.2.3", "a private address"),
+        ("192.168.0.1", "a private address"),
+        ("172.16.5.5", "a private address"),
+        ("169.254.169.254", "a link-local address"),
+        ("fe80::1", "a link-local address"),
+        ("fd00::1", "a private address"),
+        ("::ffff:127.0.0.1", "a loopback address"),
+        ("100.64.0.1", "not a public address"),
+        ("0.0.0.0", "a private address"),
+        ("224.0.0.1", "not a public address"),
+        ("93.184.215.14", None),
+        ("2606:4700::1111", None),
+    ],
+)
+def test_address_rule(address: str, why: str | None) -> None:
+    assert address_refused(address) == why
