@@ -13,10 +13,12 @@ from __future__ import annotations
 import json
 import re
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from server.ops.runtime import Runtime
 from server.testing.forced import ForcedScript
 from tests.support.tmux import Terminal
 
@@ -130,7 +132,7 @@ def check_prompts(given: list[str]) -> None:
     assert given[4].count("<|start|>user") == 1
 
 
-def test_chat_with_a_running_server(base_url: str, forced: ForcedScript) -> None:
+def test_chat_with_a_running_server(base_url: str, forced: ForcedScript, runtime: Runtime) -> None:
     command = [sys.executable, "-m", "server", "run", "--url", base_url.removesuffix("/v1")]
     with Terminal(command, env(), ROOT) as term:
         settle(term, 1)
@@ -160,6 +162,10 @@ def test_chat_with_a_running_server(base_url: str, forced: ForcedScript) -> None
         term.keys("C-c")
         screen = settle(term, 4)
         assert "stopped" in screen
+        deadline = time.monotonic() + 10  # the 3000-token answer would run far longer
+        while runtime.engine.load.running:
+            assert time.monotonic() < deadline, "the server still generates"
+            time.sleep(0.1)
         forced.push(BOTH)
         term.type("Say it.")
         screen = term.wait_for(lambda s: len(stats(s)) >= 3)
