@@ -11,15 +11,23 @@ conversation's KV state is reused rather than read again.
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
+import uvicorn
+from pydantic import SecretStr
 
+from server.app import create_app
 from server.ops.runtime import Runtime
+from server.ops.settings import Settings
 from server.testing.forced import ForcedScript
+from tests.e2e.conftest import free_port
 from tests.support.tmux import Terminal
 
 pytestmark = pytest.mark.slow  # loads the tiny model in a process of its own
@@ -177,3 +185,48 @@ def test_chat_with_a_running_server(base_url: str, forced: ForcedScript, runtime
         term.wait_for(r"Ctrl-C again or Ctrl-D to leave")
         term.keys("C-c")
         term.wait_exit()
+
+
+def _run_url(url: str, *flags: str) -> subprocess.CompletedProcess[str]:
+    """`gpt-oss-server run --url` with nothing to read (it leaves at the first prompt)."""
+    return subprocess.run(
+        [sys.executable, "-m", "server", "run", "--url", url, *flags],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, **env()},
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+
+
+def test_a_server_that_cannot_be_reached_is_said_so() -> None:
+    done = _run_url(f"http://127.0.0.1:{free_port()}")
+    assert done.returncode == 1
+    assert "error: cannot reach http://127.0.0.1:" in done.stdout
+    assert "Traceback" not in done.stdout + done.stderr
+
+
+def test_the_key_of_a_server_that_has_one(runtime: Runtime) -> None:
+    app = create_app(Settings(api_key=SecretStr("right-key")), runtime)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started:
+            assert time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.05)
+        url = f"http://127.0.0.1:{port}"
+        refused = _run_url(url, "--api-key", "wrong-key")
+        assert refused.returncode == 1
+        assert "error: http://127.0.0.1:" in refused.stdout
+        assert "HTTP 401" in refused.stdout
+        accepted = _run_url(url, "--api-key", "right-key")
+        assert accepted.returncode == 0, accepted.stdout + accepted.stderr
+        assert "gpt-oss-tiny · effort medium" in accepted.stdout
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)

@@ -266,6 +266,9 @@ def run_chat(
         console.print(Text(f"error: {exc}", style="red"))
         loop.close()
         return 1
+    except KeyboardInterrupt:  # while the model loads
+        loop.close()
+        return 130
     conversation = Conversation(
         date=settings.today(), effort=settings.reasoning_effort, instructions=instructions
     )
