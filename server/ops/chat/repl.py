@@ -194,26 +194,28 @@ class ChatRepl:
     def turn(self, prompt: str) -> None:
         """One answer, drawn as it comes; a finished one joins the conversation."""
         events: queue.Queue[TurnEvent | None] = queue.Queue()
-        task = self.loop.run(_started(_pump(self.backend.turn(self.conversation, prompt), events)))
         end: TurnEnd | None = None
-        with StopKey() as stop, TurnView(self.console) as view:
-            while not stop.pressed.is_set():
-                try:
-                    event = events.get(timeout=POLL_S)
-                except queue.Empty:
-                    continue
-                if event is None:
-                    break
-                if isinstance(event, Thinking):
-                    view.thinking(event.text)
-                elif isinstance(event, Answer):
-                    view.answer(event.text)
-                else:
-                    end = event
-            if stop.pressed.is_set():
-                end = None
-                self.loop.run(_stopped(task))  # the generation stopped, its slot given back
-            view.end(end)
+        with StopKey() as stop:
+            turn = _pump(self.backend.turn(self.conversation, prompt), events)
+            task = self.loop.run(_started(turn))
+            with TurnView(self.console) as view:
+                while not stop.pressed.is_set():
+                    try:
+                        event = events.get(timeout=POLL_S)
+                    except queue.Empty:
+                        continue
+                    if event is None:
+                        break
+                    if isinstance(event, Thinking):
+                        view.thinking(event.text)
+                    elif isinstance(event, Answer):
+                        view.answer(event.text)
+                    else:
+                        end = event
+                if stop.pressed.is_set():
+                    end = None
+                    self.loop.run(_stopped(task))  # the generation stopped, its slot given back
+                view.end(end)
         if end is not None and end.complete:
             self.conversation.exchanges.append(Exchange(prompt, end.messages))
 

@@ -40,7 +40,7 @@ class TurnView:
         self.console = console
         self._live = Live(console=console, auto_refresh=False, transient=True)
         self._started = time.monotonic()
-        self._thinking: list[str] = []
+        self._thinking = ""
         self._thinking_since: float | None = None
         self._answer = ""  # the answer not yet printed for good
         self._printed_blocks = 0
@@ -48,7 +48,7 @@ class TurnView:
 
     def __enter__(self) -> TurnView:
         self._live.start()
-        self._show(Text("…", style="dim"), force=True)
+        self._show(Text("…", style="dim"))
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -57,8 +57,8 @@ class TurnView:
     def thinking(self, text: str) -> None:
         if self._thinking_since is None:
             self._thinking_since = time.monotonic()
-        self._thinking.append(text)
-        if not self._answer and not self._printed_blocks:
+        self._thinking += text
+        if not self._answer and not self._printed_blocks and self._due():
             self._show(self._thinking_tail())
 
     def answer(self, text: str) -> None:
@@ -70,14 +70,15 @@ class TurnView:
         if done:
             self._print_markdown("".join(lines[:done]))
             self._answer = "".join(lines[done:])
-        self._show(Markdown(self._answer))
+        if done or self._due():
+            self._show(Markdown(self._answer))
 
     def end(self, end: TurnEnd | None) -> None:
         """The turn is over (`None`: stopped by the user): the rest of the answer for good,
         then how it ended and what it cost."""
         if not self._answer and not self._printed_blocks:
             self._fold_thinking()
-        self._show(Text(""), force=True)
+        self._show(Text(""))
         if self._answer.strip():
             self._print_markdown(self._answer)
             self._answer = ""
@@ -93,7 +94,8 @@ class TurnView:
             self.console.print(Text(stats_line(end.stats), style="dim"))
 
     def _thinking_tail(self) -> RenderableType:
-        text = Text("".join(self._thinking), style="dim italic")
+        tail_chars = 2 * THINKING_LINES * self.console.width  # enough to fill the lines
+        text = Text(self._thinking[-tail_chars:], style="dim italic")
         width = max(20, self.console.width - 2)
         lines = text.wrap(self.console, width)
         tail = Text("\n").join(lines[-THINKING_LINES:])
@@ -103,7 +105,7 @@ class TurnView:
         if self._thinking_since is None:
             return
         seconds = time.monotonic() - self._thinking_since
-        self._show(Text(""), force=True)
+        self._show(Text(""))
         self.console.print(Text(f"Thought for {seconds:.1f} s", style="dim"))
         self._thinking_since = None
 
@@ -123,13 +125,13 @@ class TurnView:
         self.console.print(Segments(segments), end="")
         self._printed_blocks += 1
 
-    def _show(self, renderable: RenderableType, *, force: bool = False) -> None:
-        now = time.monotonic()
-        if force or now - self._last_refresh >= REFRESH_S:
-            self._live.update(renderable, refresh=True)
-            self._last_refresh = now
-        else:
-            self._live.update(renderable, refresh=False)
+    def _due(self) -> bool:
+        return time.monotonic() - self._last_refresh >= REFRESH_S
+
+    def _show(self, renderable: RenderableType) -> None:
+        """Redraw the live region (callers build it only when `_due()`, or must)."""
+        self._live.update(renderable, refresh=True)
+        self._last_refresh = time.monotonic()
 
 
 def _blank(line: list[Segment]) -> bool:
