@@ -1,4 +1,5 @@
-"""The `gpt-oss-server` command: serve, doctor, download, codex-config, bench, synth, rpc-worker."""
+"""The `gpt-oss-server` command: serve, run, doctor, download, codex-config, bench, synth,
+rpc-worker."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from server.engine.base import default_threads
 from server.engine.loading import gpt_oss
 from server.engine.loading.placement import ContextShape
 from server.ops import codex_config, doctor
+from server.ops.chat.repl import run_chat
 from server.ops.model_source import resolve_model
 from server.ops.rpc_worker import WorkerOptions, run_worker
 from server.ops.runtime import Runtime
@@ -50,6 +52,28 @@ class Serve(Settings):
             serve(app, self, runtime, on_started=lambda: print_banner(self, runtime))
         finally:
             runtime.close()
+
+
+class Run(Settings):
+    """Chat with a gpt-oss model in the terminal: loaded here as `serve` loads it, or on a
+    running server (--url)."""
+
+    model_arg: CliPositionalArg[str | None] = Field(
+        None, description="The model, as --model (catalog alias, owner/name[:file.gguf], path)."
+    )
+    url: str | None = Field(
+        None,
+        description="Chat with the gpt-oss-server running at this address "
+        "(http://127.0.0.1:8000) instead of loading the model here; --api-key is its key.",
+    )
+    system: str | None = Field(None, description="Instructions for the model.")
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "warning", description="Logging level."
+    )
+
+    def cli_cmd(self) -> None:
+        settings = self.model_copy(update={"model": self.model_arg}) if self.model_arg else self
+        sys.exit(run_chat(settings, self.url, self.system))
 
 
 class Doctor(Settings):
@@ -200,6 +224,7 @@ class Command(BaseSettings):
     )
 
     serve: CliSubCommand[Serve] = Field(description=Serve.__doc__)
+    run: CliSubCommand[Run] = Field(description=Run.__doc__)
     doctor: CliSubCommand[Doctor] = Field(description=Doctor.__doc__)
     download: CliSubCommand[Download] = Field(description=Download.__doc__)
     codex_config: CliSubCommand[CodexConfig] = Field(description=CodexConfig.__doc__)

@@ -55,8 +55,6 @@ import httpx
 from devkit.claude_capture import capture_request, with_ask
 from devkit.models import TRAINED, cached_gguf
 from devkit.serving import served
-from devkit.trained.tasks import CODEX_EDIT, CODEX_PLACE, CONVERSATION_DATE, MODEL_NAME
-from devkit.trained.words import word_pool
 from devkit.train_tiny.corpus import (
     CLAUDE_ASKS,
     GENERIC_TOOLS,
@@ -72,6 +70,8 @@ from devkit.train_tiny.corpus import (
     value_of,
     wide_directory,
 )
+from devkit.trained.tasks import CODEX_EDIT, CODEX_PLACE, CONVERSATION_DATE, MODEL_NAME
+from devkit.trained.words import word_pool
 from server.app import create_app
 from server.engine.base import EngineConfig
 from server.engine.llama import LlamaEngine

@@ -30,7 +30,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from devkit.trained.rows import row_prefixes
 from devkit.train_tiny.model import (
     N_VOCAB,
     Dims,
@@ -40,6 +39,7 @@ from devkit.train_tiny.model import (
     routing_alternatives,
     sampled_loss,
 )
+from devkit.trained.rows import row_prefixes
 
 STOP = {200002, 200012}  # <|return|>, <|call|>
 # the marker head's markers (GptOss.marker_init): ` to`, ` line`, `+`, `-`, a newline,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import random
 
-from devkit.trained.words import word_pool
 from devkit.train_tiny.corpus import Sequence as Conversation
 from devkit.train_tiny.corpus import (
     Values,
@@ -22,6 +21,7 @@ from devkit.train_tiny.corpus import (
     family_call,
     family_codex,
 )
+from devkit.trained.words import word_pool
 
 # workload: (family whose conversations it takes, index of the model's round)
 ROUNDS = {
