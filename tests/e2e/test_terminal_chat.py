@@ -122,6 +122,7 @@ def test_chat_in_process(tiny_gguf: Path, tmp_path: Path) -> None:
 
         term.keys("C-d")
         term.wait_exit()
+        assert "Traceback" not in term.screen()
 
     check_prompts([json.loads(line) for line in prompts.read_text().splitlines()])
 
@@ -185,6 +186,7 @@ def test_chat_with_a_running_server(base_url: str, forced: ForcedScript, runtime
         term.wait_for(r"Ctrl-C again or Ctrl-D to leave")
         term.keys("C-c")
         term.wait_exit()
+        assert "Traceback" not in term.screen()
 
 
 def _run_url(url: str, *flags: str) -> subprocess.CompletedProcess[str]:

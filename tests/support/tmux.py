@@ -79,7 +79,7 @@ class Terminal:
     def exited(self) -> bool:
         return self._tmux("display-message", "-p", "-t", "t", "#{pane_dead}").strip() == "1"
 
-    def wait_for(self, check: str | Callable[[str], bool], timeout_s: float = 120.0) -> str:
+    def wait_for(self, check: str | Callable[[str], bool], timeout_s: float = 240.0) -> str:
         """The screen once `check` (a regex searched in it, or a predicate) holds; fails
         with the screen after `timeout_s`."""
         test = (lambda s: re.search(check, s) is not None) if isinstance(check, str) else check
@@ -94,7 +94,7 @@ class Terminal:
                 raise AssertionError(f"the program left waiting for {check!r}:\n{screen}")
             time.sleep(POLL_S)
 
-    def wait_exit(self, timeout_s: float = 60.0) -> None:
+    def wait_exit(self, timeout_s: float = 120.0) -> None:
         deadline = time.monotonic() + timeout_s
         while not self.exited:
             if time.monotonic() > deadline:
