@@ -107,7 +107,7 @@ CPU = Mode(
         "doctor": 60,
         "bench": 240,
         "concurrency": 180,
-        "speculation": 240,
+        "speculation": 420,
         "tests": 120,
     },
     preset="tiny",
