@@ -112,7 +112,9 @@ class Scripts:
         return lambda sampled: next(script, sampled)
 
 
-def verify_cost(model: str, threads: int, rounds: int, mmap: bool) -> dict[str, Any]:
+def verify_cost(
+    model: str, threads: int, rounds: int, mmap: bool, n_gpu_layers: int = 0
+) -> dict[str, Any]:
     """Measured on a thread of its own that then ends: a thread that has decoded keeps its
     OpenMP team, and a second team beside the engine's makes libgomp throttle its spinning on
     a machine with no spare cores (decode about twice as slow on 2 cores)."""
@@ -120,7 +122,12 @@ def verify_cost(model: str, threads: int, rounds: int, mmap: bool) -> dict[str, 
 
     def measure() -> None:
         config = EngineConfig(
-            model_path=model, n_ctx=1024, n_slots=1, n_threads=threads, use_mmap=mmap
+            model_path=model,
+            n_ctx=1024,
+            n_slots=1,
+            n_threads=threads,
+            use_mmap=mmap,
+            n_gpu_layers=n_gpu_layers,
         )
         ctx = LlamaContext(config)
         try:
@@ -220,6 +227,7 @@ def workloads(model: str, args: argparse.Namespace) -> dict[str, Any]:
             n_slots=1,
             n_threads=args.threads,
             use_mmap=args.mmap,
+            n_gpu_layers=args.n_gpu_layers,
             speculative=args.mode,
             draft_max=args.draft_max,
         ),
@@ -376,6 +384,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--skip-cost", action="store_true")
     parser.add_argument(
+        "--n-gpu-layers", type=int, default=0, help="layers on the GPU (-1: all; the engine's)"
+    )
+    parser.add_argument(
         "--mode", default="auto", choices=("auto", "on"), help="the speculative engine's setting"
     )
     parser.add_argument("--draft-max", type=int, default=16)
@@ -418,7 +429,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     if not args.skip_cost:
-        report["verify_cost"] = verify_cost(model, args.threads, args.cost_rounds, args.mmap)
+        report["verify_cost"] = verify_cost(
+            model, args.threads, args.cost_rounds, args.mmap, args.n_gpu_layers
+        )
     report["workloads"] = workloads(model, args)
     report["loadavg_after"] = load_average()
     print_json(report, args.out)

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from server.bench.report import readable
+
 log = logging.getLogger(__name__)
 
 COLOURS = {
@@ -69,7 +71,7 @@ def draw_chart(report: Mapping[str, Any], png_path: Path) -> bool:
             median, below, above = value
             ax.bar(i, median, color=COLOURS.get(name, "#9467bd"), yerr=[[below], [above]],
                    capsize=4)  # fmt: skip
-            ax.annotate(f"{median:.3g}", (i, median), ha="center", va="bottom", fontsize=8)
+            ax.annotate(readable(median), (i, median), ha="center", va="bottom", fontsize=8)
         ax.set_title(title, fontsize=10)
         ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
     settings = report["settings"]

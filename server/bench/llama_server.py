@@ -42,6 +42,8 @@ def server_command(plan: Plan, port: int) -> list[str]:
     ]  # fmt: skip
     if Settings.model_fields["swa_full"].default:
         command.append("--swa-full")
+    if plan.n_gpu_layers < 0:  # llama-server reads -1 as "auto" (fit to memory); all is "all"
+        command[command.index("-ngl") + 1] = "all"
     return command
 
 

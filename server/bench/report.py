@@ -160,4 +160,13 @@ def _cell(paths: Mapping[str, Any], path: str, label: str, metric: str, tests: s
     if value is None:
         return "-"
     stats = paths[path][tests][label][metric]
-    return f"{value:.4g} ({stats['min']:.4g}–{stats['max']:.4g})"
+    return f"{readable(value)} ({readable(stats['min'])}–{readable(stats['max'])})"
+
+
+def readable(value: float) -> str:
+    """A rate or a time as people read it: 87,960 and 1,553 (not 8.796e+04), 55.3, 5.41."""
+    if abs(value) >= 100:
+        return f"{round(value):,}"
+    if abs(value) >= 10:
+        return f"{value:.1f}"
+    return f"{value:.2f}"

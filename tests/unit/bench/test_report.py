@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from server.bench.report import markdown_table, server_cost, ttft_http_overhead
+from server.bench.report import markdown_table, readable, server_cost, ttft_http_overhead
 
 
 def decode(tps: float) -> dict[str, Any]:
@@ -44,3 +44,15 @@ def test_ttft_overhead_falls_back_to_every_measurement_when_none_was_quiet() -> 
 
 def test_no_ttft_overhead_without_the_http_path() -> None:
     assert ttft_http_overhead({"inprocess": {"tests": overheads(pp64=1.0)}}) is None
+
+
+def test_rates_print_as_people_read_them() -> None:
+    """Thousands separated, no exponent: 87,960 and 1,553, not 8.796e+04 and 1.55e+03."""
+    assert [readable(v) for v in (87960.4, 1553.2, 100.0, 55.34, 5.408)] == [
+        "87,960", "1,553", "100", "55.3", "5.41",
+    ]  # fmt: skip
+    paths = {"llama-bench": decode(87960.4), "http": decode(1553.2)}
+    table = markdown_table({"paths": paths})
+    assert "87,960 (87,960–87,960)" in table
+    assert "1,553 (1,553–1,553)" in table
+    assert "e+0" not in table
