@@ -17,7 +17,12 @@ sampled token's travels with it to the channel. A request for the prompt's own
 `PROMPT_LOGPROBS_CHUNK` tokens whose every position keeps its logits.
 
 With speculation on (speculation.py), a generating request's pending token is followed by the
-tokens its drafter proposes, and the verify keeps those the picker confirms.
+tokens its drafter proposes, and the verify keeps those the picker confirms. A batch that carries
+drafts fits one ubatch: llama.cpp places a later ubatch's cells after the earlier ones advanced
+each sequence, and in the sliding-window layers a cell is free once it falls out of its
+sequence's window as of that advance; a prefill chunk placed after a drafting sequence's drafts
+could take cells that sequence's window needs again once its rejected drafts are dropped. After
+every rollback the scheduler checks that the sequence's window is whole.
 """
 
 from __future__ import annotations
@@ -268,19 +273,26 @@ class Scheduler:
         self._running.append(job)
 
     def _plan(self, drafting: bool) -> tuple[list[BatchPart], list[Job]]:
+        """This step's batch: every generating job's pending tokens (and draft), then a chunk of
+        the oldest prefill. A batch that carries drafts fits one ubatch (`_draft_room`)."""
         parts: list[BatchPart] = []
         owners: list[Job] = []
         generating = [job for job in self._running if job.pending and job.slot is not None]
-        budget = self._ctx.n_batch - sum(len(job.pending) for job in generating)
+        prefill = next((job for job in self._running if job.prefilling), None)
+        pending = sum(len(job.pending) for job in generating)
+        budget = self._ctx.n_batch - pending
+        room = self._draft_room(pending, prefill is not None) if drafting else 0
         for job in generating:
             assert job.slot is not None
-            job.draft = self._draft(job, budget) if drafting else ()
+            job.draft = self._draft(job, room) if room > 0 else ()
+            room -= len(job.draft)
             budget -= len(job.draft)
             tokens = (*job.pending, *job.draft) if job.draft else job.pending
             start = len(job.slot.tokens)
             parts.append(BatchPart(job.slot.seq_id, tokens, start, True, 1 + len(job.draft)))
             owners.append(job)
-        prefill = next((job for job in self._running if job.prefilling), None)
+        if any(job.draft for job in generating):
+            budget = min(budget, self._ctx.n_ubatch - sum(len(part.tokens) for part in parts))
         if prefill is not None and prefill.slot is not None and budget > 0:
             cap = min(budget, self._prefill_chunk) if parts else budget
             start = prefill.next_prompt
@@ -294,6 +306,13 @@ class Scheduler:
             parts.append(BatchPart(prefill.slot.seq_id, chunk, start, last, all_logits=scored))
             owners.append(prefill)
         return parts, owners
+
+    def _draft_room(self, pending: int, prefilling: bool) -> int:
+        """How many drafted tokens this step's batch may carry: the batch stays within one
+        ubatch, so llama.cpp places every cell of it before any of its positions advance (see
+        the module's docstring); with a prefill waiting, half the ubatch stays for its chunk."""
+        ubatch = self._ctx.n_ubatch
+        return (ubatch // 2 if prefilling else ubatch) - pending
 
     def _draft(self, job: Job, budget: int) -> tuple[int, ...]:
         """What to verify after the job's pending tokens: drafts in content only (after a
@@ -420,6 +439,9 @@ class Scheduler:
                 job.slot.tokens.clear()
                 raise RuntimeError("the KV cache could not drop a rejected draft")
             del job.slot.tokens[n_keep:]
+            if self._ctx.reusable_prefix(job.slot.seq_id, n_keep) != n_keep:
+                self._forget(job.slot)  # its window lost cells: nothing in it can be trusted
+                raise RuntimeError("a rejected draft's cells took the sliding window with them")
         if not ended:
             job.pending = tuple(emitted[keep:])
 

@@ -9,6 +9,7 @@ the KV cache as if it had never been decoded, sliding-window layers included.
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -18,6 +19,7 @@ import numpy as np
 import pytest
 from openai_harmony import HarmonyEncoding
 
+from server.contracts.events import TokenLogprob
 from server.contracts.transcript import ToolChoice, Transcript, UserMessage
 from server.engine.base import EngineConfig, EngineResult, SamplingParams
 from server.engine.llama import LlamaEngine
@@ -321,3 +323,90 @@ def test_a_draft_that_finds_no_room_leaves_the_history_exact(
         assert len(out2) == 4
     finally:
         engine.close()
+
+
+NEAR_TIE = 0.1  # nats between the top two logprobs: batch shapes move margins this much
+
+
+def always_rejected(self: SequenceDrafts, limit: int, banned: frozenset[int]) -> tuple[int, ...]:
+    """Drafts of `draft_max` tokens the tiny model never picks: every step rolls back."""
+    return tuple(tokens(len(self.drafter.tokens), self.speculator.draft_max))[:limit]
+
+
+def beside_long_prefills(
+    engine: LlamaEngine, prompt: list[int], max_tokens: int
+) -> tuple[list[int], list[TokenLogprob | None], EngineResult]:
+    """A greedy generation of `prompt` (with its top-2 logprobs) while prompts of 2100 tokens
+    are prefilled one after another beside it: each a new request whose chunks share its
+    steps, the idle ones evicted for room, so the cache's cells are reused all over."""
+
+    async def collect() -> tuple[list[int], list[TokenLogprob | None], EngineResult]:
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=2)
+        stream = engine.submit(prompt, params)
+        done = asyncio.Event()
+
+        async def prefills() -> None:
+            i = 0
+            while not done.is_set():
+                other = [i + 30, *tokens(100 + i, 2100)]
+                async for _ in engine.submit(other, SamplingParams(max_tokens=1)):
+                    pass
+                i += 1
+
+        beside = asyncio.create_task(prefills())
+        out: list[int] = []
+        scores: list[TokenLogprob | None] = []
+        async for chunk in stream:
+            out.extend(chunk)
+            scores.extend(chunk.logprobs)
+        done.set()
+        await beside
+        return out, scores, stream.result
+
+    return asyncio.run(collect())
+
+
+@pytest.mark.slow
+def test_rejected_drafts_beside_long_prefills_keep_the_sliding_window(
+    tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every draft rejected, 2k-token prefills beside it. llama.cpp places a later ubatch's
+    cells once the earlier ones have advanced each sequence, and frees a sliding-window cell
+    once it is out of its sequence's window as of that advance: a prefill chunk in a later
+    ubatch of a drafting step could take cells the drafting sequence's window needs again
+    after the rollback. After every rollback the window is whole, and the tokens are those of
+    the run without speculation up to near-ties (the two runs' batches differ in shape)."""
+    monkeypatch.setattr(SequenceDrafts, "propose", always_rejected)
+    verify = Scheduler._verify
+    lost: list[int] = []
+
+    def checked(self: Scheduler, job: Job, index: int) -> None:
+        verify(self, job, index)
+        assert job.slot is not None
+        n = len(job.slot.tokens)
+        if self._ctx.reusable_prefix(job.slot.seq_id, n) != n:
+            lost.append(n)
+
+    monkeypatch.setattr(Scheduler, "_verify", checked)
+    prompt = [5, *tokens(1, 150)]
+    runs = {}
+    for mode in ("on", "off"):
+        config = EngineConfig(
+            model_path=str(tiny_gguf), n_ctx=4096, n_slots=3, n_threads=1, speculative=mode
+        )
+        engine = LlamaEngine(config)
+        try:
+            runs[mode] = beside_long_prefills(engine, prompt, 240)
+        finally:
+            engine.close()
+    (on, _, result), (off, scores, _) = runs["on"], runs["off"]
+    assert result.error is None
+    assert result.timings.draft_n > 2000  # every step drafted, and rolled back
+    assert not lost, f"the window lost cells after the rollbacks at {lost[:5]}"
+    assert len(on) == len(off) == 240
+    part = next((i for i, (a, b) in enumerate(zip(on, off, strict=True)) if a != b), None)
+    if part is not None:  # the runs part only where the model's top two nearly tie
+        score = scores[part]
+        assert score is not None
+        margin = score.top[0][1] - score.top[1][1]
+        assert margin < NEAR_TIE, f"token {part}: {on[part]} != {off[part]} at {margin:.3f} nats"
