@@ -21,6 +21,18 @@ The chooser sees only tokens the engine sampled, never tokens a Steering forced.
 
 
 @dataclass(frozen=True, slots=True)
+class BatchPart:
+    """Tokens of one sequence at consecutive positions, evaluated within a batch."""
+
+    seq_id: int
+    tokens: Sequence[int]
+    start_pos: int
+    logits: bool  # keep the logits of the last token (to sample from)
+    outputs: int = 1  # with `logits`: how many of the last tokens keep theirs (a verify's draft)
+    all_logits: bool = False  # keep every token's (prompt log-probabilities)
+
+
+@dataclass(frozen=True, slots=True)
 class SamplingParams:
     """How to pick tokens, and when to stop."""
 

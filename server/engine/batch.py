@@ -9,22 +9,13 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import llama_cpp.llama_cpp as lc
 import numpy as np
 
+from server.engine.base import BatchPart
 
-@dataclass(frozen=True, slots=True)
-class BatchPart:
-    """Tokens of one sequence at consecutive positions, evaluated within a batch."""
-
-    seq_id: int
-    tokens: Sequence[int]
-    start_pos: int
-    logits: bool  # keep the logits of the last token (to sample from)
-    outputs: int = 1  # with `logits`: how many of the last tokens keep theirs (a verify's draft)
-    all_logits: bool = False  # keep every token's (prompt log-probabilities)
+__all__ = ["Batch", "BatchPart"]
 
 
 class Batch:

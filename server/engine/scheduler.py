@@ -16,8 +16,9 @@ sampled token's travels with it to the channel. A request for the prompt's own
 (`prompt_logprobs`) evaluates its whole prompt, reusing nothing cached, in chunks of
 `PROMPT_LOGPROBS_CHUNK` tokens whose every position keeps its logits.
 
-With speculation on (speculation.py), a generating request's pending token is followed by the
-tokens its drafter proposes, and the verify keeps those the picker confirms. A batch that carries
+With speculation on (speculative/), a generating request's pending token is followed by the
+tokens its drafter proposes, and the pick keeps those the picker confirms (a plain step is the
+pick of an empty draft: one path picks, scores and emits every token). A batch that carries
 drafts fits one ubatch: llama.cpp places a later ubatch's cells after the earlier ones advanced
 each sequence, and in the sliding-window layers a cell is free once it falls out of its
 sequence's window as of that advance; a prefill chunk placed after a drafting sequence's drafts
@@ -42,8 +43,15 @@ from server.engine.disk_cache.prompt_cache import Found, PromptCache
 from server.engine.llama_context import BatchPart, DecodeError, LlamaContext
 from server.engine.picker import TokenPicker
 from server.engine.sampling.logprobs import token_logprob
-from server.engine.slots import Slot, SlotChoice, choose_slot, eviction_order, longest_prefix
-from server.engine.speculation import SequenceDrafts, Speculator, accepted_prefix
+from server.engine.slots import (
+    Slot,
+    SlotChoice,
+    choose_slot,
+    common_prefix_length,
+    eviction_order,
+    longest_prefix,
+)
+from server.engine.speculative.drafter import SequenceDrafter, Speculator
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +82,8 @@ class Job:
     picker: TokenPicker | None = None
     next_prompt: int = 0  # index of the next prompt token to evaluate
     pending: tuple[int, ...] = ()  # emitted tokens not evaluated yet
-    drafts: SequenceDrafts | None = None  # its drafter, with speculation on
-    draft: tuple[int, ...] = ()  # drafted tokens after `pending` in this step's batch
+    drafter: SequenceDrafter | None = None  # with speculation on: what it drafts, and counts
+    draft: tuple[int, ...] = ()  # the tokens drafted after `pending` in this step's batch
     cached: int = 0
     evaluated: int = 0
     completed: int = 0
@@ -105,8 +113,8 @@ class Job:
             ttft_s=max(self.first_token - self.submitted, 0.0) if self.completed else 0.0,
             evaluated_tokens=self.evaluated,
             completion_tokens=self.completed,
-            draft_n=self.drafts.drafted if self.drafts is not None else 0,
-            draft_n_accepted=self.drafts.accepted if self.drafts is not None else 0,
+            draft_n=self.drafter.drafted if self.drafter is not None else 0,
+            draft_n_accepted=self.drafter.accepted if self.drafter is not None else 0,
         )
         steering = SteeringStats()
         if self.picker is not None:
@@ -176,7 +184,7 @@ class Scheduler:
         self._retire()
         self._collect_loads()
         self._admit()
-        parts, owners = self._plan(drafting=self._speculator is not None)
+        parts, owners = self._plan()
         if not parts:
             if self._loading:  # nothing to run until a file is read
                 wait([future for _, future in self._loading], 0.05, FIRST_COMPLETED)
@@ -269,10 +277,10 @@ class Scheduler:
         chooser = self._hook(job.prompt_tokens) if self._hook is not None else None
         job.picker = TokenPicker(ctx, job.params, job.steering, chooser)
         if self._speculator is not None and job.params.speculate:
-            job.drafts = self._speculator.follow(job.prompt_tokens)
+            job.drafter = self._speculator.follow(job.prompt_tokens)
         self._running.append(job)
 
-    def _plan(self, drafting: bool) -> tuple[list[BatchPart], list[Job]]:
+    def _plan(self) -> tuple[list[BatchPart], list[Job]]:
         """This step's batch: every generating job's pending tokens (and draft), then a chunk of
         the oldest prefill. A batch that carries drafts fits one ubatch (`_draft_room`)."""
         parts: list[BatchPart] = []
@@ -281,7 +289,7 @@ class Scheduler:
         prefill = next((job for job in self._running if job.prefilling), None)
         pending = sum(len(job.pending) for job in generating)
         budget = self._ctx.n_batch - pending
-        room = self._draft_room(pending, prefill is not None) if drafting else 0
+        room = self._draft_room(pending, prefill is not None)
         for job in generating:
             assert job.slot is not None
             job.draft = self._draft(job, room) if room > 0 else ()
@@ -321,7 +329,7 @@ class Scheduler:
         assert job.slot is not None
         assert job.picker is not None
         directive = job.picker.last
-        if job.drafts is None or not (directive is None or isinstance(directive, Constrain)):
+        if job.drafter is None or not (directive is None or isinstance(directive, Constrain)):
             return ()
         limit = min(
             budget,
@@ -329,7 +337,7 @@ class Scheduler:
             job.params.max_tokens - job.completed - 1,
         )
         banned = directive.banned if directive is not None else frozenset()
-        return job.drafts.propose(limit, banned)
+        return job.drafter.propose(limit, banned)
 
     def _decode(
         self, parts: list[BatchPart], owners: list[Job]
@@ -380,15 +388,7 @@ class Scheduler:
         if job.params.max_tokens <= 0:  # the prompt alone was asked for (its logprobs)
             self._finish(job, StopReason.MAX_TOKENS)
             return
-        if job.draft:
-            self._verify(job, index)
-            return
-        tokens = job.picker.next_tokens(index)
-        scores = self._scores(job, index, tokens)
-        for token, score in zip(tokens, scores, strict=True):
-            if self._emit(job, token, score):
-                return
-        job.pending = tokens
+        self._pick(job, index)
 
     def _scores(self, job: Job, index: int, tokens: tuple[int, ...]) -> list[TokenLogprob | None]:
         """The logprobs to report with `tokens` (None: not asked for, or forced by steering)."""
@@ -410,12 +410,13 @@ class Scheduler:
                 logits = self._ctx.logits(first + j)
                 job.prompt_logprobs.append(token_logprob(logits, prompt[following], n_top))
 
-    def _verify(self, job: Job, index: int) -> None:
-        """Pick tokens as a plain step would, position after position while they equal the
-        draft (the logits there are those of the true prefix); drop the cells of the rest."""
+    def _pick(self, job: Job, index: int) -> None:
+        """Pick the next tokens at the logits after the pending ones, and at each next position
+        while every token so far equals the job's draft (the logits there are those of the true
+        prefix); drop the cells of the rest of the draft. A plain step is the pick of an empty
+        draft: it picks (and emits) once."""
         assert job.slot is not None
         assert job.picker is not None
-        assert job.drafts is not None
         draft, job.draft = job.draft, ()
         first = index - len(draft)  # the logits after the pending token
         emitted: list[int] = []
@@ -430,8 +431,9 @@ class Scheduler:
                 if self._emit(job, token, score):
                     ended = True
                     break
-        accepted = accepted_prefix(emitted, draft)
-        job.drafts.settle(len(draft), accepted)
+        accepted = common_prefix_length(emitted, draft)
+        if draft and job.drafter is not None:
+            job.drafter.settle(len(draft), accepted)
         keep = min(accepted, len(emitted) - 1)  # the last emitted token is not evaluated yet
         if keep < len(draft):
             n_keep = len(job.slot.tokens) - (len(draft) - keep)
@@ -449,8 +451,8 @@ class Scheduler:
         """Hand one token to the client; True when the generation ended with it."""
         assert job.picker is not None
         job.picker.accept(token)
-        if job.drafts is not None:
-            job.drafts.append(token)
+        if job.drafter is not None:
+            job.drafter.append(token)
         now = time.perf_counter()
         if job.completed == 0:
             job.first_token = now

@@ -25,7 +25,8 @@ from server.engine.base import EngineConfig, EngineResult, SamplingParams
 from server.engine.llama import LlamaEngine
 from server.engine.llama_context import BatchPart, LlamaContext
 from server.engine.scheduler import Job, Scheduler
-from server.engine.speculation import SequenceDrafts, Speculator
+from server.engine.speculative.drafter import SequenceDrafter
+from server.engine.speculative.verify_cost import start_speculation
 from server.harmony.render import render
 from server.harmony.steering import plan_steering
 from server.testing.forced import ForcedScript
@@ -202,10 +203,10 @@ def test_speculation_is_off_without_a_full_size_sliding_window_cache(tiny_gguf: 
     ctx = LlamaContext(config)
     try:
         assert ctx.n_swa > 0
-        assert Speculator.start(ctx, config) is None
+        assert start_speculation(ctx, config) is None
         on = EngineConfig(model_path=str(tiny_gguf), n_ctx=1024, n_threads=1, speculative="on")
-        assert Speculator.start(ctx, on) is not None
-        assert Speculator.start(ctx, EngineConfig(model_path="x", speculative="off")) is None
+        assert start_speculation(ctx, on) is not None
+        assert start_speculation(ctx, EngineConfig(model_path="x", speculative="off")) is None
     finally:
         ctx.close()
 
@@ -242,8 +243,8 @@ def likeliest_drafts(n_prompt: int, likely: list[int], wrong: list[int]) -> Any:
     """A drafter that proposes the greedy continuation while the generation follows it, and
     tokens the model does not pick otherwise: drafts right part of the time, by construction."""
 
-    def propose(self: SequenceDrafts, limit: int, banned: frozenset[int]) -> tuple[int, ...]:
-        made = self.drafter.tokens[n_prompt:]
+    def propose(self: SequenceDrafter, limit: int, banned: frozenset[int]) -> tuple[int, ...]:
+        made = self.ngram.tokens[n_prompt:]
         if made == likely[: len(made)]:
             return tuple(likely[len(made) : len(made) + min(limit, 3)])
         return tuple(wrong[: min(limit, 2)])
@@ -279,7 +280,7 @@ def test_sampled_distribution_matches_with_partly_wrong_drafts(
     prompt = [17, *tokens(50, 40)]
     likely, _ = run(pair.engines["off"], prompt, SamplingParams(max_tokens=8, temperature=0.0))
     wrong = tokens(51, 4)
-    monkeypatch.setattr(SequenceDrafts, "propose", likeliest_drafts(len(prompt), likely, wrong))
+    monkeypatch.setattr(SequenceDrafter, "propose", likeliest_drafts(len(prompt), likely, wrong))
     off = positions(pair.engines["off"], prompt, 0)
     on = positions(pair.engines["on"], prompt, 10_000)
     drafted = accepted = 0
@@ -290,7 +291,7 @@ def test_sampled_distribution_matches_with_partly_wrong_drafts(
         accepted += result.timings.draft_n_accepted
     assert 0.2 * drafted < accepted < 0.9 * drafted
     assert worst_ratio(off, on) < 1.0
-    monkeypatch.setattr(Scheduler, "_verify", second_chance(Scheduler._verify))
+    monkeypatch.setattr(Scheduler, "_pick", second_chance(Scheduler._pick))
     biased = positions(pair.engines["on"], prompt, 20_000)
     assert worst_ratio(off, biased) > 1.0
 
@@ -328,9 +329,9 @@ def test_a_draft_that_finds_no_room_leaves_the_history_exact(
 NEAR_TIE = 0.1  # nats between the top two logprobs: batch shapes move margins this much
 
 
-def always_rejected(self: SequenceDrafts, limit: int, banned: frozenset[int]) -> tuple[int, ...]:
+def always_rejected(self: SequenceDrafter, limit: int, banned: frozenset[int]) -> tuple[int, ...]:
     """Drafts of `draft_max` tokens the tiny model never picks: every step rolls back."""
-    return tuple(tokens(len(self.drafter.tokens), self.speculator.draft_max))[:limit]
+    return tuple(tokens(len(self.ngram.tokens), self.speculator.draft_max))[:limit]
 
 
 def beside_long_prefills(
@@ -376,18 +377,18 @@ def test_rejected_drafts_beside_long_prefills_keep_the_sliding_window(
     ubatch of a drafting step could take cells the drafting sequence's window needs again
     after the rollback. After every rollback the window is whole, and the tokens are those of
     the run without speculation up to near-ties (the two runs' batches differ in shape)."""
-    monkeypatch.setattr(SequenceDrafts, "propose", always_rejected)
-    verify = Scheduler._verify
+    monkeypatch.setattr(SequenceDrafter, "propose", always_rejected)
+    pick = Scheduler._pick
     lost: list[int] = []
 
     def checked(self: Scheduler, job: Job, index: int) -> None:
-        verify(self, job, index)
+        pick(self, job, index)
         assert job.slot is not None
         n = len(job.slot.tokens)
         if self._ctx.reusable_prefix(job.slot.seq_id, n) != n:
             lost.append(n)
 
-    monkeypatch.setattr(Scheduler, "_verify", checked)
+    monkeypatch.setattr(Scheduler, "_pick", checked)
     prompt = [5, *tokens(1, 150)]
     runs = {}
     for mode in ("on", "off"):
