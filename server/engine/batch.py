@@ -60,6 +60,8 @@ class Batch:
             if part.all_logits:
                 self._logits[n:end] = 1
             elif part.logits:
+                if not 0 < part.outputs <= len(part.tokens):
+                    raise ValueError(f"{part.outputs} outputs asked of {len(part.tokens)} tokens")
                 self._logits[end - part.outputs : end] = 1
             indices.append(end - 1 if part.logits or part.all_logits else -1)
             n = end

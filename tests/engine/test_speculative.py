@@ -26,7 +26,7 @@ from server.engine.llama import LlamaEngine
 from server.engine.llama_context import BatchPart, LlamaContext
 from server.engine.scheduler import Job, Scheduler
 from server.engine.speculative.drafter import SequenceDrafter
-from server.engine.speculative.verify_cost import start_speculation
+from server.engine.speculative.verify_cost import measure_verify_cost, start_speculation
 from server.harmony.render import render
 from server.harmony.steering import plan_steering
 from server.testing.forced import ForcedScript
@@ -207,6 +207,39 @@ def test_speculation_is_off_without_a_full_size_sliding_window_cache(tiny_gguf: 
         on = EngineConfig(model_path=str(tiny_gguf), n_ctx=1024, n_threads=1, speculative="on")
         assert start_speculation(ctx, on) is not None
         assert start_speculation(ctx, EngineConfig(model_path="x", speculative="off")) is None
+    finally:
+        ctx.close()
+
+
+class Recording:
+    """A context whose decodes are recorded (the parts of each)."""
+
+    def __init__(self, ctx: LlamaContext) -> None:
+        self.ctx = ctx
+        self.n_swa = ctx.n_swa
+        self.parts: list[BatchPart] = []
+
+    def decode(self, parts: Sequence[BatchPart]) -> list[int]:
+        self.parts.extend(parts)
+        return self.ctx.decode(parts)
+
+    def truncate(self, seq_id: int, n_keep: int) -> int:
+        return self.ctx.truncate(seq_id, n_keep)
+
+
+def test_each_timed_verify_keeps_the_logits_of_all_its_tokens(tiny_gguf: Path) -> None:
+    """The verify cost of k drafts is the time of 1 + k tokens with 1 + k output rows, up to
+    --draft-max 64 (the context the timed steps follow is 64 tokens long)."""
+    ctx = LlamaContext(EngineConfig(model_path=str(tiny_gguf), n_ctx=1024, n_threads=1))
+    try:
+        recording = Recording(ctx)
+        cost, fastest = measure_verify_cost(recording, 0, 64, rounds=1, ks=(0, 16, 64))
+        timed = [part for part in recording.parts if part.start_pos > 0]
+        assert {len(part.tokens) for part in timed} == {1, 17, 65}
+        assert all(part.outputs == len(part.tokens) and part.logits for part in timed)
+        assert set(fastest) == {0, 16, 64}
+        assert cost.draft_max == 64
+        assert ctx.truncate(0, 0) == 0  # the sequence is empty again
     finally:
         ctx.close()
 

@@ -48,12 +48,13 @@ def measure_verify_cost(
     the rounds: what the model costs, with the least of what else ran on the machine)."""
     ks = sorted({k for k in ks if k <= draft_max} | {0, draft_max})
     prefix = [1000 + (i * 7919) % 90000 for i in range(_PREFIX)]
+    step_tokens = [1000 + (i * 104729) % 90000 for i in range(ks[-1] + 1)]  # pending + draft
     ctx.decode([BatchPart(seq_id, prefix, 0, True)])
     times: dict[int, list[float]] = {k: [] for k in ks}
 
     def step(k: int) -> None:
         start = time.perf_counter()
-        ctx.decode([BatchPart(seq_id, prefix[: k + 1], _PREFIX, True, k + 1)])
+        ctx.decode([BatchPart(seq_id, step_tokens[: k + 1], _PREFIX, True, k + 1)])
         times[k].append(time.perf_counter() - start)
         ctx.truncate(seq_id, _PREFIX)
 
