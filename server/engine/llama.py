@@ -125,7 +125,14 @@ class LlamaEngine:
             return
         self._ready.set()
         config = self._config
-        scheduler = Scheduler(self._ctx, self._hook, config.prefill_chunk, self._cache, speculator)
+        scheduler = Scheduler(
+            self._ctx,
+            self._hook,
+            config.prefill_chunk,
+            self._cache,
+            speculator,
+            batch_invariant=config.batch_invariant,
+        )
         self._scheduler = scheduler
         try:
             while self._receive(scheduler):

@@ -24,6 +24,12 @@ each sequence, and in the sliding-window layers a cell is free once it falls out
 sequence's window as of that advance; a prefill chunk placed after a drafting sequence's drafts
 could take cells that sequence's window needs again once its rejected drafts are dropped. After
 every rollback the scheduler checks that the sequence's window is whole.
+
+In the batch-invariant mode (EngineConfig.batch_invariant) a request's tokens depend on the
+request alone: llama.cpp's kernels round differently by batch shape, so each sequence's part of
+a step is its own llama_decode; a prompt is evaluated in chunks of `prefill_chunk` tokens from
+its first one (chunk boundaries at multiples of it), from the start, reusing no prefix another
+request (or an earlier turn) computed, and its drafts depend on its own acceptance.
 """
 
 from __future__ import annotations
@@ -140,8 +146,11 @@ class Scheduler:
         prefill_chunk: int,
         cache: PromptCache | None = None,
         speculator: Speculator | None = None,
+        *,
+        batch_invariant: bool = False,
     ) -> None:
         self._ctx = ctx
+        self._invariant = batch_invariant
         self._cache = cache
         self._speculator = speculator
         self._hook = hook
@@ -189,16 +198,21 @@ class Scheduler:
             if self._loading:  # nothing to run until a file is read
                 wait([future for _, future in self._loading], 0.05, FIRST_COMPLETED)
             return
-        ran = self._decode(parts, owners)
-        if ran is None:
-            return
-        parts, indices = ran  # without the drafts the cache had no room for
-        for part, job, index in zip(parts, owners, indices, strict=True):
-            try:
-                self._advance(job, part, index)
-            except Exception as exc:  # a failing request must not stop the others
-                log.exception("generation failed")
-                self._finish(job, StopReason.ERROR, f"{type(exc).__name__}: {exc}")
+        if self._invariant:  # each sequence in a llama_decode of its own
+            batches = [([part], [job]) for part, job in zip(parts, owners, strict=True)]
+        else:
+            batches = [(parts, owners)]
+        for batch, jobs in batches:
+            ran = self._decode(batch, jobs)
+            if ran is None:
+                continue
+            ran_parts, indices = ran  # without the drafts the cache had no room for
+            for part, job, index in zip(ran_parts, jobs, indices, strict=True):
+                try:
+                    self._advance(job, part, index)
+                except Exception as exc:  # a failing request must not stop the others
+                    log.exception("generation failed")
+                    self._finish(job, StopReason.ERROR, f"{type(exc).__name__}: {exc}")
 
     def _retire(self) -> None:
         for job in [j for j in self._waiting if j.channel.cancelled]:
@@ -231,7 +245,12 @@ class Scheduler:
                 continue
             if self._free_slots() <= 0:
                 return
-            if self._cache is not None and not job.looked_up and not job.params.prompt_logprobs:
+            if (
+                self._cache is not None
+                and not job.looked_up
+                and not job.params.prompt_logprobs
+                and not self._invariant  # its prompt is evaluated from the start
+            ):
                 job.looked_up = True
                 cached = longest_prefix(self.slots, job.prompt_tokens)
                 future = self._cache.lookup(job.prompt_tokens, cached)
@@ -258,13 +277,14 @@ class Scheduler:
         ctx, slot = self._ctx, choice.slot
         slot.busy = True
         job.slot = slot
-        reuse = 0 if job.params.prompt_logprobs else choice.keep  # every position is computed
+        computed = job.params.prompt_logprobs or self._invariant  # every position evaluated
+        reuse = 0 if computed else choice.keep
         keep = ctx.truncate(slot.seq_id, ctx.reusable_prefix(slot.seq_id, reuse))
         del slot.tokens[keep:]
         if job.params.prompt_logprobs:
             job.disk = None
             job.prompt_logprobs = [None]  # the first token has nothing before it
-        elif choice.donor is not None:
+        elif choice.donor is not None and not self._invariant:
             shared = ctx.reusable_prefix(choice.donor.seq_id, choice.shared)
             if shared > keep:
                 ctx.share_prefix(choice.donor.seq_id, slot.seq_id, shared)
@@ -289,21 +309,27 @@ class Scheduler:
         prefill = next((job for job in self._running if job.prefilling), None)
         pending = sum(len(job.pending) for job in generating)
         budget = self._ctx.n_batch - pending
-        room = self._draft_room(pending, prefill is not None)
+        shared_room = self._draft_room(pending, prefill is not None)
         for job in generating:
             assert job.slot is not None
+            # decoded alone, a job's draft has the ubatch to itself
+            room = self._ctx.n_ubatch - len(job.pending) if self._invariant else shared_room
             job.draft = self._draft(job, room) if room > 0 else ()
-            room -= len(job.draft)
+            shared_room -= len(job.draft)
             budget -= len(job.draft)
             tokens = (*job.pending, *job.draft) if job.draft else job.pending
             start = len(job.slot.tokens)
             parts.append(BatchPart(job.slot.seq_id, tokens, start, True, 1 + len(job.draft)))
             owners.append(job)
-        if any(job.draft for job in generating):
+        if any(job.draft for job in generating) and not self._invariant:
             budget = min(budget, self._ctx.n_ubatch - sum(len(part.tokens) for part in parts))
-        if prefill is not None and prefill.slot is not None and budget > 0:
-            cap = min(budget, self._prefill_chunk) if parts else budget
+        if prefill is not None and prefill.slot is not None and (budget > 0 or self._invariant):
             start = prefill.next_prompt
+            if self._invariant:  # chunk boundaries at multiples of the chunk, whatever else runs
+                size = min(self._prefill_chunk, self._ctx.n_batch)
+                cap = size - start % size
+            else:
+                cap = min(budget, self._prefill_chunk) if parts else budget
             if self._cache is not None:  # end the chunk at the next save point
                 cap = min([cap, *(p - start for p in prefill.save_points if p > start)])
             scored = prefill.params.prompt_logprobs

@@ -29,6 +29,7 @@ class Speculator:
 
     cost: VerifyCost
     acceptance: Acceptance = field(default_factory=lambda: Acceptance(decay=MODEL_DECAY))
+    isolated: bool = False  # each sequence's acceptance starts from PRIOR, not the model's
 
     @property
     def draft_max(self) -> int:
@@ -36,7 +37,8 @@ class Speculator:
         return self.cost.draft_max
 
     def follow(self, tokens: Sequence[int]) -> SequenceDrafter:
-        return SequenceDrafter(self, NgramDrafter(tokens), Acceptance(self.acceptance))
+        prior = None if self.isolated else self.acceptance
+        return SequenceDrafter(self, NgramDrafter(tokens), Acceptance(prior))
 
 
 @dataclass

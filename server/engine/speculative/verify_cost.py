@@ -78,16 +78,17 @@ def start_speculation(ctx: VerifyTarget, config: EngineConfig) -> Speculator | N
     context offers (up to draft_max) while any of its drafts are accepted."""
     if config.speculative == "off" or config.draft_max <= 0:
         return None
+    isolated = config.batch_invariant  # a sequence's drafts weighed by its own acceptance only
     if ctx.n_swa > 0 and not config.swa_full:
         log.info("speculative decoding off: the sliding-window cache is not full-size")
         return None
     if config.speculative == "on":  # drafts as long as the context offers, cost unweighed
         log.info("speculative decoding on, up to %d drafted tokens a step", config.draft_max)
-        return Speculator(VerifyCost((1.0,) * (config.draft_max + 1)))
+        return Speculator(VerifyCost((1.0,) * (config.draft_max + 1)), isolated=isolated)
     cost, _ = measure_verify_cost(ctx, 0, config.draft_max)
     shown = ", ".join(f"{k}:{c:.2f}" for k, c in enumerate(cost.cost))
     if not cost.pays():
         log.info("speculative decoding off: a verify costs too much here (%s)", shown)
         return None
     log.info("speculative decoding on, verify cost by draft length %s", shown)
-    return Speculator(cost)
+    return Speculator(cost, isolated=isolated)
