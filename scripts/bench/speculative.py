@@ -49,7 +49,7 @@ from server.bench.report import print_json
 from server.engine.base import EngineConfig, SamplingParams, default_threads
 from server.engine.llama import LlamaEngine
 from server.engine.llama_context import LlamaContext
-from server.engine.speculation import measure_verify_cost
+from server.engine.speculative.verify_cost import measure_verify_cost
 from server.harmony.encoding import load_encoding
 from server.harmony.tokens import CALL, RETURN
 

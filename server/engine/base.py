@@ -21,6 +21,18 @@ The chooser sees only tokens the engine sampled, never tokens a Steering forced.
 
 
 @dataclass(frozen=True, slots=True)
+class BatchPart:
+    """Tokens of one sequence at consecutive positions, evaluated within a batch."""
+
+    seq_id: int
+    tokens: Sequence[int]
+    start_pos: int
+    logits: bool  # keep the logits of the last token (to sample from)
+    outputs: int = 1  # with `logits`: how many of the last tokens keep theirs (a verify's draft)
+    all_logits: bool = False  # keep every token's (prompt log-probabilities)
+
+
+@dataclass(frozen=True, slots=True)
 class SamplingParams:
     """How to pick tokens, and when to stop."""
 
@@ -82,6 +94,9 @@ class EngineConfig:
     sampler: str = "numpy"  # numpy (sampling/numpy_sampler.py) | llama (llama.cpp's chain)
     speculative: str = "auto"  # auto (drafts weighed by the measured verify cost) | on | off
     draft_max: int = 16  # the most drafted tokens verified in one step
+    # a request's tokens depend on it alone (scheduler.py): its own decodes, fixed prefill
+    # chunks, no prefix computed by another request, drafts weighed by its own acceptance
+    batch_invariant: bool = False
     # prompt cache on disk (see disk_cache/prompt_cache.py); None: off
     prompt_cache_dir: str | None = None
     prompt_cache_bytes: int = 8 * 1024**3  # LRU deletion beyond this

@@ -9,22 +9,13 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import llama_cpp.llama_cpp as lc
 import numpy as np
 
+from server.engine.base import BatchPart
 
-@dataclass(frozen=True, slots=True)
-class BatchPart:
-    """Tokens of one sequence at consecutive positions, evaluated within a batch."""
-
-    seq_id: int
-    tokens: Sequence[int]
-    start_pos: int
-    logits: bool  # keep the logits of the last token (to sample from)
-    outputs: int = 1  # with `logits`: how many of the last tokens keep theirs (a verify's draft)
-    all_logits: bool = False  # keep every token's (prompt log-probabilities)
+__all__ = ["Batch", "BatchPart"]
 
 
 class Batch:
@@ -69,6 +60,8 @@ class Batch:
             if part.all_logits:
                 self._logits[n:end] = 1
             elif part.logits:
+                if not 0 < part.outputs <= len(part.tokens):
+                    raise ValueError(f"{part.outputs} outputs asked of {len(part.tokens)} tokens")
                 self._logits[end - part.outputs : end] = 1
             indices.append(end - 1 if part.logits or part.all_logits else -1)
             n = end

@@ -30,7 +30,7 @@ from server.engine.llama_context import LlamaContext
 from server.engine.rpc.backend import AbortWatch, abort_reason
 from server.engine.rpc.hosts import RpcError, unreachable
 from server.engine.scheduler import Job, Scheduler
-from server.engine.speculation import Speculator
+from server.engine.speculative.verify_cost import start_speculation
 
 log = logging.getLogger(__name__)
 
@@ -118,14 +118,21 @@ class LlamaEngine:
         try:
             self._ctx = LlamaContext(self._config)
             self._cache = self._open_cache(self._ctx)
-            speculator = Speculator.start(self._ctx, self._config)
+            speculator = start_speculation(self._ctx, self._config)
         except BaseException as exc:  # reported to the constructor's caller
             self._load_error = exc
             self._ready.set()
             return
         self._ready.set()
         config = self._config
-        scheduler = Scheduler(self._ctx, self._hook, config.prefill_chunk, self._cache, speculator)
+        scheduler = Scheduler(
+            self._ctx,
+            self._hook,
+            config.prefill_chunk,
+            self._cache,
+            speculator,
+            batch_invariant=config.batch_invariant,
+        )
         self._scheduler = scheduler
         try:
             while self._receive(scheduler):

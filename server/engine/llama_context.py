@@ -66,6 +66,7 @@ class LlamaContext:
         self._memory = lc.llama_get_memory(self._ctx)
         self.n_ctx = int(lc.llama_n_ctx(self._ctx))
         self.n_batch = int(lc.llama_n_batch(self._ctx))
+        self.n_ubatch = int(lc.llama_n_ubatch(self._ctx))  # tokens per graph a decode splits into
         self.n_seq = int(lc.llama_n_seq_max(self._ctx))
         self.n_swa = int(lc.llama_model_n_swa(self._model))
         self._batch = Batch(self.n_batch)

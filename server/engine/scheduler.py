@@ -16,8 +16,20 @@ sampled token's travels with it to the channel. A request for the prompt's own
 (`prompt_logprobs`) evaluates its whole prompt, reusing nothing cached, in chunks of
 `PROMPT_LOGPROBS_CHUNK` tokens whose every position keeps its logits.
 
-With speculation on (speculation.py), a generating request's pending token is followed by the
-tokens its drafter proposes, and the verify keeps those the picker confirms.
+With speculation on (speculative/), a generating request's pending token is followed by the
+tokens its drafter proposes, and the pick keeps those the picker confirms (a plain step is the
+pick of an empty draft: one path picks, scores and emits every token). A batch that carries
+drafts fits one ubatch: llama.cpp places a later ubatch's cells after the earlier ones advanced
+each sequence, and in the sliding-window layers a cell is free once it falls out of its
+sequence's window as of that advance; a prefill chunk placed after a drafting sequence's drafts
+could take cells that sequence's window needs again once its rejected drafts are dropped. After
+every rollback the scheduler checks that the sequence's window is whole.
+
+In the batch-invariant mode (EngineConfig.batch_invariant) a request's tokens depend on the
+request alone: llama.cpp's kernels round differently by batch shape, so each sequence's part of
+a step is its own llama_decode; a prompt is evaluated in chunks of `prefill_chunk` tokens from
+its first one (chunk boundaries at multiples of it), from the start, reusing no prefix another
+request (or an earlier turn) computed, and its drafts depend on its own acceptance.
 """
 
 from __future__ import annotations
@@ -37,8 +49,15 @@ from server.engine.disk_cache.prompt_cache import Found, PromptCache
 from server.engine.llama_context import BatchPart, DecodeError, LlamaContext
 from server.engine.picker import TokenPicker
 from server.engine.sampling.logprobs import token_logprob
-from server.engine.slots import Slot, SlotChoice, choose_slot, eviction_order, longest_prefix
-from server.engine.speculation import SequenceDrafts, Speculator, accepted_prefix
+from server.engine.slots import (
+    Slot,
+    SlotChoice,
+    choose_slot,
+    common_prefix_length,
+    eviction_order,
+    longest_prefix,
+)
+from server.engine.speculative.drafter import SequenceDrafter, Speculator
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +88,8 @@ class Job:
     picker: TokenPicker | None = None
     next_prompt: int = 0  # index of the next prompt token to evaluate
     pending: tuple[int, ...] = ()  # emitted tokens not evaluated yet
-    drafts: SequenceDrafts | None = None  # its drafter, with speculation on
-    draft: tuple[int, ...] = ()  # drafted tokens after `pending` in this step's batch
+    drafter: SequenceDrafter | None = None  # with speculation on: what it drafts, and counts
+    draft: tuple[int, ...] = ()  # the tokens drafted after `pending` in this step's batch
     cached: int = 0
     evaluated: int = 0
     completed: int = 0
@@ -100,8 +119,8 @@ class Job:
             ttft_s=max(self.first_token - self.submitted, 0.0) if self.completed else 0.0,
             evaluated_tokens=self.evaluated,
             completion_tokens=self.completed,
-            draft_n=self.drafts.drafted if self.drafts is not None else 0,
-            draft_n_accepted=self.drafts.accepted if self.drafts is not None else 0,
+            draft_n=self.drafter.drafted if self.drafter is not None else 0,
+            draft_n_accepted=self.drafter.accepted if self.drafter is not None else 0,
         )
         steering = SteeringStats()
         if self.picker is not None:
@@ -127,8 +146,11 @@ class Scheduler:
         prefill_chunk: int,
         cache: PromptCache | None = None,
         speculator: Speculator | None = None,
+        *,
+        batch_invariant: bool = False,
     ) -> None:
         self._ctx = ctx
+        self._invariant = batch_invariant
         self._cache = cache
         self._speculator = speculator
         self._hook = hook
@@ -171,21 +193,26 @@ class Scheduler:
         self._retire()
         self._collect_loads()
         self._admit()
-        parts, owners = self._plan(drafting=self._speculator is not None)
+        parts, owners = self._plan()
         if not parts:
             if self._loading:  # nothing to run until a file is read
                 wait([future for _, future in self._loading], 0.05, FIRST_COMPLETED)
             return
-        ran = self._decode(parts, owners)
-        if ran is None:
-            return
-        parts, indices = ran  # without the drafts the cache had no room for
-        for part, job, index in zip(parts, owners, indices, strict=True):
-            try:
-                self._advance(job, part, index)
-            except Exception as exc:  # a failing request must not stop the others
-                log.exception("generation failed")
-                self._finish(job, StopReason.ERROR, f"{type(exc).__name__}: {exc}")
+        if self._invariant:  # each sequence in a llama_decode of its own
+            batches = [([part], [job]) for part, job in zip(parts, owners, strict=True)]
+        else:
+            batches = [(parts, owners)]
+        for batch, jobs in batches:
+            ran = self._decode(batch, jobs)
+            if ran is None:
+                continue
+            ran_parts, indices = ran  # without the drafts the cache had no room for
+            for part, job, index in zip(ran_parts, jobs, indices, strict=True):
+                try:
+                    self._advance(job, part, index)
+                except Exception as exc:  # a failing request must not stop the others
+                    log.exception("generation failed")
+                    self._finish(job, StopReason.ERROR, f"{type(exc).__name__}: {exc}")
 
     def _retire(self) -> None:
         for job in [j for j in self._waiting if j.channel.cancelled]:
@@ -218,7 +245,12 @@ class Scheduler:
                 continue
             if self._free_slots() <= 0:
                 return
-            if self._cache is not None and not job.looked_up and not job.params.prompt_logprobs:
+            if (
+                self._cache is not None
+                and not job.looked_up
+                and not job.params.prompt_logprobs
+                and not self._invariant  # its prompt is evaluated from the start
+            ):
                 job.looked_up = True
                 cached = longest_prefix(self.slots, job.prompt_tokens)
                 future = self._cache.lookup(job.prompt_tokens, cached)
@@ -245,13 +277,14 @@ class Scheduler:
         ctx, slot = self._ctx, choice.slot
         slot.busy = True
         job.slot = slot
-        reuse = 0 if job.params.prompt_logprobs else choice.keep  # every position is computed
+        computed = job.params.prompt_logprobs or self._invariant  # every position evaluated
+        reuse = 0 if computed else choice.keep
         keep = ctx.truncate(slot.seq_id, ctx.reusable_prefix(slot.seq_id, reuse))
         del slot.tokens[keep:]
         if job.params.prompt_logprobs:
             job.disk = None
             job.prompt_logprobs = [None]  # the first token has nothing before it
-        elif choice.donor is not None:
+        elif choice.donor is not None and not self._invariant:
             shared = ctx.reusable_prefix(choice.donor.seq_id, choice.shared)
             if shared > keep:
                 ctx.share_prefix(choice.donor.seq_id, slot.seq_id, shared)
@@ -264,26 +297,39 @@ class Scheduler:
         chooser = self._hook(job.prompt_tokens) if self._hook is not None else None
         job.picker = TokenPicker(ctx, job.params, job.steering, chooser)
         if self._speculator is not None and job.params.speculate:
-            job.drafts = self._speculator.follow(job.prompt_tokens)
+            job.drafter = self._speculator.follow(job.prompt_tokens)
         self._running.append(job)
 
-    def _plan(self, drafting: bool) -> tuple[list[BatchPart], list[Job]]:
+    def _plan(self) -> tuple[list[BatchPart], list[Job]]:
+        """This step's batch: every generating job's pending tokens (and draft), then a chunk of
+        the oldest prefill. A batch that carries drafts fits one ubatch (`_draft_room`)."""
         parts: list[BatchPart] = []
         owners: list[Job] = []
         generating = [job for job in self._running if job.pending and job.slot is not None]
-        budget = self._ctx.n_batch - sum(len(job.pending) for job in generating)
+        prefill = next((job for job in self._running if job.prefilling), None)
+        pending = sum(len(job.pending) for job in generating)
+        budget = self._ctx.n_batch - pending
+        shared_room = self._draft_room(pending, prefill is not None)
         for job in generating:
             assert job.slot is not None
-            job.draft = self._draft(job, budget) if drafting else ()
+            # decoded alone, a job's draft has the ubatch to itself
+            room = self._ctx.n_ubatch - len(job.pending) if self._invariant else shared_room
+            job.draft = self._draft(job, room) if room > 0 else ()
+            shared_room -= len(job.draft)
             budget -= len(job.draft)
             tokens = (*job.pending, *job.draft) if job.draft else job.pending
             start = len(job.slot.tokens)
             parts.append(BatchPart(job.slot.seq_id, tokens, start, True, 1 + len(job.draft)))
             owners.append(job)
-        prefill = next((job for job in self._running if job.prefilling), None)
-        if prefill is not None and prefill.slot is not None and budget > 0:
-            cap = min(budget, self._prefill_chunk) if parts else budget
+        if any(job.draft for job in generating) and not self._invariant:
+            budget = min(budget, self._ctx.n_ubatch - sum(len(part.tokens) for part in parts))
+        if prefill is not None and prefill.slot is not None and (budget > 0 or self._invariant):
             start = prefill.next_prompt
+            if self._invariant:  # chunk boundaries at multiples of the chunk, whatever else runs
+                size = min(self._prefill_chunk, self._ctx.n_batch)
+                cap = size - start % size
+            else:
+                cap = min(budget, self._prefill_chunk) if parts else budget
             if self._cache is not None:  # end the chunk at the next save point
                 cap = min([cap, *(p - start for p in prefill.save_points if p > start)])
             scored = prefill.params.prompt_logprobs
@@ -295,6 +341,13 @@ class Scheduler:
             owners.append(prefill)
         return parts, owners
 
+    def _draft_room(self, pending: int, prefilling: bool) -> int:
+        """How many drafted tokens this step's batch may carry: the batch stays within one
+        ubatch, so llama.cpp places every cell of it before any of its positions advance (see
+        the module's docstring); with a prefill waiting, half the ubatch stays for its chunk."""
+        ubatch = self._ctx.n_ubatch
+        return (ubatch // 2 if prefilling else ubatch) - pending
+
     def _draft(self, job: Job, budget: int) -> tuple[int, ...]:
         """What to verify after the job's pending tokens: drafts in content only (after a
         forced or chosen header token the steering decides, not the context), never past the
@@ -302,7 +355,7 @@ class Scheduler:
         assert job.slot is not None
         assert job.picker is not None
         directive = job.picker.last
-        if job.drafts is None or not (directive is None or isinstance(directive, Constrain)):
+        if job.drafter is None or not (directive is None or isinstance(directive, Constrain)):
             return ()
         limit = min(
             budget,
@@ -310,7 +363,7 @@ class Scheduler:
             job.params.max_tokens - job.completed - 1,
         )
         banned = directive.banned if directive is not None else frozenset()
-        return job.drafts.propose(limit, banned)
+        return job.drafter.propose(limit, banned)
 
     def _decode(
         self, parts: list[BatchPart], owners: list[Job]
@@ -361,15 +414,7 @@ class Scheduler:
         if job.params.max_tokens <= 0:  # the prompt alone was asked for (its logprobs)
             self._finish(job, StopReason.MAX_TOKENS)
             return
-        if job.draft:
-            self._verify(job, index)
-            return
-        tokens = job.picker.next_tokens(index)
-        scores = self._scores(job, index, tokens)
-        for token, score in zip(tokens, scores, strict=True):
-            if self._emit(job, token, score):
-                return
-        job.pending = tokens
+        self._pick(job, index)
 
     def _scores(self, job: Job, index: int, tokens: tuple[int, ...]) -> list[TokenLogprob | None]:
         """The logprobs to report with `tokens` (None: not asked for, or forced by steering)."""
@@ -391,12 +436,13 @@ class Scheduler:
                 logits = self._ctx.logits(first + j)
                 job.prompt_logprobs.append(token_logprob(logits, prompt[following], n_top))
 
-    def _verify(self, job: Job, index: int) -> None:
-        """Pick tokens as a plain step would, position after position while they equal the
-        draft (the logits there are those of the true prefix); drop the cells of the rest."""
+    def _pick(self, job: Job, index: int) -> None:
+        """Pick the next tokens at the logits after the pending ones, and at each next position
+        while every token so far equals the job's draft (the logits there are those of the true
+        prefix); drop the cells of the rest of the draft. A plain step is the pick of an empty
+        draft: it picks (and emits) once."""
         assert job.slot is not None
         assert job.picker is not None
-        assert job.drafts is not None
         draft, job.draft = job.draft, ()
         first = index - len(draft)  # the logits after the pending token
         emitted: list[int] = []
@@ -411,8 +457,9 @@ class Scheduler:
                 if self._emit(job, token, score):
                     ended = True
                     break
-        accepted = accepted_prefix(emitted, draft)
-        job.drafts.settle(len(draft), accepted)
+        accepted = common_prefix_length(emitted, draft)
+        if draft and job.drafter is not None:
+            job.drafter.settle(len(draft), accepted)
         keep = min(accepted, len(emitted) - 1)  # the last emitted token is not evaluated yet
         if keep < len(draft):
             n_keep = len(job.slot.tokens) - (len(draft) - keep)
@@ -420,6 +467,9 @@ class Scheduler:
                 job.slot.tokens.clear()
                 raise RuntimeError("the KV cache could not drop a rejected draft")
             del job.slot.tokens[n_keep:]
+            if self._ctx.reusable_prefix(job.slot.seq_id, n_keep) != n_keep:
+                self._forget(job.slot)  # its window lost cells: nothing in it can be trusted
+                raise RuntimeError("a rejected draft's cells took the sliding window with them")
         if not ended:
             job.pending = tuple(emitted[keep:])
 
@@ -427,8 +477,8 @@ class Scheduler:
         """Hand one token to the client; True when the generation ended with it."""
         assert job.picker is not None
         job.picker.accept(token)
-        if job.drafts is not None:
-            job.drafts.append(token)
+        if job.drafter is not None:
+            job.drafter.append(token)
         now = time.perf_counter()
         if job.completed == 0:
             job.first_token = now

@@ -298,6 +298,14 @@ class Settings(BaseSettings):
     draft_max: int = Field(
         16, ge=0, le=64, description="The most drafted tokens verified in one step."
     )
+    batch_invariant: bool = Field(
+        False,
+        description="A request's tokens depend on the request alone, not on what else the "
+        "server runs (reproducible evaluations): each sequence is evaluated in llama_decode calls "
+        "of its own, its prompt in fixed chunks from the first token, reusing no prefix another "
+        "request computed, its drafts weighed by its own acceptance. Costs throughput under "
+        "concurrency and every prompt's full prefill (docs/speculative.md#batch-invariant-mode).",
+    )
     temperature: float = Field(1.0, ge=0.0, le=2.0, description="Default sampling temperature.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Default nucleus sampling threshold.")
     conversation_date: datetime.date | None = Field(

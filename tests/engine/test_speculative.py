@@ -9,6 +9,7 @@ the KV cache as if it had never been decoded, sliding-window layers included.
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -19,13 +20,15 @@ import pytest
 from openai_harmony import HarmonyEncoding
 
 from devkit.forced import ForcedScript
+from server.contracts.events import TokenLogprob
 from server.contracts.transcript import ToolChoice, Transcript, UserMessage
 from server.engine.base import EngineConfig, EngineResult, SamplingParams
 from server.engine.llama import LlamaEngine
 from server.engine.llama_context import BatchPart, LlamaContext
 from server.engine.loading.gpt_oss import SLIDING_WINDOW
 from server.engine.scheduler import Job, Scheduler
-from server.engine.speculation import SequenceDrafts, Speculator
+from server.engine.speculative.drafter import SequenceDrafter
+from server.engine.speculative.verify_cost import measure_verify_cost, start_speculation
 from server.harmony.render import render
 from server.harmony.steering import plan_steering
 from tests.support.chi_square import homogeneity
@@ -200,10 +203,43 @@ def test_speculation_is_off_without_a_full_size_sliding_window_cache(tiny_gguf: 
     ctx = LlamaContext(config)
     try:
         assert ctx.n_swa > 0
-        assert Speculator.start(ctx, config) is None
+        assert start_speculation(ctx, config) is None
         on = EngineConfig(model_path=str(tiny_gguf), n_ctx=1024, n_threads=1, speculative="on")
-        assert Speculator.start(ctx, on) is not None
-        assert Speculator.start(ctx, EngineConfig(model_path="x", speculative="off")) is None
+        assert start_speculation(ctx, on) is not None
+        assert start_speculation(ctx, EngineConfig(model_path="x", speculative="off")) is None
+    finally:
+        ctx.close()
+
+
+class Recording:
+    """A context whose decodes are recorded (the parts of each)."""
+
+    def __init__(self, ctx: LlamaContext) -> None:
+        self.ctx = ctx
+        self.n_swa = ctx.n_swa
+        self.parts: list[BatchPart] = []
+
+    def decode(self, parts: Sequence[BatchPart]) -> list[int]:
+        self.parts.extend(parts)
+        return self.ctx.decode(parts)
+
+    def truncate(self, seq_id: int, n_keep: int) -> int:
+        return self.ctx.truncate(seq_id, n_keep)
+
+
+def test_each_timed_verify_keeps_the_logits_of_all_its_tokens(tiny_gguf: Path) -> None:
+    """The verify cost of k drafts is the time of 1 + k tokens with 1 + k output rows, up to
+    --draft-max 64 (the context the timed steps follow is 64 tokens long)."""
+    ctx = LlamaContext(EngineConfig(model_path=str(tiny_gguf), n_ctx=1024, n_threads=1))
+    try:
+        recording = Recording(ctx)
+        cost, fastest = measure_verify_cost(recording, 0, 64, rounds=1, ks=(0, 16, 64))
+        timed = [part for part in recording.parts if part.start_pos > 0]
+        assert {len(part.tokens) for part in timed} == {1, 17, 65}
+        assert all(part.outputs == len(part.tokens) and part.logits for part in timed)
+        assert set(fastest) == {0, 16, 64}
+        assert cost.draft_max == 64
+        assert ctx.truncate(0, 0) == 0  # the sequence is empty again
     finally:
         ctx.close()
 
@@ -240,8 +276,8 @@ def likeliest_drafts(n_prompt: int, likely: list[int], wrong: list[int]) -> Any:
     """A drafter that proposes the greedy continuation while the generation follows it, and
     tokens the model does not pick otherwise: drafts right part of the time, by construction."""
 
-    def propose(self: SequenceDrafts, limit: int, banned: frozenset[int]) -> tuple[int, ...]:
-        made = self.drafter.tokens[n_prompt:]
+    def propose(self: SequenceDrafter, limit: int, banned: frozenset[int]) -> tuple[int, ...]:
+        made = self.ngram.tokens[n_prompt:]
         if made == likely[: len(made)]:
             return tuple(likely[len(made) : len(made) + min(limit, 3)])
         return tuple(wrong[: min(limit, 2)])
@@ -277,7 +313,7 @@ def test_sampled_distribution_matches_with_partly_wrong_drafts(
     prompt = [17, *tokens(50, 40)]
     likely, _ = run(pair.engines["off"], prompt, SamplingParams(max_tokens=8, temperature=0.0))
     wrong = tokens(51, 4)
-    monkeypatch.setattr(SequenceDrafts, "propose", likeliest_drafts(len(prompt), likely, wrong))
+    monkeypatch.setattr(SequenceDrafter, "propose", likeliest_drafts(len(prompt), likely, wrong))
     off = positions(pair.engines["off"], prompt, 0)
     on = positions(pair.engines["on"], prompt, 10_000)
     drafted = accepted = 0
@@ -288,7 +324,7 @@ def test_sampled_distribution_matches_with_partly_wrong_drafts(
         accepted += result.timings.draft_n_accepted
     assert 0.2 * drafted < accepted < 0.9 * drafted
     assert worst_ratio(off, on) < 1.0
-    monkeypatch.setattr(Scheduler, "_verify", second_chance(Scheduler._verify))
+    monkeypatch.setattr(Scheduler, "_pick", second_chance(Scheduler._pick))
     biased = positions(pair.engines["on"], prompt, 20_000)
     assert worst_ratio(off, biased) > 1.0
 
@@ -321,3 +357,90 @@ def test_a_draft_that_finds_no_room_leaves_the_history_exact(
         assert len(out2) == 4
     finally:
         engine.close()
+
+
+NEAR_TIE = 0.1  # nats between the top two logprobs: batch shapes move margins this much
+
+
+def always_rejected(self: SequenceDrafter, limit: int, banned: frozenset[int]) -> tuple[int, ...]:
+    """Drafts of `draft_max` tokens the tiny model never picks: every step rolls back."""
+    return tuple(tokens(len(self.ngram.tokens), self.speculator.draft_max))[:limit]
+
+
+def beside_long_prefills(
+    engine: LlamaEngine, prompt: list[int], max_tokens: int
+) -> tuple[list[int], list[TokenLogprob | None], EngineResult]:
+    """A greedy generation of `prompt` (with its top-2 logprobs) while prompts of 2100 tokens
+    are prefilled one after another beside it: each a new request whose chunks share its
+    steps, the idle ones evicted for room, so the cache's cells are reused all over."""
+
+    async def collect() -> tuple[list[int], list[TokenLogprob | None], EngineResult]:
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=2)
+        stream = engine.submit(prompt, params)
+        done = asyncio.Event()
+
+        async def prefills() -> None:
+            i = 0
+            while not done.is_set():
+                other = [i + 30, *tokens(100 + i, 2100)]
+                async for _ in engine.submit(other, SamplingParams(max_tokens=1)):
+                    pass
+                i += 1
+
+        beside = asyncio.create_task(prefills())
+        out: list[int] = []
+        scores: list[TokenLogprob | None] = []
+        async for chunk in stream:
+            out.extend(chunk)
+            scores.extend(chunk.logprobs)
+        done.set()
+        await beside
+        return out, scores, stream.result
+
+    return asyncio.run(collect())
+
+
+@pytest.mark.slow
+def test_rejected_drafts_beside_long_prefills_keep_the_sliding_window(
+    tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every draft rejected, 2k-token prefills beside it. llama.cpp places a later ubatch's
+    cells once the earlier ones have advanced each sequence, and frees a sliding-window cell
+    once it is out of its sequence's window as of that advance: a prefill chunk in a later
+    ubatch of a drafting step could take cells the drafting sequence's window needs again
+    after the rollback. After every rollback the window is whole, and the tokens are those of
+    the run without speculation up to near-ties (the two runs' batches differ in shape)."""
+    monkeypatch.setattr(SequenceDrafter, "propose", always_rejected)
+    pick = Scheduler._pick
+    lost: list[int] = []
+
+    def checked(self: Scheduler, job: Job, index: int) -> None:
+        pick(self, job, index)
+        assert job.slot is not None
+        n = len(job.slot.tokens)
+        if self._ctx.reusable_prefix(job.slot.seq_id, n) != n:
+            lost.append(n)
+
+    monkeypatch.setattr(Scheduler, "_pick", checked)
+    prompt = [5, *tokens(1, 150)]
+    runs = {}
+    for mode in ("on", "off"):
+        config = EngineConfig(
+            model_path=str(tiny_gguf), n_ctx=4096, n_slots=3, n_threads=1, speculative=mode
+        )
+        engine = LlamaEngine(config)
+        try:
+            runs[mode] = beside_long_prefills(engine, prompt, 240)
+        finally:
+            engine.close()
+    (on, _, result), (off, scores, _) = runs["on"], runs["off"]
+    assert result.error is None
+    assert result.timings.draft_n > 2000  # every step drafted, and rolled back
+    assert not lost, f"the window lost cells after the rollbacks at {lost[:5]}"
+    assert len(on) == len(off) == 240
+    part = next((i for i, (a, b) in enumerate(zip(on, off, strict=True)) if a != b), None)
+    if part is not None:  # the runs part only where the model's top two nearly tie
+        score = scores[part]
+        assert score is not None
+        margin = score.top[0][1] - score.top[1][1]
+        assert margin < NEAR_TIE, f"token {part}: {on[part]} != {off[part]} at {margin:.3f} nats"

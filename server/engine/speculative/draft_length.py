@@ -1,7 +1,7 @@
 """How many tokens to draft: a sequence's recent acceptance against the model's verify cost.
 
 A verify step evaluates the pending token and k drafted ones in one batch. `VerifyCost` holds
-what that costs against a plain step, measured for the loaded model (engine/speculation.py):
+what that costs against a plain step, measured for the loaded model (verify_cost.py):
 cost[k] = time(1 + k tokens) / time(1 token). With a per-token acceptance a (a drafted token is
 accepted when the ones before it were, with probability a), a step with k drafts emits
 1 + a + ... + a^k tokens; the draft length is the k that maximises tokens per unit of cost, and

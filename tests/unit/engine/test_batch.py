@@ -40,3 +40,12 @@ def test_reuse_clears_the_previous_flags() -> None:
 def test_overfull_batch_is_refused() -> None:
     with pytest.raises(ValueError, match="at most 4"):
         Batch(4).fill([BatchPart(0, [1, 2, 3], 0, False), BatchPart(1, [4, 5], 0, True)])
+
+
+def test_more_outputs_than_tokens_are_refused() -> None:
+    """A part's logits rows are its last `outputs` tokens: asking for more is a caller's
+    mistake, never a batch that silently keeps none."""
+    with pytest.raises(ValueError, match="65 outputs asked of 64 tokens"):
+        Batch(128).fill([BatchPart(0, range(64), 64, True, 65)])
+    with pytest.raises(ValueError, match="0 outputs"):
+        Batch(8).fill([BatchPart(0, [1, 2], 0, True, 0)])

@@ -190,6 +190,12 @@ def test_speculative_flags_reach_the_engine(tmp_path: Path) -> None:
         Settings(draft_max=65)
 
 
+def test_batch_invariant_flag_reaches_the_engine(tmp_path: Path) -> None:
+    assert engine_config(Settings(), tmp_path / "model.gguf").batch_invariant is False
+    serve = parse_serve(["--batch-invariant"])
+    assert engine_config(serve, tmp_path / "model.gguf").batch_invariant is True
+
+
 def test_conversation_date_by_flag_or_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert Settings().today() == datetime.date.today().isoformat()
     assert parse_serve(["--conversation-date", "2024-02-29"]).today() == "2024-02-29"

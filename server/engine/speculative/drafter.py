@@ -1,0 +1,82 @@
+"""Speculator and SequenceDrafter: what each generation drafts, and the acceptance it has had.
+
+The `Speculator` holds the engine's speculation settings (the verify cost of the loaded model,
+whose length is the longest draft) and the acceptance the model's drafts have had over its recent
+sequences, each new sequence's prior. A `SequenceDrafter` follows one generation: its n-gram
+drafter over the prompt and every emitted token (ngram.py), its own acceptance, and the counters
+the result reports; `propose` gives the draft to verify after the last emitted token, as long as
+draft_length.py says pays, and `settle` records how much of it the verify confirmed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from server.engine.speculative.draft_length import (
+    MODEL_DECAY,
+    Acceptance,
+    VerifyCost,
+    draft_length,
+)
+from server.engine.speculative.ngram import NgramDrafter
+
+
+@dataclass
+class Speculator:
+    """The engine's speculation settings, the verify cost of its model and the acceptance its
+    drafts have had (each new sequence's prior)."""
+
+    cost: VerifyCost
+    acceptance: Acceptance = field(default_factory=lambda: Acceptance(decay=MODEL_DECAY))
+    isolated: bool = False  # each sequence's acceptance starts from PRIOR, not the model's
+
+    @property
+    def draft_max(self) -> int:
+        """The most drafted tokens verified in one step (the costs known)."""
+        return self.cost.draft_max
+
+    def follow(self, tokens: Sequence[int]) -> SequenceDrafter:
+        prior = None if self.isolated else self.acceptance
+        return SequenceDrafter(self, NgramDrafter(tokens), Acceptance(prior))
+
+
+@dataclass
+class SequenceDrafter:
+    """One generation's n-gram drafter, acceptance and counters."""
+
+    speculator: Speculator
+    ngram: NgramDrafter
+    acceptance: Acceptance
+    drafted: int = 0  # draft tokens verified (llama-server's draft_n)
+    accepted: int = 0  # of them accepted (draft_n_accepted)
+    _order: int = 0
+
+    def append(self, token: int) -> None:
+        """An emitted token (the n-gram drafter's sequence is the prompt and every emitted one)."""
+        self.ngram.append(token)
+
+    def propose(self, limit: int, banned: frozenset[int]) -> tuple[int, ...]:
+        """The draft to verify after the last emitted token, at most `limit` tokens."""
+        found = self.ngram.draft(min(limit, self.speculator.draft_max))
+        if found is None:
+            return ()
+        tokens = found.tokens
+        for i, token in enumerate(tokens):
+            if token in banned:  # the steering would refuse it
+                tokens = tokens[:i]
+                break
+        k = draft_length(self.speculator.cost, self.acceptance, found.order, tokens, limit)
+        if k == 0:
+            self.acceptance.drift(found.order)
+            self.speculator.acceptance.drift(found.order)
+            return ()
+        self._order = found.order
+        return tokens[:k]
+
+    def settle(self, drafted: int, accepted: int) -> None:
+        """The verify of the last proposed draft: `accepted` of its `drafted` tokens confirmed."""
+        self.drafted += drafted
+        self.accepted += accepted
+        self.acceptance.record(self._order, drafted, accepted)
+        self.speculator.acceptance.record(self._order, drafted, accepted)
