@@ -36,6 +36,7 @@ from server.ops.runtime import Runtime
 from server.ops.settings import Settings
 from server.ops.startup import load_runtime
 from server.private_files import PrivatePathError, private_dir
+from server.tools.mcp import McpConfigError, McpServers, load_config
 
 
 def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
@@ -45,6 +46,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     is not private (server.private_files).
     """
     signer = _signer(settings)
+    mcp = _mcp_servers(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -70,6 +72,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
         app.state.metrics.watch_model(loaded)
         app.state.responses = ResponsesState.from_settings(settings)
         app.state.messages = MessagesState.from_settings(settings, signer)
+        app.state.mcp = mcp
         try:
             yield
         finally:
@@ -105,3 +108,12 @@ def _signer(settings: Settings) -> ThinkingSigner:
         return ThinkingSigner(load_key(private_dir(settings.state_dir) / KEY_FILE))
     except PrivatePathError as exc:
         raise StartupError(f"the state directory cannot be used: {exc}") from exc
+
+
+def _mcp_servers(settings: Settings) -> McpServers:
+    """The operator's MCP servers (none without --mcp-config); StartupError for a bad file."""
+    try:
+        servers = load_config(settings.mcp_config) if settings.mcp_config is not None else {}
+    except McpConfigError as exc:
+        raise StartupError(str(exc)) from exc
+    return McpServers(servers, settings.mcp_allowed_urls)

@@ -45,7 +45,7 @@ from server.api.responses.schemas import (
     ToolOutputIn,
 )
 from server.contracts.errors import InvalidRequest, RequestField
-from server.contracts.events import SegmentEnd, SegmentKind, ToolTarget
+from server.contracts.events import SegmentEnd, SegmentKind, ToolOutput, ToolTarget
 from server.contracts.transcript import (
     FUNCTIONS_NAMESPACE,
     AssistantChannel,
@@ -277,14 +277,21 @@ def custom_arguments(raw_input: str) -> str:
     return json.dumps({"input": raw_input}, ensure_ascii=False, separators=(",", ":"))
 
 
-def output_items(ends: Sequence[SegmentEnd], message_start: Sequence[int]) -> list[Item]:
-    """The generated messages as transcript items with their exact tokens (for the store).
+def output_items(
+    ends: Sequence[SegmentEnd | ToolOutput], message_start: Sequence[int]
+) -> list[Item]:
+    """The generated messages as transcript items with their exact tokens (for the store), and
+    the results of the tools the server ran between them.
 
     `message_start` is `<|start|>assistant`, which the first message of a completion lacks
     (the prompt ended with it); a final `<|return|>` becomes `<|end|>`, as in any later prompt.
     """
     items: list[Item] = []
     for end in ends:
+        if isinstance(end, ToolOutput):
+            target = end.target
+            items.append(ToolResult(end.call_id, end.text, target.name, target.namespace))
+            continue
         tokens = prompt_tokens(end.tokens, message_start) if end.complete else None
         if end.kind is SegmentKind.REASONING:
             items.append(Reasoning(end.text, tokens=tokens))
