@@ -379,3 +379,58 @@ def test_after_the_last_allowed_call_the_model_is_steered_away_from_tools(
     calls = by_type(checked.items, "mcp_call")
     assert [c["output"] for c in calls] == ["1", "2"]
     assert not by_type(checked.items, "function_call")
+
+
+def test_a_client_that_keeps_the_conversation_sends_the_items_back(
+    client: TestClient, forced: ForcedScript, encoding: HarmonyEncoding
+) -> None:
+    script = forced.push(mcp_call("web", "add", '{"a":7,"b":8}'))
+    forced.push(answer("15"))
+    first = create(client, input="7+8", tools=[tool("web")], store=False)
+    forced.push(answer("Yes."))
+    again = [
+        {"role": "user", "content": "7+8"},
+        *first["output"],
+        {"role": "user", "content": "Sure?"},
+    ]
+    create(client, input=again, tools=[tool("web")], store=False)
+    prompt = forced.prompts[-1]
+    text = encoding.decode_utf8(prompt)
+    assert "<|start|>web.add to=assistant<|channel|>commentary<|message|>15<|end|>" in text
+    assert any(prompt[i : i + len(script)] == script for i in range(len(prompt)))
+
+
+def test_a_client_that_keeps_the_conversation_approves_a_call(
+    client: TestClient, forced: ForcedScript, encoding: HarmonyEncoding
+) -> None:
+    forced.push(mcp_call("web", "add", '{"a":9,"b":1}'))
+    first = create(client, input="9+1", tools=[tool("web", require_approval="always")], store=False)
+    request = first["output"][-1]
+    assert request["type"] == "mcp_approval_request"
+    forced.push(answer("10"))
+    approval = {
+        "type": "mcp_approval_response",
+        "approval_request_id": request["id"],
+        "approve": True,
+    }
+    later = create(
+        client,
+        input=[{"role": "user", "content": "9+1"}, *first["output"], approval],
+        tools=[tool("web", require_approval="always")],
+        store=False,
+    )
+    call = by_type(later["output"], "mcp_call")[0]
+    assert call["output"] == "10"
+    assert "<|start|>web.add to=assistant<|channel|>commentary<|message|>10<|end|>" in (
+        encoding.decode_utf8(forced.prompts[-1])
+    )
+
+
+def test_credentials_of_an_mcp_tool_are_not_echoed(
+    client: TestClient, forced: ForcedScript
+) -> None:
+    forced.push(answer("ok"))
+    secret = {"Authorization": "Bearer s3cret"}
+    body = create(client, input="hi", tools=[tool("web", headers=secret, authorization="s3cret")])
+    assert "s3cret" not in json.dumps(body)
+    assert body["tools"][0]["server_label"] == "web"

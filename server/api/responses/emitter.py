@@ -19,11 +19,11 @@ from collections.abc import Callable, Sequence
 
 from server.api.logprobs import token_entries
 from server.api.response_fields import new_id, now
+from server.api.responses.adapter import approval_request_id, mcp_call_id
 from server.api.responses.items import (
     LIFECYCLES,
     ItemKind,
     OpenItem,
-    approval_request_id,
     mcp_call_opened,
     mcp_call_result,
     mcp_error,
@@ -168,12 +168,9 @@ class ResponsesEmitter:
     def _open_item(self, start: SegmentStart) -> list[StreamEvent]:
         kind, target = self._kind_of(start)
         lifecycle = LIFECYCLES[kind]
-        approval = kind == "mcp_approval_request"
         item = OpenItem(
             kind=kind,
-            id=approval_request_id(start.call_id or "")
-            if approval
-            else self._new_item_id(lifecycle.prefix),
+            id=self._item_id(kind, start.call_id or ""),
             output_index=len(self._output),
             segment=start.index,
             phase="commentary" if start.kind is SegmentKind.PREAMBLE else "final_answer",
@@ -202,6 +199,15 @@ class ResponsesEmitter:
                 )
             )
         return added
+
+    def _item_id(self, kind: ItemKind, call_id: str) -> str:
+        """A new id; a server-run call's and an approval request's name their call (a client
+        that sends them back as input replays the call's exact tokens)."""
+        if kind == "mcp_approval_request":
+            return approval_request_id(call_id)
+        if kind == "mcp_call":
+            return mcp_call_id(call_id)
+        return self._new_item_id(LIFECYCLES[kind].prefix)
 
     def _kind_of(self, start: SegmentStart) -> tuple[ItemKind, ToolTarget | None]:
         if start.kind is not SegmentKind.TOOL_CALL:

@@ -319,16 +319,6 @@ def _approval_request_item(item: OpenItem, status: ItemStatus, text: str, _: boo
     )
 
 
-def approval_request_id(call_id: str) -> str:
-    """The id of the approval request of call `call_id` (`call_X` -> `mcpr_X`): the client's
-    `mcp_approval_response` names the call by it."""
-    return "mcpr_" + call_id.removeprefix("call_")
-
-
-def call_id_of(approval_id: str) -> str:
-    return "call_" + approval_id.removeprefix("mcpr_")
-
-
 def mcp_error(details: Mapping[str, Any], text: str) -> dict[str, Any]:
     """An `mcp_call` item's `error`: the backend's, else a protocol error with the text."""
     error = details.get("error")

@@ -25,7 +25,8 @@ from pydantic import BaseModel, Field
 
 from server.api.request_fields import parse_as
 from server.api.response_fields import new_id
-from server.api.responses.items import ItemKind, call_id_of, mcp_error
+from server.api.responses.adapter import call_id_of, mcp_call_id
+from server.api.responses.items import ItemKind, mcp_error
 from server.api.responses.schemas import (
     McpCallItem,
     McpListedTool,
@@ -201,21 +202,22 @@ def listed_labels(
 
 async def approved_calls(
     request: ResponsesRequest,
-    earlier: Sequence[Item],
+    conversation: Sequence[Item],
     setup: McpSetup,
     *,
     response_id: str,
     timeout_s: float,
     max_output_chars: int,
-) -> tuple[list[Item], list[McpCallItem]]:
-    """Run the calls the client approved (`mcp_approval_response` items): their results for
-    the conversation, and the `mcp_call` items that show them. A refused call's result tells
-    the model so."""
+) -> tuple[tuple[Item, ...], list[McpCallItem]]:
+    """Run the calls the client approved (`mcp_approval_response` items): the conversation with
+    each result right after its call, and the `mcp_call` items that show them. A refused call's
+    result tells the model so. The calls are found in the conversation: the stored one of
+    previous_response_id, or `mcp_approval_request` items sent back as input."""
     if not isinstance(request.input, list):
-        return [], []
-    calls = {item.call_id: item for item in earlier if isinstance(item, ToolCall)}
-    answered = {item.call_id for item in earlier if isinstance(item, ToolResult)}
-    results: list[Item] = []
+        return tuple(conversation), []
+    calls = {item.call_id: item for item in conversation if isinstance(item, ToolCall)}
+    answered = {item.call_id for item in conversation if isinstance(item, ToolResult)}
+    results: dict[str, ToolResult] = {}
     shown: list[McpCallItem] = []
     for index, raw in enumerate(request.input):
         if raw.get("type") != "mcp_approval_response":
@@ -233,7 +235,7 @@ async def approved_calls(
         tools = setup.tools.get(call.namespace)
         if not response.approve or tools is None:
             reason = f" ({response.reason})" if response.reason else ""
-            results.append(_result(call, DENIED.format(reason=reason)))
+            results[call.call_id] = _result(call, DENIED.format(reason=reason))
             continue
         runner = ServerTools(
             {call.namespace: tools},
@@ -243,10 +245,10 @@ async def approved_calls(
         )
         result = await runner.run(ToolTarget(call.name, call.namespace), call.arguments)
         text = result.text
-        results.append(_result(call, text))
+        results[call.call_id] = _result(call, text)
         shown.append(
             McpCallItem(
-                id=new_id("mcp_"),
+                id=mcp_call_id(call.call_id),
                 server_label=call.namespace,
                 name=call.name,
                 arguments=call.arguments,
@@ -256,7 +258,14 @@ async def approved_calls(
                 approval_request_id=response.approval_request_id,
             )
         )
-    return results, shown
+    if not results:
+        return tuple(conversation), shown
+    merged: list[Item] = []
+    for item in conversation:
+        merged.append(item)
+        if isinstance(item, ToolCall) and item.call_id in results:
+            merged.append(results[item.call_id])
+    return tuple(merged), shown
 
 
 def _result(call: ToolCall, text: str) -> ToolResult:

@@ -95,15 +95,14 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     response_id = new_id("resp_")
     before = earlier.conversation if earlier is not None else ()
     mcp = await setup_mcp(body, request.app.state.mcp, _listed(earlier, body))
-    approved, ran = await approved_calls(
+    conversation, ran = await approved_calls(
         body,
-        before,
+        to_conversation(body, before),
         mcp,
         response_id=response_id,
         timeout_s=settings.tool_timeout_s,
         max_output_chars=settings.tool_max_output_chars,
     )
-    conversation = to_conversation(body, (*before, *approved))
     transcript = to_transcript(body, conversation, settings.reasoning_effort, date)
     if mcp.tools:
         transcript = dataclasses.replace(transcript, tools=(*transcript.tools, *mcp.specs))
@@ -204,7 +203,7 @@ def _base_response(
         previous_response_id=body.previous_response_id,
         parallel_tool_calls=body.parallel_tool_calls is not False,
         tool_choice=body.tool_choice or "auto",
-        tools=body.tools or [],
+        tools=_echoed_tools(body.tools or []),
         reasoning={
             "effort": transcript.reasoning_effort,
             "summary": options.summary,
@@ -215,6 +214,16 @@ def _base_response(
         store=body.store is not False,
         prompt_cache_key=body.prompt_cache_key,
     )
+
+
+def _echoed_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The request's tools as the response shows (and stores) them: an MCP tool's `headers`
+    and `authorization` (credentials) left out."""
+    secret = ("headers", "authorization")
+    return [
+        {k: v for k, v in tool.items() if k not in secret} if tool.get("type") == "mcp" else tool
+        for tool in tools
+    ]
 
 
 def _pick(value: float | None, default: float) -> float:

@@ -73,7 +73,35 @@ class ToolOutputIn(_Lenient):
     namespace: str | None = None
 
 
-InputItem = MessageIn | ReasoningIn | FunctionCallIn | CustomToolCallIn | ToolOutputIn
+class McpCallIn(_Lenient):
+    """An `mcp_call` output item sent back (a client that keeps the conversation itself)."""
+
+    type: Literal["mcp_call"]
+    id: str
+    server_label: str
+    name: str
+    arguments: str = ""
+    output: str | None = None
+    error: Any = None
+
+
+class McpApprovalRequestIn(_Lenient):
+    type: Literal["mcp_approval_request"]
+    id: str
+    server_label: str
+    name: str
+    arguments: str = ""
+
+
+InputItem = (
+    MessageIn
+    | ReasoningIn
+    | FunctionCallIn
+    | CustomToolCallIn
+    | ToolOutputIn
+    | McpCallIn
+    | McpApprovalRequestIn
+)
 
 
 class FunctionToolIn(_Lenient):
