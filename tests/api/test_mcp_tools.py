@@ -8,9 +8,6 @@ grammar checker, which validates each event against the openai SDK's types.
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,67 +20,23 @@ from openai_harmony import HarmonyEncoding
 from server.harmony.render import tool_message_tokens
 from server.ops.runtime import Runtime
 from server.testing.forced import ForcedScript
-from tests.support.mcp_server import HUGE_CHARS
+from tests.support.mcp_server import HUGE_CHARS, X_TEST, http_server, write_config
 from tests.support.responses import MODEL, create, responses_client, stream
 from tests.support.scripts import answer, reasoning
 
-ROOT = Path(__file__).resolve().parents[2]
 MAX_OUTPUT_CHARS = 2000
 
 
 def mcp_call(label: str, tool: str, arguments: str) -> str:
     """A call of an MCP server's tool: the namespace is the server's label."""
-    return (
-        f"<|channel|>commentary to={label}.{tool} <|constrain|>json<|message|>{arguments}<|call|>"
-    )
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    header = f"<|channel|>commentary to={label}.{tool} <|constrain|>json"
+    return f"{header}<|message|>{arguments}<|call|>"
 
 
 @pytest.fixture(scope="module")
-def http_server() -> Iterator[str]:
-    """The test MCP server over streamable HTTP on 127.0.0.1."""
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.mcp_server", "http", str(port)],
-        cwd=ROOT,
-        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert process.poll() is None, "the MCP server exited"
-                assert time.monotonic() < deadline, "the MCP server did not start"
-                time.sleep(0.2)
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        process.terminate()
-        process.wait(10)
-
-
-@pytest.fixture(scope="module")
-def config(tmp_path_factory: pytest.TempPathFactory, http_server: str) -> Path:
-    path = tmp_path_factory.mktemp("mcp") / "mcp.json"
-    stdio = {
-        "command": sys.executable,
-        "args": ["-m", "tests.support.mcp_server", "stdio"],
-        "env": {"PYTHONPATH": str(ROOT)},
-        "cwd": str(ROOT),
-    }
-    broken = {"command": sys.executable, "args": ["-c", "raise SystemExit(3)"]}
-    web = {"type": "http", "url": http_server, "headers": {"X-Test": "from-the-config"}}
-    path.write_text(json.dumps({"mcpServers": {"calc": stdio, "web": web, "broken": broken}}))
-    return path
+def config(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    with http_server() as url:
+        yield write_config(tmp_path_factory.mktemp("mcp"), url)
 
 
 @pytest.fixture(scope="module")
@@ -212,7 +165,7 @@ def test_http_headers_from_the_config_reach_the_server(
     forced.push(mcp_call("web", "whoami", "{}"))
     forced.push(answer("ok"))
     body = create(client, input="who", tools=[tool("web")])
-    assert by_type(body["output"], "mcp_call")[0]["output"] == "from-the-config"
+    assert by_type(body["output"], "mcp_call")[0]["output"] == X_TEST
 
 
 def test_a_server_that_cannot_list_is_a_failed_listing_not_a_failed_response(
