@@ -77,6 +77,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
             yield
         finally:
             app.state.responses.store.close()
+            await mcp.close()
             if runtime is None:
                 loaded.close()
 

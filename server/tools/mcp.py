@@ -6,11 +6,14 @@ The config file is the one people keep for Claude Desktop and Claude Code:
         "files": {"command": "uvx", "args": ["mcp-server-filesystem", "/srv/docs"], "env": {}},
         "search": {"type": "http", "url": "http://127.0.0.1:8931/mcp", "headers": {...}}}}
 
-A stdio server is started for each listing or call (the official `mcp` SDK's client, with the
-SDK's small default environment plus the entry's `env`) and stopped after it; a streamable-HTTP
-server is reached at its `url` with its `headers`. A request names a server by its label (the
-key); a `server_url` a request gives is used only when the operator listed that exact URL
-(`--mcp-allowed-urls`): a server that connects wherever a request says would be an SSRF hole.
+Each server gets one session (the official `mcp` SDK's client), opened at its first listing or
+call and kept for the next ones: a stdio server is started once (with the SDK's small default
+environment plus the entry's `env`) and keeps its state across calls; a streamable-HTTP server
+is reached at its `url` with its `headers`. A session that fails is closed, and the next call
+opens a new one; all are closed when the app stops (`McpServers.close`). A request names a
+server by its label (the key); a `server_url` a request gives is used only when the operator
+listed that exact URL (`--mcp-allowed-urls`): a server that connects wherever a request says
+would be an SSRF hole.
 
 Listings are cached per server (`LIST_TTL_S`). A failing or hanging server ends that listing
 or call with an error, never the response: `McpTools.call` never raises.
@@ -18,6 +21,8 @@ or call with an error, never the response: `McpTools.call` never raises.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -40,6 +45,8 @@ log = logging.getLogger(__name__)
 LIST_TTL_S = 300.0  # a listing is asked again after this long
 LIST_TIMEOUT_S = 30.0
 CONNECT_TIMEOUT_S = 10.0
+OPEN_TIMEOUT_S = 60.0  # starting a stdio server (npx, uvx) and the MCP handshake
+CLOSE_TIMEOUT_S = 10.0
 
 
 class McpConfigError(ValueError):
@@ -147,13 +154,88 @@ class Listing:
     error: str | None = None
 
 
+class _Session:
+    """One open client of one server. The SDK's client must be entered and left in one task:
+    a task of its own holds it open until `close()`; calls use it from any task."""
+
+    def __init__(self, server: McpServer) -> None:
+        self.server = server
+        self.client: Client | None = None
+        self._opened = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._error: BaseException | None = None
+        self._task = asyncio.create_task(self._hold(), name=f"mcp session {server.label}")
+
+    @property
+    def failed(self) -> bool:
+        """It opened and closed again, or never opened."""
+        return self._opened.is_set() and self.client is None
+
+    async def opened(self) -> Client:
+        await asyncio.wait_for(asyncio.shield(self._opened.wait()), OPEN_TIMEOUT_S)
+        if self.client is None:
+            raise ConnectionError(_reason(self._error) if self._error else "the session closed")
+        return self.client
+
+    async def _hold(self) -> None:
+        try:
+            async with _client(self.server) as client:
+                self.client = client
+                self._opened.set()
+                await self._stop.wait()
+        except Exception as exc:
+            self._error = exc
+        finally:
+            self.client = None
+            self._opened.set()
+
+    async def close(self) -> None:
+        self._stop.set()
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), CLOSE_TIMEOUT_S)
+        except (TimeoutError, asyncio.TimeoutError):
+            self._task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._task
+
+
 class McpServers:
-    """The operator's MCP servers; lives on the app (listings cached per server)."""
+    """The operator's MCP servers; lives on the app (a session and a cached listing per
+    server)."""
 
     def __init__(self, servers: Mapping[str, McpServer], allowed_urls: Sequence[str] = ()) -> None:
         self.servers = dict(servers)
         self.allowed_urls = frozenset(allowed_urls)
         self._listings: dict[str, tuple[float, Listing]] = {}
+        self._sessions: dict[str, _Session] = {}  # by repr(server): its whole configuration
+
+    async def _client(self, server: McpServer) -> Client:
+        """The server's open session's client, opening one when there is none (or it failed)."""
+        key = repr(server)
+        session = self._sessions.get(key)
+        if session is None or session.failed:
+            if session is not None:
+                await session.close()
+            session = self._sessions[key] = _Session(server)
+        try:
+            return await session.opened()
+        except BaseException:
+            if self._sessions.get(key) is session:
+                del self._sessions[key]
+            await session.close()
+            raise
+
+    async def _drop(self, server: McpServer) -> None:
+        """Close the server's session after a failure: the next call opens a new one."""
+        session = self._sessions.pop(repr(server), None)
+        if session is not None:
+            await session.close()
+
+    async def close(self) -> None:
+        """Close every session (stdio servers stop)."""
+        sessions, self._sessions = list(self._sessions.values()), {}
+        for session in sessions:
+            await session.close()
 
     def resolve(self, label: str, url: str | None, headers: Mapping[str, str]) -> McpServer | None:
         """The server a request's tool names: a configured label (a `server_url`, if given,
@@ -174,8 +256,8 @@ class McpServers:
         if cached is not None and time.monotonic() - cached[0] < LIST_TTL_S:
             return cached[1]
         try:
-            async with _client(server, LIST_TIMEOUT_S) as client:
-                result = await client.list_tools()
+            client = await self._client(server)
+            result = await asyncio.wait_for(client.list_tools(), LIST_TIMEOUT_S)
             tools = tuple(
                 McpTool(
                     name=tool.name,
@@ -192,6 +274,7 @@ class McpServers:
             listing = Listing(tools)
         except Exception as exc:
             log.warning("MCP server %s: listing its tools failed: %s", server.label, _reason(exc))
+            await self._drop(server)
             return Listing(error=f"listing the tools of {server.label} failed: {_reason(exc)}")
         self._listings[key] = (time.monotonic(), listing)
         return listing
@@ -207,10 +290,14 @@ class McpServers:
         if not isinstance(parsed, dict):
             return _error("the arguments must be a JSON object", "mcp_protocol_error", -32602)
         try:
-            async with _client(server, timeout_s) as client:
-                result = await client.call_tool(name, parsed, read_timeout_seconds=timeout_s)
+            client = await self._client(server)
+            result = await client.call_tool(name, parsed, read_timeout_seconds=timeout_s)
         except Exception as exc:
+            if _tool_timeout(exc):  # the session stays usable
+                message = f"the tool {name} did not answer within {timeout_s:g} s"
+                return _error(message, "mcp_protocol_error", -32001)
             log.warning("MCP server %s: calling %s failed: %s", server.label, name, _reason(exc))
+            await self._drop(server)
             return _error(f"calling {name} failed: {_reason(exc)}", "mcp_protocol_error", -32603)
         return _result(result)
 
@@ -247,22 +334,24 @@ class McpTools:
         return await self.servers.call(self.server, name, arguments, ctx.timeout_s)
 
 
-def _client(server: McpServer, timeout_s: float) -> Client:
+def _client(server: McpServer) -> Client:
+    """The SDK's client of `server` (not yet entered); each call sets its own read timeout."""
     if server.command is not None:
         params = StdioServerParameters(
             command=server.command, args=list(server.args), env=dict(server.env), cwd=server.cwd
         )
-        return Client(params, read_timeout_seconds=timeout_s, cache=None)
+        return Client(params, cache=None)
     assert server.url is not None
     http = httpx2.AsyncClient(
         headers=dict(server.headers),
-        timeout=httpx2.Timeout(CONNECT_TIMEOUT_S, read=timeout_s),
+        timeout=httpx2.Timeout(CONNECT_TIMEOUT_S, read=None),  # the calls time themselves
     )
-    return Client(
-        streamable_http_client(server.url, http_client=http),
-        read_timeout_seconds=timeout_s,
-        cache=None,
-    )
+    return Client(streamable_http_client(server.url, http_client=http), cache=None)
+
+
+def _tool_timeout(exc: BaseException) -> bool:
+    """Whether a call failed only by taking longer than its read timeout."""
+    return isinstance(exc, (TimeoutError, asyncio.TimeoutError)) or "timed out" in str(exc).lower()
 
 
 def _result(result: CallToolResult) -> ToolResult:

@@ -72,7 +72,7 @@ def test_a_call_runs_inside_the_response_and_the_round_reuses_the_kv_cache(
     listing, _reasoning, call, message = checked.items
     assert listing["type"] == "mcp_list_tools"
     assert listing["server_label"] == "web"
-    assert [t["name"] for t in listing["tools"]] == ["add", "fail", "hang", "huge", "whoami"]
+    assert [t["name"] for t in listing["tools"]] == ["add", "fail", "hang", "huge", "pid", "whoami"]
     assert call["type"] == "mcp_call"
     assert (call["server_label"], call["name"], call["arguments"]) == (
         "web",
@@ -387,3 +387,16 @@ def test_credentials_of_an_mcp_tool_are_not_echoed(
     body = create(client, input="hi", tools=[tool("web", headers=secret, authorization="s3cret")])
     assert "s3cret" not in json.dumps(body)
     assert body["tools"][0]["server_label"] == "web"
+
+
+def test_a_stdio_server_is_started_once_for_its_calls(
+    client: TestClient, forced: ForcedScript
+) -> None:
+    pids = []
+    for _ in range(2):
+        forced.push(mcp_call("calc", "pid", "{}"))
+        forced.push(answer("ok"))
+        body = create(client, input="pid?", tools=[tool("calc")])
+        pids.append(by_type(body["output"], "mcp_call")[0]["output"])
+    assert pids[0].isdigit()
+    assert pids[0] == pids[1]

@@ -4,7 +4,8 @@
     python -m tests.support.mcp_server http PORT
 
 Its tools: `add` (a normal tool), `fail` (raises: an error result), `hang` (never answers),
-`huge` (a result of HUGE_CHARS characters), `whoami` (the request's X-Test header, over HTTP).
+`huge` (a result of HUGE_CHARS characters), `pid` (its process id), `whoami` (the request's
+X-Test header, over HTTP).
 `http_server()` runs it on 127.0.0.1 for a test; `write_config()` writes the `mcpServers` file
 that names it over stdio (`calc`), over HTTP (`web`, with an X-Test header) and a server that
 exits at once (`broken`).
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -51,6 +53,11 @@ async def hang() -> str:
 def huge() -> str:
     line = "0123456789abcdefghijklmnopqrstuvwxyz" * 2 + "\n"
     return (line * (HUGE_CHARS // len(line) + 1))[:HUGE_CHARS]
+
+
+@server.tool(description="The server's process id.")
+def pid() -> str:
+    return str(os.getpid())
 
 
 @server.tool(description="Echoes the X-Test request header.")
