@@ -37,6 +37,7 @@ from server.ops.settings import Settings
 from server.ops.startup import load_runtime
 from server.ops.tools import start_server_tools
 from server.private_files import PrivatePathError, private_dir
+from server.tools.mcp import McpConfigError, McpServers, load_config
 
 
 def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
@@ -46,6 +47,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     is not private (server.private_files).
     """
     signer = _signer(settings)
+    mcp = _mcp_servers(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -72,11 +74,13 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
         app.state.responses = ResponsesState.from_settings(settings)
         app.state.messages = MessagesState.from_settings(settings, signer)
         app.state.server_tools = await start_server_tools(settings)
+        app.state.mcp = mcp
         try:
             yield
         finally:
             await app.state.server_tools.close()
             app.state.responses.store.close()
+            await mcp.close()
             if runtime is None:
                 loaded.close()
 
@@ -108,3 +112,12 @@ def _signer(settings: Settings) -> ThinkingSigner:
         return ThinkingSigner(load_key(private_dir(settings.state_dir) / KEY_FILE))
     except PrivatePathError as exc:
         raise StartupError(f"the state directory cannot be used: {exc}") from exc
+
+
+def _mcp_servers(settings: Settings) -> McpServers:
+    """The operator's MCP servers (none without --mcp-config); StartupError for a bad file."""
+    try:
+        servers = load_config(settings.mcp_config) if settings.mcp_config is not None else {}
+    except McpConfigError as exc:
+        raise StartupError(str(exc)) from exc
+    return McpServers(servers, settings.mcp_allowed_urls)

@@ -31,7 +31,6 @@ import torch
 from torch import Tensor
 
 from devkit.train_tiny.model import (
-    N_VOCAB,
     Dims,
     GptOss,
     from_params,
@@ -40,6 +39,7 @@ from devkit.train_tiny.model import (
     sampled_loss,
 )
 from devkit.trained.rows import row_prefixes
+from server.contracts.vocabulary import N_VOCAB
 
 STOP = {200002, 200012}  # <|return|>, <|call|>
 # the marker head's markers (GptOss.marker_init): ` to`, ` line`, `+`, `-`, a newline,

@@ -136,9 +136,20 @@ def to_tool_choice(value: str | dict[str, Any] | None) -> ToolChoice:
             raise InvalidRequest("tool_choice names no tool", param="tool_choice")
         namespace = named.get("namespace") or FUNCTIONS_NAMESPACE
         return ToolChoice(mode="named", name=name, namespace=str(namespace))
+    if kind == "mcp":  # Responses: an MCP server's tool, or any tool of that server
+        label, name = value.get("server_label"), value.get("name")
+        if not isinstance(label, str) or not label:
+            raise InvalidRequest(
+                "tool_choice of type mcp needs a server_label", param="tool_choice"
+            )
+        if name is None:
+            return ToolChoice(mode="required")
+        if not isinstance(name, str) or not name:
+            raise InvalidRequest("tool_choice names no tool", param="tool_choice")
+        return ToolChoice(mode="named", name=name, namespace=label)
     raise InvalidRequest(
-        f"tool_choice of type {kind!r} is not supported: this server runs function and custom "
-        "tools only",
+        f"tool_choice of type {kind!r} is not supported: this server runs function, custom "
+        "and MCP tools only",
         param="tool_choice",
     )
 

@@ -38,6 +38,7 @@ from server.contracts.events import (
     SummaryDelta,
     SummaryEnd,
     SummaryStart,
+    ToolOutput,
 )
 
 log = logging.getLogger(__name__)
@@ -79,9 +80,10 @@ class Emitter(Protocol[W]):
     def feed(self, event: GenerationEvent) -> list[W]: ...
 
 
-Finish = Callable[[list[W], list[SegmentEnd]], Awaitable[None]]
+Ended = SegmentEnd | ToolOutput
+Finish = Callable[[list[W], list[Ended]], Awaitable[None]]
 """Runs once the emitter is done, with its last events (the terminal ones) and every segment
-that ended, before those events leave."""
+that ended (and every server-run tool's output, in order), before those events leave."""
 
 
 class StreamRun(Generic[W]):
@@ -127,7 +129,7 @@ class StreamRun(Generic[W]):
         emitter = self._emitter
         for started in emitter.start():
             yield started
-        ended: list[SegmentEnd] = []
+        ended: list[Ended] = []
         in_order = SequentialItems(emitter.waits_for_summaries)
         try:
             generation = with_keepalive(self._source.events(), keepalive_s)
@@ -137,7 +139,7 @@ class StreamRun(Generic[W]):
                         for tick in emitter.keepalive():
                             yield tick
                         continue
-                    if isinstance(event, SegmentEnd):
+                    if isinstance(event, SegmentEnd | ToolOutput):
                         ended.append(event)
                     for ordered in in_order.feed(event):
                         for out in await self._feed(ordered, ended):
@@ -152,7 +154,7 @@ class StreamRun(Generic[W]):
             for out in await self._feed(failure, ended):
                 yield out
 
-    async def _feed(self, event: GenerationEvent, ended: list[SegmentEnd]) -> list[W]:
+    async def _feed(self, event: GenerationEvent, ended: list[Ended]) -> list[W]:
         """The emitter's events for `event`; the finish callback runs before the last ones."""
         emitter = self._emitter
         if emitter.done:

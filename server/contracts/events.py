@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 from server.contracts.directives import SteeringStats
 from server.contracts.transcript import FUNCTIONS_NAMESPACE, ToolKind
@@ -100,6 +101,26 @@ class SegmentEnd:
     content_type: str | None = None
     call_id: str | None = None
     target: ToolTarget | None = None  # tool calls only: the tool, in the client's names
+
+
+@dataclass(frozen=True, slots=True)
+class ToolOutput:
+    """A server-run tool's result, appended to the generation right after its call.
+
+    Follows the call's `SegmentEnd` (segment `index`); generation then goes on in the same
+    response. `text` is what the model read (truncated where the result was too long);
+    `details` are the fields the tool's backend adds to the API's output item (an MCP call's
+    `output` or `error`); `tokens` are the harmony tool message appended to the prompt.
+    """
+
+    index: int
+    call_id: str
+    target: ToolTarget
+    arguments: str
+    text: str
+    is_error: bool = False
+    details: dict[str, Any] = field(default_factory=dict)
+    tokens: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,5 +248,6 @@ GenerationEvent = (
     | SummaryStart
     | SummaryDelta
     | SummaryEnd
+    | ToolOutput
     | Finished
 )

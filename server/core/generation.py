@@ -34,18 +34,21 @@ from server.contracts.events import (
     SegmentEnd,
     SegmentStart,
     TokenLogprob,
+    ToolOutput,
 )
 from server.contracts.transcript import ResponseFormat, ToolChoice, Transcript
 from server.core.admission import Admission, Ticket
 from server.core.history import History
 from server.core.stop_strings import StopStrings
 from server.core.summaries import SummaryConfig, SummaryMerge, summary_transcript
+from server.core.tool_loop import ServerTools, merged, server_call, shifted
 from server.core.tool_names import ToolNames
 from server.core.visibility import SummaryStyle
 from server.engine.base import Engine, EngineResult, SamplingParams, StopReason, TokenStream
 from server.grammars.response_format import answer_grammar
 from server.grammars.tools import call_grammar
 from server.harmony.decoder import HarmonyDecoder
+from server.harmony.render import tool_message_tokens
 from server.harmony.renderer import Renderer
 from server.harmony.steering import HarmonySteering, SteeringPlan, plan_steering
 from server.harmony.token_bytes import TokenBytes
@@ -119,10 +122,16 @@ class Generator:
         """Each token's bytes (read once, when logprobs are first asked for)."""
         return TokenBytes.load(self.encoding)
 
-    def prepare(self, transcript: Transcript, options: GenerationOptions) -> Prepared:
+    def prepare(
+        self,
+        transcript: Transcript,
+        options: GenerationOptions,
+        tools: ServerTools | None = None,
+    ) -> Prepared:
         """Render and validate; raises InvalidRequest / ContextLengthExceeded / ServerBusy.
 
         Errors name logical request fields (RequestField); the adapter names them on the wire.
+        `tools`: the tools the server runs itself in this generation (server.core.tool_loop).
         """
         failure = self.engine.failure
         if failure is not None:
@@ -131,7 +140,7 @@ class Generator:
         if ticket is None:
             raise ServerBusy(self.admission.waiting)
         try:
-            prepared = self._prepare(transcript, options, ticket)
+            prepared = self._prepare(transcript, options, ticket, tools)
         except BaseException:
             ticket.release()
             raise
@@ -141,7 +150,11 @@ class Generator:
         return prepared
 
     def _prepare(
-        self, transcript: Transcript, options: GenerationOptions, ticket: Ticket
+        self,
+        transcript: Transcript,
+        options: GenerationOptions,
+        ticket: Ticket,
+        tools: ServerTools | None = None,
     ) -> Prepared:
         names = ToolNames(transcript.tools)
         transcript, prompt_tokens = self._render(transcript, names)
@@ -157,6 +170,13 @@ class Generator:
         params = self._sampling(options, room)
         steering = self._steering(transcript, names.to_harmony_choice(options.tool_choice), options)
         points = self.save_points(prompt_tokens)
+        later: tuple[SteeringPlan, SteeringPlan] | None = None
+        if tools is not None:  # after a tool round: tool_choice has been honoured
+            may_call = ToolChoice() if options.tool_choice.mode != "none" else options.tool_choice
+            later = (
+                self._steering(transcript, may_call, options),
+                self._steering(transcript, ToolChoice(mode="none"), options),
+            )
         return Prepared(
             self,
             prompt_tokens,
@@ -167,6 +187,8 @@ class Generator:
             options.summary,
             ticket,
             save_points=points,
+            tools=tools,
+            later_steering=later,
         )
 
     def count_tokens(self, transcript: Transcript) -> int:
@@ -312,6 +334,9 @@ class Prepared:
     ticket: Ticket | None = None  # the request's place in admission; None for summaries
     record: bool = True  # remember the generated messages in the history
     save_points: tuple[int, ...] = ()  # prompt lengths the engine may save to disk
+    tools: ServerTools | None = None  # tools the server runs itself (server.core.tool_loop)
+    # the steering of the rounds after a server-run call: calls allowed, and none (limit reached)
+    later_steering: tuple[SteeringPlan, SteeringPlan] | None = None
 
     def events(self) -> AsyncIterator[GenerationEvent]:
         """Decoder events while the engine samples (summary events merged in), then Finished.
@@ -338,12 +363,94 @@ class Prepared:
             yield event
 
     async def _events(self) -> AsyncGenerator[GenerationEvent, None]:
-        steering = self.steering.start()
-        stream, decoder = self._submit(steering)
+        if self.tools is None or self.later_steering is None:
+            rounds = self._round(self.prompt_tokens, self.params, self.steering, self.save_points)
+        else:
+            rounds = self._tool_rounds(self.tools, self.later_steering)
+        async with aclosing(rounds) as events:
+            async for event in events:
+                yield event
+
+    async def _tool_rounds(
+        self, tools: ServerTools, later: tuple[SteeringPlan, SteeringPlan]
+    ) -> AsyncGenerator[GenerationEvent, None]:
+        """Rounds of generation while the model calls server-run tools (see tool_loop)."""
+        generator = self.generator
+        prompt, params, plan, points = (
+            self.prompt_tokens,
+            self.params,
+            self.steering,
+            self.save_points,
+        )
+        offset, calls = 0, 0
+        total: Finished | None = None
+        while True:
+            sampled: list[int] = []
+            ended: list[SegmentEnd] = []
+            n_segments = 0
+            finished: Finished | None = None
+            async with aclosing(self._round(prompt, params, plan, points, sampled)) as events:
+                async for event in events:
+                    if isinstance(event, Finished):
+                        finished = event
+                        continue
+                    if isinstance(event, SegmentStart):
+                        n_segments = event.index + 1
+                    elif isinstance(event, SegmentEnd):
+                        ended.append(event)
+                    yield shifted(event, offset)
+            assert finished is not None
+            total = finished if total is None else merged(total, finished)
+            call = server_call(ended, tools) if finished.reason is FinishReason.TOOL_CALL else None
+            if call is None or call.target is None or call.recipient is None:
+                yield total
+                return
+            if calls >= tools.max_calls:  # the model called despite the steering: not run
+                yield tools.refused(call, call.index + offset)
+                yield total
+                return
+            calls += 1
+            result = await tools.run(call.target, call.text)
+            result_tokens = tool_message_tokens(generator.encoding, call.recipient, result.text)
+            yield ToolOutput(
+                index=call.index + offset,
+                call_id=call.call_id or "",
+                target=call.target,
+                arguments=call.text,
+                text=result.text,
+                is_error=result.is_error,
+                details=dict(result.item),
+                tokens=tuple(result_tokens),
+            )
+            offset += n_segments
+            prompt = [*prompt, *sampled, *result_tokens, *generator.renderer.assistant_start]
+            room = generator.engine.info.n_ctx - len(prompt)
+            left = params.max_tokens - finished.usage.completion_tokens
+            if room <= 0 or left <= 0:
+                yield dataclasses.replace(total, reason=FinishReason.LENGTH)
+                return
+            params = dataclasses.replace(params, max_tokens=min(left, room))
+            plan = later[1] if calls >= tools.max_calls else later[0]
+            points = ()
+
+    async def _round(
+        self,
+        prompt_tokens: list[int],
+        params: SamplingParams,
+        plan: SteeringPlan,
+        save_points: tuple[int, ...],
+        sampled: list[int] | None = None,
+    ) -> AsyncGenerator[GenerationEvent, None]:
+        """One engine generation: its events, then its Finished. `sampled` gets every token
+        the engine sampled (a server-run tool's round appends to them)."""
+        steering = plan.start()
+        stream, decoder = self._submit(steering, prompt_tokens, params, save_points)
         client = ClientEvents(decoder, StopStrings(self.stop), self.names)
         consumed = False
         try:
             async for chunk in stream.paced(self.generator.stream_interval_s):
+                if sampled is not None:
+                    sampled.extend(chunk)
                 for event in client.feed(chunk, chunk.logprobs):
                     yield event
                 if client.stopped:
@@ -365,11 +472,15 @@ class Prepared:
             self.generator.history.record(client.ended)
         yield self._report(stream.result, decoder, steering, stopped=client.stop_sequence)
 
-    def _submit(self, steering: HarmonySteering) -> tuple[TokenStream, HarmonyDecoder]:
+    def _submit(
+        self,
+        steering: HarmonySteering,
+        prompt_tokens: list[int],
+        params: SamplingParams,
+        save_points: tuple[int, ...],
+    ) -> tuple[TokenStream, HarmonyDecoder]:
         """The engine's stream, and the decoder for it (built while the prompt is evaluated)."""
-        stream = self.generator.engine.submit(
-            self.prompt_tokens, self.params, steering, self.save_points
-        )
+        stream = self.generator.engine.submit(prompt_tokens, params, steering, save_points)
         try:
             return stream, HarmonyDecoder(self.generator.encoding)
         except BaseException:

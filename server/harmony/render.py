@@ -159,7 +159,17 @@ def _item_message(item: Item) -> Message:
         call = Message.from_role_and_content(Role.ASSISTANT, item.arguments)
         call = call.with_channel("commentary").with_recipient(item.recipient)
         return call.with_content_type(item.content_type) if item.content_type else call
-    result = Message.from_author_and_content(Author.new(Role.TOOL, item.author), item.output)
+    return _tool_message(item.author, item.output)
+
+
+def tool_message_tokens(encoding: HarmonyEncoding, author: str, text: str) -> list[int]:
+    """A tool's result message (`<|start|>{author} to=assistant<|channel|>commentary...`), as
+    a ToolResult item of that author renders: what a server-run tool's output appends."""
+    return encoding.render(_tool_message(author, text))
+
+
+def _tool_message(author: str, text: str) -> Message:
+    result = Message.from_author_and_content(Author.new(Role.TOOL, author), text)
     return result.with_channel("commentary").with_recipient("assistant")
 
 

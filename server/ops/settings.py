@@ -369,6 +369,30 @@ class Settings(BaseSettings):
         "/v1/responses stream sends a response.in_progress event; Codex resets its idle timer "
         "only on real events.",
     )
+    # --- server-run tools (/v1/responses) ---
+    mcp_config: Path | None = Field(
+        None,
+        description="MCP servers /v1/responses may use, in the `mcpServers` JSON format of "
+        "Claude Desktop and Claude Code (stdio `command`/`args`/`env`, or HTTP `url`/`headers`). "
+        "A request names one by its key as `server_label` in a tool of type `mcp`; the server "
+        "lists its tools and runs the calls the model makes. Unset: no MCP.",
+    )
+    mcp_allowed_urls: Annotated[tuple[str, ...], NoDecode, BeforeValidator(_alias_list)] = Field(
+        (),
+        description="MCP server URLs a request may name itself (`server_url`), exactly as "
+        "written: URL[,URL...]. Any other URL a request gives is refused (a server that "
+        "connects wherever a request says is an SSRF hole).",
+    )
+    tool_max_calls: int = Field(16, ge=1, description="Most server-run tool calls in one response.")
+    tool_timeout_s: float = Field(
+        60.0, gt=0, description="Seconds a server-run tool call may take; then it fails."
+    )
+    tool_max_output_chars: int = Field(
+        20_000,
+        ge=100,
+        description="Most characters of a server-run tool's result the model reads; the rest "
+        "is cut with a note to the model.",
+    )
     messages_ping_s: float = Field(
         5.0,
         gt=0,

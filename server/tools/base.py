@@ -69,7 +69,10 @@ class ToolResult:
 class ServerTool(Protocol):
     """A namespace of tools the server runs itself."""
 
-    namespace: str  # the harmony namespace the model addresses
+    @property
+    def namespace(self) -> str:
+        """The namespace the model addresses (an MCP server's label, `python`, `browser`)."""
+        ...
 
     def description(self) -> ToolNamespace:
         """The namespace as the model sees it (after any listing the backend needed)."""

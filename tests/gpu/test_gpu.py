@@ -25,7 +25,7 @@ from devkit.models import TRAINED, cached_gguf
 from devkit.serving import server_process
 from server.bench.procs import ServerProcess
 from server.engine.loading.gguf_header import read_tensor_infos
-from tests.e2e.test_prompt_cache_restart import disk_metrics, usage
+from tests.support.prompt_cache import disk_metrics, usage
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 

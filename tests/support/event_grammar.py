@@ -7,6 +7,11 @@
     summary   := reasoning_summary_part.added reasoning_summary_text.delta*
                  reasoning_summary_text.done reasoning_summary_part.done
     call      := output_item.added delta* call.done output_item.done  (function / custom tool)
+    mcp_call  := output_item.added mcp_call.in_progress mcp_call_arguments.delta*
+                 mcp_call_arguments.done (mcp_call.completed | mcp_call.failed)? output_item.done
+    listing   := output_item.added mcp_list_tools.in_progress
+                 (mcp_list_tools.completed | mcp_list_tools.failed) output_item.done
+    approval  := output_item.added output_item.done                   (mcp_approval_request)
 
 plus: every event validates against the openai SDK's own `ResponseStreamEvent` types;
 sequence_number counts from 0 without gaps; output_index, content_index and item_id agree
@@ -55,6 +60,17 @@ RULES = {
         "response.custom_tool_call_input.done",
         "input",
     ),
+    "mcp_call": _Rules(
+        None, "response.mcp_call_arguments.delta", "response.mcp_call_arguments.done", "arguments"
+    ),
+}
+# MCP items that have no text of their own to stream: their steps, in order
+MCP_STEPS = {
+    "mcp_list_tools": (
+        "response.mcp_list_tools.in_progress",
+        ("response.mcp_list_tools.completed", "response.mcp_list_tools.failed"),
+    ),
+    "mcp_approval_request": (),
 }
 
 
@@ -144,9 +160,12 @@ class _Checker:
     def _added(self, event: dict[str, Any]) -> _Open:
         item = event["item"]
         assert event["output_index"] == len(self.checked.items), "output_index is not the next"
-        assert item["type"] in RULES, f"unexpected item type {item['type']}"
+        assert item["type"] in (*RULES, *MCP_STEPS), f"unexpected item type {item['type']}"
         assert item["id"] not in self.ids, "duplicate item id"
         self.ids.add(item["id"])
+        if item["type"] in MCP_STEPS:
+            rules = _Rules(None, "", "", "")
+            return _Open(item=item, output_index=event["output_index"], rules=rules)
         assert item.get("status") == "in_progress"
         if item["type"] == "reasoning":
             assert item["summary"] == [], "reasoning items open with summary: []"
@@ -155,10 +174,20 @@ class _Checker:
         if item["type"] in ("function_call", "custom_tool_call"):
             assert item["call_id"], "calls carry their call_id from the start"
             assert item["name"], "calls carry their name from the start"
+        if item["type"] == "mcp_call":
+            assert item["name"], "MCP calls name their tool at once"
+            assert item["server_label"], "MCP calls name their server at once"
+            assert item["arguments"] == ""
+            assert item.get("output") is None
         return _Open(item=item, output_index=event["output_index"], rules=RULES[item["type"]])
 
     def _inside(self, item: _Open, event: dict[str, Any]) -> _Open | None:
         kind, rules = event["type"], item.rules
+        if item.item["type"] in MCP_STEPS:
+            return self._mcp_step(item, event)
+        if item.item["type"] == "mcp_call" and kind.startswith("response.mcp_call."):
+            _mcp_call_step(item, kind)
+            return item
         text_step = "part" if rules.part else "added"
         if kind.startswith("response.reasoning_summary_"):
             _summary_step(item, event)
@@ -171,11 +200,11 @@ class _Checker:
             assert event["part"]["text"] == ""
             item.step, item.has_part = "part", True
         elif kind == rules.delta:
-            assert item.step == text_step, "delta out of place"
+            assert item.step in (text_step, "calling"), "delta out of place"
             assert event.get("content_index", 0) == 0
             item.text += event["delta"]
         elif kind == rules.done:
-            assert item.step == text_step, "done out of place"
+            assert item.step in (text_step, "calling"), "done out of place"
             assert event[rules.done_field] == item.text, "done text differs from the deltas"
             item.step = "text_done"
         elif kind == "response.content_part.done":
@@ -192,6 +221,38 @@ class _Checker:
         else:
             raise AssertionError(f"{kind} inside a {item.item['type']} item")
         return item
+
+    def _mcp_step(self, item: _Open, event: dict[str, Any]) -> _Open | None:
+        """An MCP listing or approval request: its fixed steps, then output_item.done."""
+        kind = event["type"]
+        steps = MCP_STEPS[item.item["type"]]
+        done_steps = int(item.step) if item.step.isdigit() else 0
+        if kind == "response.output_item.done":
+            assert done_steps == len(steps), f"closed after {done_steps} of {len(steps)} steps"
+            done = event["item"]
+            assert done["id"] == item.item["id"]
+            assert done["type"] == item.item["type"]
+            if done["type"] == "mcp_list_tools":
+                failed = item.text == "response.mcp_list_tools.failed"
+                assert bool(done.get("error")) == failed, "a failed listing carries its error"
+            self.checked.items.append(done)
+            return None
+        assert done_steps < len(steps), f"{kind} after the last step"
+        expected = steps[done_steps]
+        assert kind in (expected if isinstance(expected, tuple) else (expected,)), kind
+        item.step, item.text = str(done_steps + 1), kind
+        return item
+
+
+def _mcp_call_step(item: _Open, kind: str) -> None:
+    """mcp_call.in_progress right after added; completed / failed after the arguments."""
+    if kind == "response.mcp_call.in_progress":
+        assert item.step == "added", "mcp_call.in_progress out of place"
+        item.step = "calling"
+        return
+    assert kind in ("response.mcp_call.completed", "response.mcp_call.failed"), kind
+    assert item.step == "text_done", f"{kind} before the arguments are done"
+    item.step = "ran_failed" if kind.endswith("failed") else "ran"
 
 
 def _summary_step(item: _Open, event: dict[str, Any]) -> None:
@@ -230,6 +291,9 @@ def _check_closing(item: _Open) -> None:
         if item.has_part:
             assert item.step == "part_done", "closed inside the content part"
         return
+    if item.item["type"] == "mcp_call":
+        assert item.step in ("text_done", "ran", "ran_failed"), "closed early"
+        return
     assert item.step == ("part_done" if rules.part else "text_done"), "closed early"
 
 
@@ -237,8 +301,15 @@ def _check_done_item(item: _Open, done: dict[str, Any]) -> None:
     added = item.item
     assert done["id"] == added["id"], "item id changed"
     assert done["type"] == added["type"], "item type changed"
-    assert done["status"] in ("completed", "incomplete")
     kind = done["type"]
+    if kind == "mcp_call":
+        ran = {"ran": "completed", "ran_failed": "failed", "text_done": "incomplete"}
+        assert done["status"] == ran[item.step], (done["status"], item.step)
+        assert done["arguments"] == item.text, "done arguments differ from the deltas"
+        assert (done.get("error") is not None) == (item.step == "ran_failed")
+        assert (done.get("output") is not None) == (item.step == "ran")
+        return
+    assert done["status"] in ("completed", "incomplete")
     if kind == "reasoning":
         summary = [] if item.summary is None else [{"type": "summary_text", "text": item.summary}]
         assert done["summary"] == summary, "the item's summary differs from its summary part"

@@ -41,7 +41,7 @@ from server.api.responses.emitter import fold as fold_response
 from server.api.responses.schemas import ResponseObject, StreamEvent
 from server.api.responses.store import item_from_json, item_to_json
 from server.api.sse import sse_typed
-from server.api.stream_run import StreamRun
+from server.api.stream_run import Ended, StreamRun
 from server.contracts.errors import ServerError
 from server.contracts.events import (
     DecodeWarning,
@@ -308,9 +308,9 @@ def check_responses(
         ResponseObject(id="resp_fuzz", created_at=1, model="gpt-oss-tiny"),
         new_item_id=lambda prefix: f"{prefix}{next(counter)}",
     )
-    finished: list[tuple[ResponseObject, list[SegmentEnd]]] = []
+    finished: list[tuple[ResponseObject, list[Ended]]] = []
 
-    async def finish(last: list[StreamEvent], ended: list[SegmentEnd]) -> None:
+    async def finish(last: list[StreamEvent], ended: list[Ended]) -> None:
         finished.append((fold_response(last), list(ended)))
 
     async def collect() -> list[Any]:

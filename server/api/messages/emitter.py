@@ -67,6 +67,7 @@ from server.contracts.events import (
     SummaryDelta,
     SummaryEnd,
     SummaryStart,
+    ToolOutput,
     Usage,
 )
 from server.core.history import prompt_tokens
@@ -147,6 +148,8 @@ class MessagesEmitter:
             return [*self._close(), *self._finish(event)]
         if isinstance(event, (SummaryStart, SummaryDelta, SummaryEnd)):
             return self._summary(event) if self.waits_for_summaries else []
+        if isinstance(event, ToolOutput):
+            return []  # Messages offers no server-run tools
         return self._segment(event)
 
     def _segment(self, event: SegmentStart | SegmentDelta | SegmentEnd) -> list[StreamEvent]:

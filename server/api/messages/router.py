@@ -35,9 +35,8 @@ from server.api.messages.schemas import (
 from server.api.messages.signature import ThinkingSigner
 from server.api.response_fields import new_id
 from server.api.sse import sse_typed
-from server.api.stream_run import StreamRun
+from server.api.stream_run import Ended, StreamRun
 from server.contracts.errors import ServerError
-from server.contracts.events import SegmentEnd
 from server.contracts.transcript import Transcript
 from server.core.generation import Generator
 from server.ops.settings import Settings
@@ -112,7 +111,7 @@ def _body(events: list[StreamEvent]) -> dict[str, Any]:
     return fold(events).model_dump(mode="json")
 
 
-async def _log_usage(message_id: str, last: list[StreamEvent], _: list[SegmentEnd]) -> None:
+async def _log_usage(message_id: str, last: list[StreamEvent], _: list[Ended]) -> None:
     """Log what the message cost (its `message_delta`; a failed one has none)."""
     for event in last:
         if not isinstance(event, MessageDelta):

@@ -38,6 +38,8 @@ from server.api.responses.schemas import (
     FunctionCallIn,
     FunctionToolIn,
     InputItem,
+    McpApprovalRequestIn,
+    McpCallIn,
     MessageIn,
     NamespaceToolIn,
     ReasoningIn,
@@ -45,7 +47,7 @@ from server.api.responses.schemas import (
     ToolOutputIn,
 )
 from server.contracts.errors import InvalidRequest, RequestField
-from server.contracts.events import SegmentEnd, SegmentKind, ToolTarget
+from server.contracts.events import SegmentEnd, SegmentKind, ToolOutput, ToolTarget
 from server.contracts.transcript import (
     FUNCTIONS_NAMESPACE,
     AssistantChannel,
@@ -74,6 +76,8 @@ _ITEM_MODELS: dict[str, type[BaseModel]] = {
     "custom_tool_call": CustomToolCallIn,
     "function_call_output": ToolOutputIn,
     "custom_tool_call_output": ToolOutputIn,
+    "mcp_call": McpCallIn,
+    "mcp_approval_request": McpApprovalRequestIn,
 }
 # Every input item type of OpenAI's Responses API: those without a model above are skipped.
 OPENAI_ITEM_TYPES = frozenset(
@@ -277,14 +281,21 @@ def custom_arguments(raw_input: str) -> str:
     return json.dumps({"input": raw_input}, ensure_ascii=False, separators=(",", ":"))
 
 
-def output_items(ends: Sequence[SegmentEnd], message_start: Sequence[int]) -> list[Item]:
-    """The generated messages as transcript items with their exact tokens (for the store).
+def output_items(
+    ends: Sequence[SegmentEnd | ToolOutput], message_start: Sequence[int]
+) -> list[Item]:
+    """The generated messages as transcript items with their exact tokens (for the store), and
+    the results of the tools the server ran between them.
 
     `message_start` is `<|start|>assistant`, which the first message of a completion lacks
     (the prompt ended with it); a final `<|return|>` becomes `<|end|>`, as in any later prompt.
     """
     items: list[Item] = []
     for end in ends:
+        if isinstance(end, ToolOutput):
+            target = end.target
+            items.append(ToolResult(end.call_id, end.text, target.name, target.namespace))
+            continue
         tokens = prompt_tokens(end.tokens, message_start) if end.complete else None
         if end.kind is SegmentKind.REASONING:
             items.append(Reasoning(end.text, tokens=tokens))
@@ -313,6 +324,11 @@ def to_items(value: str | list[dict[str, Any]], earlier: Sequence[Item] = ()) ->
     calls = {item.call_id: item for item in earlier if isinstance(item, ToolCall)}
     items: list[Item] = []
     for index, parsed in _parsed_items(value):
+        if isinstance(parsed, McpCallIn):  # a call the server ran, and its result
+            call_id = call_id_of(parsed.id)
+            call = ToolCall(call_id, parsed.name, parsed.arguments, parsed.server_label)
+            items += [call, _mcp_result(parsed)]
+            continue
         item = _item(parsed, f"input[{index}]", calls)
         if item is None:
             continue
@@ -361,7 +377,41 @@ def _item(parsed: InputItem, param: str, calls: dict[str, ToolCall]) -> Item | N
         namespace = parsed.namespace or FUNCTIONS_NAMESPACE
         arguments = custom_arguments(parsed.input)
         return ToolCall(parsed.call_id, parsed.name, arguments, namespace=namespace)
+    if isinstance(parsed, McpApprovalRequestIn):  # the call that waits for approval
+        call_id = call_id_of(parsed.id)
+        return ToolCall(call_id, parsed.name, parsed.arguments, namespace=parsed.server_label)
+    assert isinstance(parsed, ToolOutputIn)
     return _tool_result(parsed, param, calls)
+
+
+def approval_request_id(call_id: str) -> str:
+    """The id of the approval request of call `call_id` (`call_X` -> `mcpr_X`): the client's
+    `mcp_approval_response` names the call by it."""
+    return "mcpr_" + call_id.removeprefix("call_")
+
+
+def call_id_of(item_id: str) -> str:
+    """The call an approval request's (`mcpr_X`) or an MCP call's (`mcp_X`) id names."""
+    for prefix in ("mcpr_", "mcp_"):
+        if item_id.startswith(prefix):
+            return "call_" + item_id.removeprefix(prefix)
+    return item_id
+
+
+def mcp_call_id(call_id: str) -> str:
+    """The id of the `mcp_call` item of a call the server ran (`call_X` -> `mcp_X`)."""
+    return "mcp_" + call_id.removeprefix("call_")
+
+
+def _mcp_result(call: McpCallIn) -> ToolResult:
+    """What the model read of an MCP call's result: its output, or its error."""
+    if call.output is not None:
+        text = call.output
+    elif isinstance(call.error, dict) and isinstance(call.error.get("message"), str):
+        text = call.error["message"]
+    else:
+        text = json.dumps(call.error) if call.error is not None else ""
+    return ToolResult(call_id_of(call.id), text, call.name, call.server_label)
 
 
 def _message(message: MessageIn, param: str) -> Item:

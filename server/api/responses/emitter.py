@@ -19,10 +19,15 @@ from collections.abc import Callable, Sequence
 
 from server.api.logprobs import token_entries
 from server.api.response_fields import new_id, now
+from server.api.responses.adapter import approval_request_id, mcp_call_id
 from server.api.responses.items import (
     LIFECYCLES,
     ItemKind,
     OpenItem,
+    mcp_call_opened,
+    mcp_call_result,
+    mcp_error,
+    ready_item_events,
     summary_done,
     summary_part_added,
     summary_text_delta,
@@ -32,6 +37,8 @@ from server.api.responses.schemas import (
     ContentPartAdded,
     IncompleteDetails,
     ItemStatus,
+    McpCallItem,
+    McpListToolsItem,
     OutputItem,
     OutputItemAdded,
     OutputItemDone,
@@ -60,6 +67,7 @@ from server.contracts.events import (
     SummaryDelta,
     SummaryEnd,
     SummaryStart,
+    ToolOutput,
     ToolTarget,
 )
 from server.core.visibility import ReasoningView
@@ -85,11 +93,18 @@ class ResponsesEmitter:
         *,
         view: ReasoningView = RAW,
         logprobs: TokenBytes | None = None,
+        call_kind: Callable[[ToolTarget], ItemKind | None] | None = None,
+        ready: Sequence[McpListToolsItem | McpCallItem] = (),
     ) -> None:
+        """`call_kind`: the item of a call to a server-run tool (None: a client's call);
+        `ready`: items complete before generation (MCP listings, approved calls that ran),
+        streamed first."""
         self._base = base
         self._logprobs = logprobs  # the output text's logprobs were asked for
         self._new_item_id = new_item_id
         self._view = view
+        self._call_kind = call_kind
+        self._ready = list(ready)
         self._sequence = 0
         self._output: list[OutputItem] = []
         self._open: OpenItem | None = None
@@ -111,10 +126,14 @@ class ResponsesEmitter:
     def start(self) -> list[StreamEvent]:
         """`response.created` and `response.in_progress`: the first two events."""
         snapshot = self._snapshot()
-        return [
+        events: list[StreamEvent] = [
             ResponseCreated(sequence_number=self._next(), response=snapshot),
             ResponseInProgress(sequence_number=self._next(), response=snapshot),
         ]
+        for item in self._ready:
+            events += ready_item_events(item, len(self._output), self._next)
+            self._output.append(item)
+        return events
 
     def keepalive(self) -> list[StreamEvent]:
         """A real event for idle stretches (long prefill), only between items."""
@@ -133,6 +152,8 @@ class ResponsesEmitter:
             return [*self._close_open(), self._finish(event)]
         if isinstance(event, (SummaryStart, SummaryDelta, SummaryEnd)):
             return self._summary(event)
+        if isinstance(event, ToolOutput):
+            return self._tool_output(event)
         return self._segment(event)
 
     def _segment(self, event: SegmentStart | SegmentDelta | SegmentEnd) -> list[StreamEvent]:
@@ -149,7 +170,7 @@ class ResponsesEmitter:
         lifecycle = LIFECYCLES[kind]
         item = OpenItem(
             kind=kind,
-            id=self._new_item_id(lifecycle.prefix),
+            id=self._item_id(kind, start.call_id or ""),
             output_index=len(self._output),
             segment=start.index,
             phase="commentary" if start.kind is SegmentKind.PREAMBLE else "final_answer",
@@ -164,6 +185,8 @@ class ResponsesEmitter:
                 item=self._shape(item, "in_progress", ""),
             )
         ]
+        if kind == "mcp_call":
+            added.append(mcp_call_opened(item, self._next()))
         part = lifecycle.part(self._view.raw)
         if part is not None:
             added.append(
@@ -177,10 +200,22 @@ class ResponsesEmitter:
             )
         return added
 
+    def _item_id(self, kind: ItemKind, call_id: str) -> str:
+        """A new id; a server-run call's and an approval request's name their call (a client
+        that sends them back as input replays the call's exact tokens)."""
+        if kind == "mcp_approval_request":
+            return approval_request_id(call_id)
+        if kind == "mcp_call":
+            return mcp_call_id(call_id)
+        return self._new_item_id(LIFECYCLES[kind].prefix)
+
     def _kind_of(self, start: SegmentStart) -> tuple[ItemKind, ToolTarget | None]:
         if start.kind is not SegmentKind.TOOL_CALL:
             return SEGMENT_ITEMS[start.kind], None
         target = start.target or ToolTarget("")
+        server_run = self._call_kind(target) if self._call_kind is not None else None
+        if server_run is not None:
+            return server_run, target
         return ("custom_tool_call" if target.kind == "custom" else "function_call"), target
 
     # -------------------------------------------------------------------------- streaming
@@ -232,10 +267,24 @@ class ResponsesEmitter:
         item = self._open
         if item is None or end.index != item.segment:
             return []
-        if item.kind != "reasoning" or not self.waits_for_summaries:
+        waits = item.kind == "reasoning" and self.waits_for_summaries
+        if item.kind == "mcp_call" and end.complete:
+            waits = True  # for the call's result (ToolOutput)
+        if not waits:
             return self._close_open(end)
         item.ended = end
         return self._done_events(item, item.text)
+
+    def _tool_output(self, output: ToolOutput) -> list[StreamEvent]:
+        """A server-run call's result: the open call item completes (or fails) and closes."""
+        item = self._open
+        if item is None or item.kind != "mcp_call" or item.segment != output.index:
+            return []
+        if output.is_error:
+            item.error = mcp_error(output.details, output.text)
+        else:
+            item.output = output.text
+        return [mcp_call_result(item, self._next()), *self._close_open()]
 
     def _close_open(self, end: SegmentEnd | None = None) -> list[StreamEvent]:
         item = self._open

@@ -9,9 +9,9 @@ Sequence numbers come from the emitter, which owns them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from server.api.logprobs import TokenLogprobOut
 from server.api.responses.adapter import custom_input
@@ -25,8 +25,21 @@ from server.api.responses.schemas import (
     FunctionCallItem,
     InputTokensDetails,
     ItemStatus,
+    McpApprovalRequestItem,
+    McpCallArgumentsDelta,
+    McpCallArgumentsDone,
+    McpCallCompleted,
+    McpCallFailed,
+    McpCallInProgress,
+    McpCallItem,
+    McpListToolsCompleted,
+    McpListToolsFailed,
+    McpListToolsInProgress,
+    McpListToolsItem,
     MessageItem,
     OutputItem,
+    OutputItemAdded,
+    OutputItemDone,
     OutputTextDelta,
     OutputTextDone,
     OutputTextPart,
@@ -46,7 +59,9 @@ from server.api.responses.schemas import (
 )
 from server.contracts.events import SegmentEnd, SummaryReport, ToolTarget, Usage
 
-ItemKind = Literal["reasoning", "message", "function_call", "custom_tool_call"]
+ItemKind = Literal[
+    "reasoning", "message", "function_call", "custom_tool_call", "mcp_call", "mcp_approval_request"
+]
 NextSequence = Callable[[], int]  # the emitter's next sequence number
 
 
@@ -66,6 +81,8 @@ class OpenItem:
     ended: SegmentEnd | None = None  # reasoning whose content is done, waiting for its summary
     summary: list[str] | None = None  # the summary part's text, once the part is open
     summary_complete: bool = True
+    output: str | None = None  # a server-run call's result, once it ran
+    error: dict[str, Any] | None = None  # a server-run call's error, once it failed
 
     @property
     def text(self) -> str:
@@ -250,6 +267,119 @@ def _namespace(target: ToolTarget) -> str | None:
     return None if target.in_default_namespace else target.namespace  # not sent
 
 
+# -------------------------------------------------------------------------- MCP calls
+
+
+def _mcp_arguments_delta(item: OpenItem, sequence: int, text: str) -> StreamEvent:
+    return McpCallArgumentsDelta(
+        sequence_number=sequence, item_id=item.id, output_index=item.output_index, delta=text
+    )
+
+
+def _mcp_arguments_done(
+    item: OpenItem, next_sequence: NextSequence, text: str
+) -> list[StreamEvent]:
+    return [
+        McpCallArgumentsDone(
+            sequence_number=next_sequence(),
+            item_id=item.id,
+            output_index=item.output_index,
+            arguments=text,
+        )
+    ]
+
+
+def _mcp_call_item(item: OpenItem, status: ItemStatus, text: str, _: bool) -> OutputItem:
+    target = item.target or ToolTarget("")
+    if item.error is not None:
+        final: Any = "failed"
+    elif status == "completed" and item.output is None:
+        final = "incomplete"  # the call was written but never ran
+    else:
+        final = status
+    return McpCallItem(
+        id=item.id,
+        server_label=target.namespace,
+        name=target.name,
+        arguments=text,
+        output=item.output,
+        error=item.error,
+        status=final,
+    )
+
+
+def _no_events(item: OpenItem, next_sequence: NextSequence, text: str) -> list[StreamEvent]:
+    return []
+
+
+def _approval_request_item(item: OpenItem, status: ItemStatus, text: str, _: bool) -> OutputItem:
+    target = item.target or ToolTarget("")
+    return McpApprovalRequestItem(
+        id=item.id, server_label=target.namespace, name=target.name, arguments=text
+    )
+
+
+def mcp_error(details: Mapping[str, Any], text: str) -> dict[str, Any]:
+    """An `mcp_call` item's `error`: the backend's, else a protocol error with the text."""
+    error = details.get("error")
+    if isinstance(error, dict):
+        return error
+    return {"type": "mcp_protocol_error", "code": -32603, "message": text}
+
+
+def mcp_call_result(item: OpenItem, sequence: int) -> StreamEvent:
+    """`response.mcp_call.completed` or `.failed`, once the call ran."""
+    kind = McpCallFailed if item.error is not None else McpCallCompleted
+    return kind(sequence_number=sequence, item_id=item.id, output_index=item.output_index)
+
+
+def mcp_call_opened(item: OpenItem, sequence: int) -> StreamEvent:
+    return McpCallInProgress(
+        sequence_number=sequence, item_id=item.id, output_index=item.output_index
+    )
+
+
+def ready_item_events(
+    item: McpListToolsItem | McpCallItem, output_index: int, next_sequence: NextSequence
+) -> list[StreamEvent]:
+    """The whole lifecycle of an item that was ready before generation (a server's listing, an
+    approved call that ran), as OpenAI streams it."""
+    events: list[StreamEvent] = []
+    ids = {"item_id": item.id, "output_index": output_index}
+    if isinstance(item, McpListToolsItem):
+        opened = item.model_copy(update={"tools": [], "error": None})
+        events.append(
+            OutputItemAdded(sequence_number=next_sequence(), output_index=output_index, item=opened)
+        )
+        events.append(McpListToolsInProgress(sequence_number=next_sequence(), **ids))
+        ended = McpListToolsFailed if item.error else McpListToolsCompleted
+        events.append(ended(sequence_number=next_sequence(), **ids))
+    else:
+        opened_call = item.model_copy(
+            update={"arguments": "", "output": None, "error": None, "status": "in_progress"}
+        )
+        events.append(
+            OutputItemAdded(
+                sequence_number=next_sequence(), output_index=output_index, item=opened_call
+            )
+        )
+        events.append(McpCallInProgress(sequence_number=next_sequence(), **ids))
+        if item.arguments:
+            delta = item.arguments
+            events.append(
+                McpCallArgumentsDelta(sequence_number=next_sequence(), delta=delta, **ids)
+            )
+        events.append(
+            McpCallArgumentsDone(sequence_number=next_sequence(), arguments=item.arguments, **ids)
+        )
+        ended_call = McpCallFailed if item.error is not None else McpCallCompleted
+        events.append(ended_call(sequence_number=next_sequence(), **ids))
+    events.append(
+        OutputItemDone(sequence_number=next_sequence(), output_index=output_index, item=item)
+    )
+    return events
+
+
 LIFECYCLES: dict[ItemKind, Lifecycle] = {
     "reasoning": Lifecycle(
         "rs_", _reasoning_part, _REASONING_TEXT.delta, _REASONING_TEXT.done, _reasoning_item
@@ -264,6 +394,11 @@ LIFECYCLES: dict[ItemKind, Lifecycle] = {
     "custom_tool_call": Lifecycle(
         "ctc_", _no_part, None, _custom_input_done, _custom_tool_call_item, final=custom_input
     ),
+    "mcp_call": Lifecycle(
+        "mcp_", _no_part, _mcp_arguments_delta, _mcp_arguments_done, _mcp_call_item
+    ),
+    # its arguments are in the item when it is done; nothing streams in between
+    "mcp_approval_request": Lifecycle("mcpr_", _no_part, None, _no_events, _approval_request_item),
 }
 
 

@@ -7,6 +7,7 @@ context_length_exceeded). A stream then always ends with exactly one terminal ev
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from server.api.responses.adapter import (
     wants_logprobs,
 )
 from server.api.responses.emitter import ResponsesEmitter, fold
+from server.api.responses.mcp import approved_calls, listed_labels, setup_mcp
 from server.api.responses.schemas import (
     DeletedResponse,
     ResponseObject,
@@ -34,9 +36,8 @@ from server.api.responses.schemas import (
 )
 from server.api.responses.store import ResponseStore, StoredResponse
 from server.api.sse import sse_typed
-from server.api.stream_run import StreamRun
+from server.api.stream_run import Ended, StreamRun
 from server.contracts.errors import NotFound, ServerError
-from server.contracts.events import SegmentEnd
 from server.contracts.transcript import Item, Transcript
 from server.core.generation import GenerationOptions, Generator
 from server.ops.settings import Settings
@@ -91,16 +92,42 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     earlier = await _earlier(state, body.previous_response_id)
     date = state.conversation_date(body.prompt_cache_key, earlier, settings.today())
     shown = reasoning_view(body, settings.reasoning_visibility)
-    conversation = to_conversation(body, earlier.conversation if earlier is not None else ())
+    response_id = new_id("resp_")
+    before = earlier.conversation if earlier is not None else ()
+    mcp = await setup_mcp(body, request.app.state.mcp, _listed(earlier, body))
+    conversation, ran = await approved_calls(
+        body,
+        to_conversation(body, before),
+        mcp,
+        response_id=response_id,
+        timeout_s=settings.tool_timeout_s,
+        max_output_chars=settings.tool_max_output_chars,
+    )
     transcript = to_transcript(body, conversation, settings.reasoning_effort, date)
+    if mcp.tools:
+        transcript = dataclasses.replace(transcript, tools=(*transcript.tools, *mcp.specs))
     options = generation_options(body, shown.summary)
+    server_tools = mcp.server_tools(
+        response_id,
+        max_calls=settings.tool_max_calls,
+        timeout_s=settings.tool_timeout_s,
+        max_output_chars=settings.tool_max_output_chars,
+    )
     try:
-        prepared = generator.prepare(transcript, options)
+        prepared = generator.prepare(transcript, options, server_tools)
     except ServerError as exc:
         raise exc.named(WIRE_NAMES) from None
-    base = _base_response(body, transcript, options, generator, request.app.state.model_name)
+    base = _base_response(
+        body, transcript, options, generator, request.app.state.model_name, response_id=response_id
+    )
     vocab = generator.token_bytes if wants_logprobs(body) else None
-    emitter = ResponsesEmitter(base, view=shown, logprobs=vocab)
+    emitter = ResponsesEmitter(
+        base,
+        view=shown,
+        logprobs=vocab,
+        call_kind=mcp.call_kind if mcp.tools else None,
+        ready=[*mcp.listings, *ran],
+    )
     finisher = _Finisher(state, generator, conversation, date, store=base.store)
     run: StreamRun[StreamEvent] = StreamRun(
         prepared, emitter, name=f"response {base.id}", finish=finisher
@@ -149,17 +176,25 @@ def _not_found(response_id: str, param: str | None = None) -> NotFound:
     return NotFound(f"No response found with id '{response_id}'.", param=param)
 
 
+def _listed(earlier: StoredResponse | None, body: ResponsesRequest) -> frozenset[str]:
+    """The MCP servers whose listing the conversation already shows."""
+    output = earlier.response.get("output", []) if earlier is not None else []
+    return listed_labels(output if isinstance(output, list) else [], body)
+
+
 def _base_response(
     body: ResponsesRequest,
     transcript: Transcript,
     options: GenerationOptions,
     generator: Generator,
     served_name: str,
+    *,
+    response_id: str,
 ) -> ResponseObject:
     """The Response as it starts: everything the request asked for, echoed back."""
     text_format = body.text.format if body.text and body.text.format else {"type": "text"}
     return ResponseObject(
-        id=new_id("resp_"),
+        id=response_id,
         created_at=now(),
         model=body.model or served_name,
         instructions=body.instructions,
@@ -168,7 +203,7 @@ def _base_response(
         previous_response_id=body.previous_response_id,
         parallel_tool_calls=body.parallel_tool_calls is not False,
         tool_choice=body.tool_choice or "auto",
-        tools=body.tools or [],
+        tools=_echoed_tools(body.tools or []),
         reasoning={
             "effort": transcript.reasoning_effort,
             "summary": options.summary,
@@ -179,6 +214,16 @@ def _base_response(
         store=body.store is not False,
         prompt_cache_key=body.prompt_cache_key,
     )
+
+
+def _echoed_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The request's tools as the response shows (and stores) them: an MCP tool's `headers`
+    and `authorization` (credentials) left out."""
+    secret = ("headers", "authorization")
+    return [
+        {k: v for k, v in tool.items() if k not in secret} if tool.get("type") == "mcp" else tool
+        for tool in tools
+    ]
 
 
 def _pick(value: float | None, default: float) -> float:
@@ -195,7 +240,7 @@ class _Finisher:
     date: str
     store: bool
 
-    async def __call__(self, last: list[StreamEvent], ended: list[SegmentEnd]) -> None:
+    async def __call__(self, last: list[StreamEvent], ended: list[Ended]) -> None:
         response = fold(last)  # the response the terminal event carries
         usage = response.usage
         if usage is not None:

@@ -73,7 +73,35 @@ class ToolOutputIn(_Lenient):
     namespace: str | None = None
 
 
-InputItem = MessageIn | ReasoningIn | FunctionCallIn | CustomToolCallIn | ToolOutputIn
+class McpCallIn(_Lenient):
+    """An `mcp_call` output item sent back (a client that keeps the conversation itself)."""
+
+    type: Literal["mcp_call"]
+    id: str
+    server_label: str
+    name: str
+    arguments: str = ""
+    output: str | None = None
+    error: Any = None
+
+
+class McpApprovalRequestIn(_Lenient):
+    type: Literal["mcp_approval_request"]
+    id: str
+    server_label: str
+    name: str
+    arguments: str = ""
+
+
+InputItem = (
+    MessageIn
+    | ReasoningIn
+    | FunctionCallIn
+    | CustomToolCallIn
+    | ToolOutputIn
+    | McpCallIn
+    | McpApprovalRequestIn
+)
 
 
 class FunctionToolIn(_Lenient):
@@ -212,8 +240,58 @@ class CustomToolCallItem(_Call):
     status: ItemStatus = "in_progress"
 
 
+class McpListedTool(BaseModel):
+    name: str
+    description: str | None = None
+    input_schema: dict[str, Any] = Field(default_factory=dict)
+    annotations: dict[str, Any] | None = None
+
+
+class McpListToolsItem(BaseModel):
+    """The tools of an MCP server this response offered the model (or why none)."""
+
+    type: Literal["mcp_list_tools"] = "mcp_list_tools"
+    id: str
+    server_label: str
+    tools: list[McpListedTool] = Field(default_factory=list)
+    error: str | None = None
+
+
+McpCallStatus = Literal["in_progress", "completed", "incomplete", "calling", "failed"]
+
+
+class McpCallItem(BaseModel):
+    """A call of an MCP server's tool the server ran: arguments, then output or error."""
+
+    type: Literal["mcp_call"] = "mcp_call"
+    id: str
+    server_label: str
+    name: str
+    arguments: str = ""
+    output: str | None = None
+    error: dict[str, Any] | None = None
+    status: McpCallStatus = "in_progress"
+    approval_request_id: str | None = None
+
+
+class McpApprovalRequestItem(BaseModel):
+    """A call the model made that waits for the user's approval (`mcp_approval_response`)."""
+
+    type: Literal["mcp_approval_request"] = "mcp_approval_request"
+    id: str
+    server_label: str
+    name: str
+    arguments: str = ""
+
+
 OutputItem = Annotated[
-    ReasoningItem | MessageItem | FunctionCallItem | CustomToolCallItem,
+    ReasoningItem
+    | MessageItem
+    | FunctionCallItem
+    | CustomToolCallItem
+    | McpListToolsItem
+    | McpCallItem
+    | McpApprovalRequestItem,
     Field(discriminator="type"),
 ]
 
@@ -431,6 +509,40 @@ class CustomToolCallInputDone(_ItemEvent):
     input: str
 
 
+class McpListToolsInProgress(_ItemEvent):
+    type: Literal["response.mcp_list_tools.in_progress"] = "response.mcp_list_tools.in_progress"
+
+
+class McpListToolsCompleted(_ItemEvent):
+    type: Literal["response.mcp_list_tools.completed"] = "response.mcp_list_tools.completed"
+
+
+class McpListToolsFailed(_ItemEvent):
+    type: Literal["response.mcp_list_tools.failed"] = "response.mcp_list_tools.failed"
+
+
+class McpCallInProgress(_ItemEvent):
+    type: Literal["response.mcp_call.in_progress"] = "response.mcp_call.in_progress"
+
+
+class McpCallCompleted(_ItemEvent):
+    type: Literal["response.mcp_call.completed"] = "response.mcp_call.completed"
+
+
+class McpCallFailed(_ItemEvent):
+    type: Literal["response.mcp_call.failed"] = "response.mcp_call.failed"
+
+
+class McpCallArgumentsDelta(_ItemEvent):
+    type: Literal["response.mcp_call_arguments.delta"] = "response.mcp_call_arguments.delta"
+    delta: str
+
+
+class McpCallArgumentsDone(_ItemEvent):
+    type: Literal["response.mcp_call_arguments.done"] = "response.mcp_call_arguments.done"
+    arguments: str
+
+
 TerminalEvent = ResponseCompleted | ResponseIncomplete | ResponseFailed
 
 StreamEvent = Annotated[
@@ -454,7 +566,15 @@ StreamEvent = Annotated[
     | FunctionCallArgumentsDelta
     | FunctionCallArgumentsDone
     | CustomToolCallInputDelta
-    | CustomToolCallInputDone,
+    | CustomToolCallInputDone
+    | McpListToolsInProgress
+    | McpListToolsCompleted
+    | McpListToolsFailed
+    | McpCallInProgress
+    | McpCallCompleted
+    | McpCallFailed
+    | McpCallArgumentsDelta
+    | McpCallArgumentsDone,
     Field(discriminator="type"),
 ]
 

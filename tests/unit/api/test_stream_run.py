@@ -15,7 +15,7 @@ from server.api.messages.emitter import fold as fold_message
 from server.api.messages.schemas import ErrorEvent, MessageStop
 from server.api.messages.schemas import StreamEvent as MessageEvent
 from server.api.messages.signature import ThinkingSigner
-from server.api.stream_run import StreamRun
+from server.api.stream_run import Ended, StreamRun
 from server.contracts.errors import ServerError
 from server.contracts.events import (
     Finished,
@@ -125,7 +125,7 @@ def test_a_message_generation_that_raises_ends_with_an_error_event() -> None:
 def test_the_finish_callback_sees_the_last_events_once() -> None:
     seen: list[tuple[list[str], int]] = []
 
-    async def finish(last: list[MessageEvent], ended: list[SegmentEnd]) -> None:
+    async def finish(last: list[MessageEvent], ended: list[Ended]) -> None:
         seen.append(([event.type for event in last], len(ended)))
 
     emitter = messages_emitter()

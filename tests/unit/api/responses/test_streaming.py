@@ -9,7 +9,7 @@ from typing import Any
 
 from server.api.responses.emitter import ResponsesEmitter, fold
 from server.api.responses.schemas import ResponseObject, StreamEvent
-from server.api.stream_run import StreamRun, with_keepalive
+from server.api.stream_run import Ended, StreamRun, with_keepalive
 from server.contracts.events import (
     Finished,
     FinishReason,
@@ -93,7 +93,7 @@ def run_response(
 ) -> tuple[CheckedStream, list[str]]:
     finished: list[str] = []
 
-    async def finish(last: list[StreamEvent], ended: list[SegmentEnd]) -> None:
+    async def finish(last: list[StreamEvent], ended: list[Ended]) -> None:
         finished.append(f"{fold(last).status}:{len(ended)}")
         if finish_error is not None:
             raise finish_error

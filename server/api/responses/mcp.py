@@ -1,0 +1,308 @@
+"""A Responses request's MCP tools: which servers, which of their tools, what needs approval.
+
+`{"type": "mcp", "server_label", "server_url", "allowed_tools", "require_approval",
+"headers"}` names one of the operator's servers by label (`--mcp-config`); a `server_url` is
+refused unless it is that server's own URL or one the operator allowed (`--mcp-allowed-urls`).
+The server's tools are listed (cached per server), filtered by `allowed_tools`, and offered to the
+model as a function namespace named after the label; the response shows the listing as an
+`mcp_list_tools` item unless the conversation already holds one for that label.
+
+`require_approval` is OpenAI's: "always" (the default), "never", or `{"always": {"tool_names"},
+"never": {"tool_names"}}`. A call that needs approval ends the response with an
+`mcp_approval_request` item; the client's `mcp_approval_response` (with previous_response_id)
+runs it (or tells the model it was refused) before the next generation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from server.api.request_fields import parse_as
+from server.api.response_fields import new_id
+from server.api.responses.adapter import call_id_of, mcp_call_id
+from server.api.responses.items import ItemKind, mcp_error
+from server.api.responses.schemas import (
+    McpCallItem,
+    McpListedTool,
+    McpListToolsItem,
+    ResponsesRequest,
+)
+from server.contracts.errors import InvalidRequest
+from server.contracts.events import ToolTarget
+from server.contracts.transcript import Item, ToolCall, ToolResult, ToolSpec
+from server.core.tool_loop import ServerTools
+from server.tools.mcp import Listing, McpServers, McpTool, McpTools
+
+log = logging.getLogger(__name__)
+
+DENIED = "The user did not approve this call{reason}; it was not run."
+
+
+class _ToolFilter(BaseModel, extra="allow"):
+    tool_names: list[str] | None = None
+    read_only: bool | None = None
+
+
+class _Approval(BaseModel, extra="allow"):
+    always: _ToolFilter | None = None
+    never: _ToolFilter | None = None
+
+
+class McpToolIn(BaseModel, extra="allow"):
+    type: str = "mcp"
+    server_label: str = Field(min_length=1)
+    server_url: str | None = None
+    server_description: str | None = None
+    allowed_tools: list[str] | _ToolFilter | None = None
+    require_approval: str | _Approval | None = None
+    headers: dict[str, str] | None = None
+
+
+class ApprovalResponseIn(BaseModel, extra="allow"):
+    type: str = "mcp_approval_response"
+    approval_request_id: str
+    approve: bool
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class Approval:
+    """Which of a server's tools need the user's approval before a call runs."""
+
+    default: bool = True  # OpenAI's default: every call waits for approval
+    always: frozenset[str] = frozenset()
+    never: frozenset[str] = frozenset()
+    never_read_only: bool = False
+
+    def needs(self, tool: McpTool | None, name: str) -> bool:
+        if name in self.always:
+            return True
+        if name in self.never or (self.never_read_only and tool is not None and tool.read_only):
+            return False
+        return self.default
+
+    @classmethod
+    def of(cls, value: str | _Approval | None, param: str) -> Approval:
+        if value is None or value == "always":
+            return cls()
+        if value == "never":
+            return cls(default=False)
+        if isinstance(value, str):
+            raise InvalidRequest(
+                f"{param} must be 'always', 'never' or an object with `always` / `never`",
+                param=param,
+            )
+        always = value.always.tool_names or [] if value.always else []
+        never = value.never.tool_names or [] if value.never else []
+        never_read_only = bool(value.never and value.never.read_only)
+        return cls(True, frozenset(always), frozenset(never), never_read_only)
+
+
+@dataclass
+class McpSetup:
+    """This request's MCP servers: the ServerTools, the specs to offer, what to show first."""
+
+    tools: dict[str, McpTools] = field(default_factory=dict)
+    approvals: dict[str, Approval] = field(default_factory=dict)
+    listings: list[McpListToolsItem] = field(default_factory=list)
+
+    @property
+    def specs(self) -> tuple[ToolSpec, ...]:
+        return tuple(spec for tools in self.tools.values() for spec in tools.description().tools)
+
+    @property
+    def labels(self) -> frozenset[str]:
+        return frozenset(self.approvals)
+
+    def needs_approval(self, target: ToolTarget) -> bool:
+        tools = self.tools.get(target.namespace)
+        approval = self.approvals.get(target.namespace)
+        if tools is None or approval is None:
+            return False
+        known = next((t for t in tools.tools if t.name == target.name), None)
+        return approval.needs(known, target.name)
+
+    def call_kind(self, target: ToolTarget) -> ItemKind | None:
+        """The output item of a call to `target`: an MCP call, or its approval request."""
+        if target.namespace not in self.tools:
+            return None
+        return "mcp_approval_request" if self.needs_approval(target) else "mcp_call"
+
+    def server_tools(
+        self, response_id: str, *, max_calls: int, timeout_s: float, max_output_chars: int
+    ) -> ServerTools | None:
+        if not self.tools:
+            return None
+        return ServerTools(
+            tools=dict(self.tools),
+            response_id=response_id,
+            max_calls=max_calls,
+            timeout_s=timeout_s,
+            max_output_chars=max_output_chars,
+            needs_approval=self.needs_approval,
+        )
+
+
+def mcp_tools_in(request: ResponsesRequest) -> list[tuple[int, McpToolIn]]:
+    return [
+        (index, parse_as(McpToolIn, tool, f"tools[{index}]"))
+        for index, tool in enumerate(request.tools or [])
+        if tool.get("type") == "mcp"
+    ]
+
+
+async def setup_mcp(
+    request: ResponsesRequest,
+    servers: McpServers,
+    listed_before: frozenset[str],
+) -> McpSetup:
+    """Resolve, list and filter the request's MCP servers; a refused server is a 400.
+
+    `listed_before`: labels whose listing the conversation already shows (no new item).
+    """
+    setup = McpSetup()
+    for index, tool in mcp_tools_in(request):
+        param = f"tools[{index}]"
+        label = tool.server_label
+        if label in setup.approvals:
+            raise InvalidRequest(f"{param}: server_label {label!r} is given twice", param=param)
+        server = servers.resolve(label, tool.server_url, tool.headers or {})
+        if server is None:
+            raise InvalidRequest(_refusal(tool, servers), param=f"{param}.server_url")
+        if tool.server_description:
+            server = dataclasses.replace(server, description=tool.server_description)
+        setup.approvals[label] = Approval.of(tool.require_approval, f"{param}.require_approval")
+        listing = await servers.listing(server)
+        allowed = _allowed(listing, tool.allowed_tools)
+        if listing.error is None:
+            setup.tools[label] = McpTools(servers, server, allowed)
+        if label not in listed_before or listing.error is not None:
+            setup.listings.append(_listing_item(label, allowed, listing.error))
+    return setup
+
+
+def listed_labels(
+    earlier_output: Sequence[Mapping[str, Any]], request: ResponsesRequest
+) -> frozenset[str]:
+    """Labels of the `mcp_list_tools` items the conversation holds (the previous response's
+    output, or the input items a stateless client sends back)."""
+    items = [*earlier_output, *(request.input if isinstance(request.input, list) else [])]
+    return frozenset(
+        str(item.get("server_label"))
+        for item in items
+        if item.get("type") == "mcp_list_tools" and not item.get("error")
+    )
+
+
+async def approved_calls(
+    request: ResponsesRequest,
+    conversation: Sequence[Item],
+    setup: McpSetup,
+    *,
+    response_id: str,
+    timeout_s: float,
+    max_output_chars: int,
+) -> tuple[tuple[Item, ...], list[McpCallItem]]:
+    """Run the calls the client approved (`mcp_approval_response` items): the conversation with
+    each result right after its call, and the `mcp_call` items that show them. A refused call's
+    result tells the model so. The calls are found in the conversation: the stored one of
+    previous_response_id, or `mcp_approval_request` items sent back as input."""
+    if not isinstance(request.input, list):
+        return tuple(conversation), []
+    calls = {item.call_id: item for item in conversation if isinstance(item, ToolCall)}
+    answered = {item.call_id for item in conversation if isinstance(item, ToolResult)}
+    results: dict[str, ToolResult] = {}
+    shown: list[McpCallItem] = []
+    for index, raw in enumerate(request.input):
+        if raw.get("type") != "mcp_approval_response":
+            continue
+        param = f"input[{index}]"
+        response = parse_as(ApprovalResponseIn, raw, param)
+        call = calls.get(call_id_of(response.approval_request_id))
+        if call is None or call.call_id in answered:
+            raise InvalidRequest(
+                f"{param}: approval_request_id {response.approval_request_id!r} matches no "
+                "pending approval request of this conversation",
+                param=f"{param}.approval_request_id",
+            )
+        answered.add(call.call_id)
+        tools = setup.tools.get(call.namespace)
+        if not response.approve or tools is None:
+            reason = f" ({response.reason})" if response.reason else ""
+            results[call.call_id] = _result(call, DENIED.format(reason=reason))
+            continue
+        runner = ServerTools(
+            {call.namespace: tools},
+            response_id=response_id,
+            timeout_s=timeout_s,
+            max_output_chars=max_output_chars,
+        )
+        result = await runner.run(ToolTarget(call.name, call.namespace), call.arguments)
+        text = result.text
+        results[call.call_id] = _result(call, text)
+        shown.append(
+            McpCallItem(
+                id=mcp_call_id(call.call_id),
+                server_label=call.namespace,
+                name=call.name,
+                arguments=call.arguments,
+                output=None if result.is_error else text,
+                error=mcp_error(result.item, text) if result.is_error else None,
+                status="failed" if result.is_error else "completed",
+                approval_request_id=response.approval_request_id,
+            )
+        )
+    if not results:
+        return tuple(conversation), shown
+    merged: list[Item] = []
+    for item in conversation:
+        merged.append(item)
+        if isinstance(item, ToolCall) and item.call_id in results:
+            merged.append(results[item.call_id])
+    return tuple(merged), shown
+
+
+def _result(call: ToolCall, text: str) -> ToolResult:
+    return ToolResult(call.call_id, text, call.name, call.namespace)
+
+
+def _allowed(listing: Listing, allowed: list[str] | _ToolFilter | None) -> tuple[McpTool, ...]:
+    if allowed is None:
+        return listing.tools
+    if isinstance(allowed, list):
+        names = set(allowed)
+        return tuple(t for t in listing.tools if t.name in names)
+    return tuple(
+        t
+        for t in listing.tools
+        if (allowed.tool_names is None or t.name in allowed.tool_names)
+        and (not allowed.read_only or t.read_only)
+    )
+
+
+def _listing_item(label: str, tools: Sequence[McpTool], error: str | None) -> McpListToolsItem:
+    return McpListToolsItem(
+        id=new_id("mcpl_"),
+        server_label=label,
+        tools=[McpListedTool(**tool.listed()) for tool in tools],
+        error=error,
+    )
+
+
+def _refusal(tool: McpToolIn, servers: McpServers) -> str:
+    if tool.server_url is None:
+        known = ", ".join(sorted(servers.servers)) or "none (start the server with --mcp-config)"
+        return (
+            f"server_label {tool.server_label!r} names no MCP server of this server's "
+            f"configuration; configured: {known}"
+        )
+    return (
+        f"server_url {tool.server_url!r} is not allowed: this server connects only to the MCP "
+        "servers its operator configured (--mcp-config) or allowed (--mcp-allowed-urls)"
+    )

@@ -1,0 +1,402 @@
+"""MCP servers run by the server inside one /v1/responses response, on the real tiny engine.
+
+The MCP servers are real (tests/support/mcp_server.py, the official `mcp` SDK) over stdio and
+streamable HTTP on 127.0.0.1; the model's calls are forced scripts; every stream passes the
+grammar checker, which validates each event against the openai SDK's types.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from openai_harmony import HarmonyEncoding
+
+from devkit.forced import ForcedScript
+from server.harmony.render import tool_message_tokens
+from server.ops.runtime import Runtime
+from tests.support.mcp_server import HUGE_CHARS, X_TEST, http_server, write_config
+from tests.support.responses import MODEL, create, responses_client, stream
+from tests.support.scripts import answer, reasoning
+
+MAX_OUTPUT_CHARS = 2000
+
+
+def mcp_call(label: str, tool: str, arguments: str) -> str:
+    """A call of an MCP server's tool: the namespace is the server's label."""
+    header = f"<|channel|>commentary to={label}.{tool} <|constrain|>json"
+    return f"{header}<|message|>{arguments}<|call|>"
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    with http_server() as url:
+        yield write_config(tmp_path_factory.mktemp("mcp"), url)
+
+
+@pytest.fixture(scope="module")
+def client(
+    runtime: Runtime, tmp_path_factory: pytest.TempPathFactory, config: Path
+) -> Iterator[TestClient]:
+    with responses_client(
+        runtime,
+        tmp_path_factory.mktemp("store"),
+        mcp_config=config,
+        tool_timeout_s=60,
+        tool_max_output_chars=MAX_OUTPUT_CHARS,
+        tool_max_calls=2,
+    ) as test_client:
+        yield test_client
+
+
+def tool(label: str, **fields: Any) -> dict[str, Any]:
+    return {"type": "mcp", "server_label": label, "require_approval": "never", **fields}
+
+
+def by_type(items: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [item for item in items if item["type"] == kind]
+
+
+def test_a_call_runs_inside_the_response_and_the_round_reuses_the_kv_cache(
+    client: TestClient, forced: ForcedScript, encoding: HarmonyEncoding
+) -> None:
+    first = forced.push(reasoning("Need the sum.") + mcp_call("web", "add", '{"a":2,"b":3}'))
+    forced.push(answer("2 + 3 = 5."))
+    n_prompts = len(forced.prompts)
+    checked = stream(client, input="What is 2 + 3?", tools=[tool("web")])
+    listing, _reasoning, call, message = checked.items
+    assert listing["type"] == "mcp_list_tools"
+    assert listing["server_label"] == "web"
+    assert [t["name"] for t in listing["tools"]] == ["add", "fail", "hang", "huge", "pid", "whoami"]
+    assert call["type"] == "mcp_call"
+    assert (call["server_label"], call["name"], call["arguments"]) == (
+        "web",
+        "add",
+        '{"a":2,"b":3}',
+    )
+    assert call["output"] == "5"
+    assert call["status"] == "completed"
+    assert call.get("error") is None
+    assert message["content"][0]["text"] == "2 + 3 = 5."
+    types = checked.types()
+    assert (
+        types.index("response.mcp_call.in_progress")
+        < types.index("response.mcp_call_arguments.done")
+        < types.index("response.mcp_call.completed")
+    )
+    # one response, two engine generations: the second prompt is the first, what was sampled,
+    # the tool's message and `<|start|>assistant`, exactly
+    assert len(forced.prompts) == n_prompts + 2
+    before, after = forced.prompts[-2], forced.prompts[-1]
+    result = tool_message_tokens(encoding, "web.add", "5")
+    start = encoding.encode("<|start|>assistant", allowed_special="all")
+    assert after == [*before, *first, *result, *start]
+    assert "calc" not in encoding.decode_utf8(after)  # only the named server is offered
+    usage = checked.response.usage
+    assert usage is not None
+    assert usage.input_tokens == len(before) + len(after)
+    # the second round evaluated only what was new (the call's last token, the result, the
+    # start of the next message), not the whole prompt again
+    evaluated = usage.input_tokens - usage.input_tokens_details.cached_tokens
+    assert evaluated <= len(before) + 1 + len(result) + len(start)
+    assert usage.output_tokens == len(first) + len(
+        encoding.encode(answer("2 + 3 = 5."), allowed_special="all")
+    )
+
+
+def test_stdio_server_call_and_stored_continuation(
+    client: TestClient, forced: ForcedScript, encoding: HarmonyEncoding
+) -> None:
+    forced.push(mcp_call("calc", "add", '{"a":40,"b":2}'))
+    forced.push(answer("42"))
+    body = create(client, input="40 + 2?", tools=[tool("calc")], store=True)
+    kinds = [item["type"] for item in body["output"]]
+    assert kinds == ["mcp_list_tools", "mcp_call", "message"]
+    assert body["output"][1]["output"] == "42"
+    # the continuation replays the call and its result; the listing is not shown again
+    forced.push(answer("Done."))
+    later = create(
+        client,
+        input="Thanks",
+        tools=[tool("calc")],
+        previous_response_id=body["id"],
+    )
+    assert [item["type"] for item in later["output"]] == ["message"]
+    prompt = encoding.decode_utf8(forced.prompts[-1])
+    assert "<|start|>calc.add to=assistant<|channel|>commentary<|message|>42<|end|>" in prompt
+
+
+def test_a_failing_tool_is_an_error_item_and_the_response_goes_on(
+    client: TestClient, forced: ForcedScript, encoding: HarmonyEncoding
+) -> None:
+    forced.push(mcp_call("web", "fail", '{"reason":"test"}'))
+    forced.push(answer("It failed."))
+    checked = stream(client, input="Try it", tools=[tool("web")])
+    call = by_type(checked.items, "mcp_call")[0]
+    assert call["status"] == "failed"
+    assert call["error"]["type"] == "mcp_tool_execution_error"
+    assert "response.mcp_call.failed" in checked.types()
+    assert checked.response.status == "completed"
+    assert by_type(checked.items, "message")[0]["content"][0]["text"] == "It failed."
+    assert "<|start|>web.fail to=assistant" in encoding.decode_utf8(forced.prompts[-1])
+
+
+def test_a_huge_result_is_cut_with_a_note_to_the_model(
+    client: TestClient, forced: ForcedScript, encoding: HarmonyEncoding
+) -> None:
+    forced.push(mcp_call("web", "huge", "{}"))
+    forced.push(answer("Long."))
+    checked = stream(client, input="Big", tools=[tool("web")])
+    output = by_type(checked.items, "mcp_call")[0]["output"]
+    assert output.startswith("0123456789")
+    assert len(output) < MAX_OUTPUT_CHARS + 200
+    assert f"of {HUGE_CHARS} characters omitted" in output
+    assert output in encoding.decode_utf8(forced.prompts[-1])
+
+
+def test_http_headers_from_the_config_reach_the_server(
+    client: TestClient, forced: ForcedScript
+) -> None:
+    forced.push(mcp_call("web", "whoami", "{}"))
+    forced.push(answer("ok"))
+    body = create(client, input="who", tools=[tool("web")])
+    assert by_type(body["output"], "mcp_call")[0]["output"] == X_TEST
+
+
+def test_a_server_that_cannot_list_is_a_failed_listing_not_a_failed_response(
+    client: TestClient, forced: ForcedScript
+) -> None:
+    forced.push(answer("No tools."))
+    checked = stream(client, input="hi", tools=[tool("broken")])
+    listing = checked.items[0]
+    assert listing["type"] == "mcp_list_tools"
+    assert listing["error"]
+    assert "response.mcp_list_tools.failed" in checked.types()
+    assert checked.response.status == "completed"
+
+
+def test_calls_per_response_are_limited(client: TestClient, forced: ForcedScript) -> None:
+    # tool_max_calls=2: after the second call the model is steered to answer; a third call
+    # (forced past the steering here) is not run, and the response ends with it
+    for n in (1, 2, 3):
+        forced.push(mcp_call("web", "add", f'{{"a":{n},"b":0}}'))
+    checked = stream(client, input="Count", tools=[tool("web")], max_output_tokens=200)
+    calls = by_type(checked.items, "mcp_call")
+    assert [c["output"] for c in calls] == ["1", "2", None]
+    assert calls[2]["status"] == "failed"
+    assert "limit of 2 server-run tool calls" in calls[2]["error"]["message"]
+    assert checked.response.status == "completed"
+
+
+def test_allowed_tools_filter_what_is_listed_and_offered(
+    client: TestClient, forced: ForcedScript, encoding: HarmonyEncoding
+) -> None:
+    forced.push(answer("ok"))
+    body = create(client, input="hi", tools=[tool("web", allowed_tools=["add"])])
+    assert [t["name"] for t in body["output"][0]["tools"]] == ["add"]
+    prompt = encoding.decode_utf8(forced.prompts[-1])
+    assert "type add" in prompt
+    assert "type huge" not in prompt
+
+
+def test_tool_choice_names_an_mcp_tool(client: TestClient, forced: ForcedScript) -> None:
+    forced.push(mcp_call("web", "add", '{"a":1,"b":1}'))
+    forced.push(answer("2"))
+    choice = {"type": "mcp", "server_label": "web", "name": "add"}
+    body = create(client, input="1+1", tools=[tool("web")], tool_choice=choice)
+    assert by_type(body["output"], "mcp_call")[0]["output"] == "2"
+    assert body["tool_choice"] == choice
+
+
+def test_approval_request_then_approval_response_runs_the_call(
+    client: TestClient, forced: ForcedScript, encoding: HarmonyEncoding
+) -> None:
+    forced.push(mcp_call("web", "add", '{"a":5,"b":6}'))
+    first = stream(client, input="5+6", tools=[tool("web", require_approval="always")])
+    request = first.items[-1]
+    assert request["type"] == "mcp_approval_request"
+    assert (request["name"], request["arguments"]) == ("add", '{"a":5,"b":6}')
+    assert not by_type(first.items, "mcp_call")
+    forced.push(answer("11"))
+    approval = {
+        "type": "mcp_approval_response",
+        "approval_request_id": request["id"],
+        "approve": True,
+    }
+    later = stream(
+        client,
+        input=[approval],
+        tools=[tool("web", require_approval="always")],
+        previous_response_id=first.response.id,
+    )
+    call, message = later.items
+    assert call["type"] == "mcp_call"
+    assert call["output"] == "11"
+    assert call["approval_request_id"] == request["id"]
+    assert message["content"][0]["text"] == "11"
+    assert "<|start|>web.add to=assistant<|channel|>commentary<|message|>11<|end|>" in (
+        encoding.decode_utf8(forced.prompts[-1])
+    )
+    # an approval request is answered once
+    again = client.post(
+        "/v1/responses",
+        json={
+            "model": MODEL,
+            "input": [approval],
+            "tools": [tool("web")],
+            "previous_response_id": later.response.id,
+        },
+    )
+    assert again.status_code == 400, again.text
+
+
+def test_a_denied_call_is_not_run_and_the_model_is_told(
+    client: TestClient, forced: ForcedScript, encoding: HarmonyEncoding
+) -> None:
+    forced.push(mcp_call("web", "add", '{"a":1,"b":2}'))
+    first = create(client, input="1+2", tools=[tool("web", require_approval="always")])
+    request = first["output"][-1]
+    forced.push(answer("Not allowed."))
+    denial = {
+        "type": "mcp_approval_response",
+        "approval_request_id": request["id"],
+        "approve": False,
+    }
+    later = create(client, input=[denial], tools=[tool("web")], previous_response_id=first["id"])
+    assert [item["type"] for item in later["output"]] == ["message"]
+    assert "did not approve this call" in encoding.decode_utf8(forced.prompts[-1])
+
+
+@pytest.mark.parametrize(
+    ("mcp_tool", "param"),
+    [
+        ({"type": "mcp", "server_label": "elsewhere"}, "tools[0].server_url"),
+        (
+            {"type": "mcp", "server_label": "x", "server_url": "http://169.254.169.254/mcp"},
+            "tools[0].server_url",
+        ),
+        (
+            {"type": "mcp", "server_label": "web", "server_url": "http://10.0.0.1/mcp"},
+            "tools[0].server_url",
+        ),
+        (
+            {"type": "mcp", "server_label": "web", "require_approval": "sometimes"},
+            "tools[0].require_approval",
+        ),
+    ],
+)
+def test_servers_a_request_may_not_reach_are_refused(
+    client: TestClient, mcp_tool: dict[str, Any], param: str
+) -> None:
+    response = client.post(
+        "/v1/responses", json={"model": MODEL, "input": "hi", "tools": [mcp_tool]}
+    )
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["param"] == param
+
+
+def test_a_hanging_tool_ends_its_call_with_an_error(
+    runtime: Runtime,
+    tmp_path_factory: pytest.TempPathFactory,
+    config: Path,
+    forced: ForcedScript,
+) -> None:
+    with responses_client(
+        runtime, tmp_path_factory.mktemp("store"), mcp_config=config, tool_timeout_s=2
+    ) as short:
+        forced.push(mcp_call("web", "hang", "{}"))
+        forced.push(answer("Timed out."))
+        started = time.monotonic()
+        checked = stream(short, input="wait", tools=[tool("web")])
+        assert time.monotonic() - started < 30
+    call = by_type(checked.items, "mcp_call")[0]
+    assert call["status"] == "failed"
+    assert "did not answer within 2 s" in call["error"]["message"]
+    assert checked.response.status == "completed"
+
+
+def test_after_the_last_allowed_call_the_model_is_steered_away_from_tools(
+    client: TestClient, forced: ForcedScript
+) -> None:
+    for n in (1, 2):
+        forced.push(mcp_call("web", "add", f'{{"a":{n},"b":0}}'))
+    # the third round is sampled freely from the random tiny model, under steering
+    checked = stream(client, input="Count", tools=[tool("web")], max_output_tokens=120)
+    calls = by_type(checked.items, "mcp_call")
+    assert [c["output"] for c in calls] == ["1", "2"]
+    assert not by_type(checked.items, "function_call")
+
+
+def test_a_client_that_keeps_the_conversation_sends_the_items_back(
+    client: TestClient, forced: ForcedScript, encoding: HarmonyEncoding
+) -> None:
+    script = forced.push(mcp_call("web", "add", '{"a":7,"b":8}'))
+    forced.push(answer("15"))
+    first = create(client, input="7+8", tools=[tool("web")], store=False)
+    forced.push(answer("Yes."))
+    again = [
+        {"role": "user", "content": "7+8"},
+        *first["output"],
+        {"role": "user", "content": "Sure?"},
+    ]
+    create(client, input=again, tools=[tool("web")], store=False)
+    prompt = forced.prompts[-1]
+    text = encoding.decode_utf8(prompt)
+    assert "<|start|>web.add to=assistant<|channel|>commentary<|message|>15<|end|>" in text
+    assert any(prompt[i : i + len(script)] == script for i in range(len(prompt)))
+
+
+def test_a_client_that_keeps_the_conversation_approves_a_call(
+    client: TestClient, forced: ForcedScript, encoding: HarmonyEncoding
+) -> None:
+    forced.push(mcp_call("web", "add", '{"a":9,"b":1}'))
+    first = create(client, input="9+1", tools=[tool("web", require_approval="always")], store=False)
+    request = first["output"][-1]
+    assert request["type"] == "mcp_approval_request"
+    forced.push(answer("10"))
+    approval = {
+        "type": "mcp_approval_response",
+        "approval_request_id": request["id"],
+        "approve": True,
+    }
+    later = create(
+        client,
+        input=[{"role": "user", "content": "9+1"}, *first["output"], approval],
+        tools=[tool("web", require_approval="always")],
+        store=False,
+    )
+    call = by_type(later["output"], "mcp_call")[0]
+    assert call["output"] == "10"
+    assert "<|start|>web.add to=assistant<|channel|>commentary<|message|>10<|end|>" in (
+        encoding.decode_utf8(forced.prompts[-1])
+    )
+
+
+def test_credentials_of_an_mcp_tool_are_not_echoed(
+    client: TestClient, forced: ForcedScript
+) -> None:
+    forced.push(answer("ok"))
+    secret = {"Authorization": "Bearer s3cret"}
+    body = create(client, input="hi", tools=[tool("web", headers=secret, authorization="s3cret")])
+    assert "s3cret" not in json.dumps(body)
+    assert body["tools"][0]["server_label"] == "web"
+
+
+def test_a_stdio_server_is_started_once_for_its_calls(
+    client: TestClient, forced: ForcedScript
+) -> None:
+    pids = []
+    for _ in range(2):
+        forced.push(mcp_call("calc", "pid", "{}"))
+        forced.push(answer("ok"))
+        body = create(client, input="pid?", tools=[tool("calc")])
+        pids.append(by_type(body["output"], "mcp_call")[0]["output"])
+    assert pids[0].isdigit()
+    assert pids[0] == pids[1]
