@@ -38,7 +38,8 @@ from server.api.stream_run import StreamRun
 from server.contracts.errors import NotFound, ServerError
 from server.contracts.events import SegmentEnd
 from server.contracts.transcript import Item, Transcript
-from server.core.generation import GenerationOptions, Generator
+from server.core.generation import Generator
+from server.core.prepared import Prepared
 from server.ops.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -98,7 +99,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
         prepared = generator.prepare(transcript, options)
     except ServerError as exc:
         raise exc.named(WIRE_NAMES) from None
-    base = _base_response(body, transcript, options, generator, request.app.state.model_name)
+    base = _base_response(body, transcript, prepared, request.app.state.model_name)
     vocab = generator.token_bytes if wants_logprobs(body) else None
     emitter = ResponsesEmitter(base, view=shown, logprobs=vocab)
     finisher = _Finisher(state, generator, conversation, date, store=base.store)
@@ -152,11 +153,12 @@ def _not_found(response_id: str, param: str | None = None) -> NotFound:
 def _base_response(
     body: ResponsesRequest,
     transcript: Transcript,
-    options: GenerationOptions,
-    generator: Generator,
+    prepared: Prepared,
     served_name: str,
 ) -> ResponseObject:
-    """The Response as it starts: everything the request asked for, echoed back."""
+    """The Response as it starts: everything the request asked for, echoed back (the sampling
+    parameters as the generation uses them: the server's defaults where the request gave
+    none)."""
     text_format = body.text.format if body.text and body.text.format else {"type": "text"}
     return ResponseObject(
         id=new_id("resp_"),
@@ -171,18 +173,14 @@ def _base_response(
         tools=body.tools or [],
         reasoning={
             "effort": transcript.reasoning_effort,
-            "summary": options.summary,
+            "summary": prepared.summary,
         },
         text={"format": text_format},
-        temperature=_pick(body.temperature, generator.defaults.temperature),
-        top_p=_pick(body.top_p, generator.defaults.top_p),
+        temperature=prepared.params.temperature,
+        top_p=prepared.params.top_p,
         store=body.store is not False,
         prompt_cache_key=body.prompt_cache_key,
     )
-
-
-def _pick(value: float | None, default: float) -> float:
-    return default if value is None else value
 
 
 @dataclass
