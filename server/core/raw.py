@@ -136,7 +136,8 @@ class RawText:
         sent = "".join(e.text for e in passed if isinstance(e, SegmentDelta))
         self.text += sent
         end = len(self.text)  # a token whose text is held back waits with its logprobs
-        ready = [score for start, score in self._scores if final or start < end]
+        flush = final and not self._stops.hit  # the end: the tokens after the last character
+        ready = [score for start, score in self._scores if flush or start < end]
         self._scores = (
             []
             if final or self._stops.hit
