@@ -149,9 +149,9 @@ class Generator:
         room = n_ctx - len(prompt_tokens)
         if room <= 0:
             raise ContextLengthExceeded(
-                f"This model's context window is {n_ctx} tokens; the prompt has "
-                f"{len(prompt_tokens)}. Shorten the conversation or restart the server with a "
-                "larger --n-ctx.",
+                len(prompt_tokens),
+                n_ctx,
+                hint="Or restart the server with a larger --n-ctx.",
                 field=RequestField.CONVERSATION,
             )
         params = self._sampling(options, room)

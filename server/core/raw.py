@@ -59,10 +59,7 @@ def prepare_raw(
     n_ctx = engine.info.n_ctx
     room = n_ctx - len(prompt_tokens)
     if room <= 0:
-        raise ContextLengthExceeded(
-            f"This model's context window is {n_ctx} tokens; the prompt has {len(prompt_tokens)}.",
-            field=RequestField.CONVERSATION,
-        )
+        raise ContextLengthExceeded(len(prompt_tokens), n_ctx, field=RequestField.CONVERSATION)
     wanted = options.max_tokens
     if wanted is not None and wanted < 0:
         raise InvalidRequest("max tokens must not be negative", field=RequestField.MAX_TOKENS)
