@@ -45,11 +45,12 @@ from server.bench.procs import ServerProcess, serve_command
 from server.bench.report import print_json
 from server.ops.codex_config import CodexSetup, write
 from server.private_files import open_private, private_dir
-from server.testing.codex_cli import codex_dir, codex_exec
+from server.testing.client_pins import CODEX as CODEX_CLI
+from server.testing.codex_cli import codex_exec
 from server.testing.synthetic_gguf import TRAINED, cached_gguf
 from server.testing.trained_tasks import CODEX_EDIT, CODEX_PLACE, CONVERSATION_DATE, MODEL_NAME
 
-CODEX = codex_dir() / "node_modules" / ".bin" / "codex"
+CODEX = CODEX_CLI.binary_path()
 N_CTX = 16384  # Codex's first prompt is ≈7.9k tokens, and the loop adds its turns
 SANDBOX = "workspace-write"  # as the test runs it (the permission text is in the prompt)
 COUNTERS = {

@@ -1,8 +1,9 @@
 """Codex CLI run headless, as the tests and the Codex-loop benchmark run it.
 
-Where the pinned CLI lives (the tests install it from npm once per machine) and one `codex exec
---json` run: its own CODEX_HOME (what `gpt-oss-server codex-config` writes), stdin closed, no
-OpenAI key taken from the environment, its JSONL events parsed.
+Where the pinned CLI lives (the pin: server/testing/client_pins.py; the tests install it from
+npm once per machine) and one `codex exec --json` run: its own CODEX_HOME (what `gpt-oss-server
+codex-config` writes), stdin closed, no OpenAI key taken from the environment, its JSONL events
+parsed.
 """
 
 from __future__ import annotations
@@ -15,18 +16,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from server.ops.settings import default_cache_dir
+from server.testing.client_pins import CODEX
 
-CODEX_VERSION = "0.169.0"
+CODEX_VERSION = CODEX.version  # the pin (server/testing/client_pins.py) or its override
 
 
 def codex_dir() -> Path:
     """$GPT_OSS_CODEX_DIR, or ~/.cache/gpt-oss-server/codex-<version>: where the CLI is
     installed (its binary: node_modules/.bin/codex)."""
-    override = os.environ.get("GPT_OSS_CODEX_DIR")
-    if override:
-        return Path(override)
-    return default_cache_dir() / f"codex-{CODEX_VERSION}"
+    return CODEX.directory()
 
 
 @dataclass

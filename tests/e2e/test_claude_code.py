@@ -28,6 +28,7 @@ from server.engine.base import EngineConfig
 from server.engine.llama import LlamaEngine
 from server.ops.runtime import Runtime
 from server.ops.settings import Settings
+from server.testing.client_pins import CLAUDE_CODE
 from server.testing.forced import ForcedScript
 from tests.support.anthropic import (
     CheckedMessageStream,
@@ -35,14 +36,13 @@ from tests.support.anthropic import (
     ExchangeRecorder,
     check_messages_sse,
 )
-from tests.support.npm_cli import cache_dir, pinned
+from tests.support.npm_cli import pinned_client
 from tests.support.responses import served
 
 pytestmark = pytest.mark.slow  # the real Claude Code CLI (installed from npm once per machine)
 
 log = logging.getLogger(__name__)
 
-CLAUDE_VERSION = "2.1.330"
 N_CTX = 32768  # Claude Code's first prompt (system prompt and 12 tools) is long
 MODEL = "gpt-oss-20b"
 TOKEN = "local-token"
@@ -63,8 +63,7 @@ BASH_ANSWER = (
 @pytest.fixture(scope="module")
 def claude_binary() -> Path:
     """Claude Code from npm, installed once per machine into a cache directory."""
-    directory = cache_dir(f"claude-code-{CLAUDE_VERSION}")
-    return pinned("@anthropic-ai/claude-code", CLAUDE_VERSION, "claude", directory)
+    return pinned_client(CLAUDE_CODE)
 
 
 @pytest.fixture(scope="module")
@@ -250,7 +249,8 @@ def bash_turn(
     shapes = [shape(exchange) for exchange in run.exchanges]
     record = tmp_path_factory.mktemp("claude-code-shapes") / "requests.json"
     record.write_text(json.dumps(shapes, indent=2))
-    log.info("Claude Code %s requests (in %s):\n%s", CLAUDE_VERSION, record, record.read_text())
+    version = CLAUDE_CODE.version
+    log.info("Claude Code %s requests (in %s):\n%s", version, record, record.read_text())
     assert run.returncode == 0, run.stderr[-4000:]
     assert script.pending == 0, "Claude Code made fewer model requests than scripted"
     first, second = script.prompts[before:]

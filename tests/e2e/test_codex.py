@@ -24,10 +24,11 @@ from server.engine.llama import LlamaEngine
 from server.ops.codex_config import CodexSetup, served_model, write
 from server.ops.runtime import Runtime
 from server.ops.settings import Settings
-from server.testing.codex_cli import CODEX_VERSION, codex_dir, codex_exec
+from server.testing.client_pins import CODEX
+from server.testing.codex_cli import codex_exec
 from server.testing.forced import ForcedScript
 from tests.support.event_grammar import CheckedStream
-from tests.support.npm_cli import pinned
+from tests.support.npm_cli import pinned_client
 from tests.support.responses import StreamRecorder, check_sse, served
 from tests.support.scripts import reason_then_call
 
@@ -42,7 +43,7 @@ USAGE_LINE = re.compile(r"response (\S+) (\w+): (\d+) input tokens \((\d+) cache
 @pytest.fixture(scope="module")
 def codex_binary() -> Path:
     """The Codex CLI from npm, installed once per machine into a cache directory."""
-    return pinned("@openai/codex", CODEX_VERSION, "codex", codex_dir())
+    return pinned_client(CODEX)
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""Command-line clients from npm (Codex, Claude Code), installed once per machine into a cache.
+"""Command-line clients from npm (Codex, Claude Code, pi, Cline), installed once per machine into a
+cache, at the versions server/testing/client_pins.py pins.
 
 Where npm is missing the test is skipped with the reason, except under GPT_OSS_REQUIRE_CLIENTS=1
 (CI), where a missing client is a failure.
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from server.ops.settings import default_cache_dir
+from server.testing.client_pins import NpmClient
 
 REQUIRE_ENV = "GPT_OSS_REQUIRE_CLIENTS"
 
@@ -68,3 +70,9 @@ def pinned(package: str, version: str, binary: str, directory: Path) -> Path:
     )
     assert version in answer.stdout, answer.stdout + answer.stderr
     return path
+
+
+def pinned_client(client: NpmClient) -> Path:
+    """The client's binary at its pinned version (or the version its environment names),
+    installed if absent."""
+    return pinned(client.package, client.version, client.binary, client.directory())
