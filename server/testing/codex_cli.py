@@ -47,6 +47,12 @@ def codex_exec(
     """Codex on `args` (options, then the prompt) in `workdir`, with CODEX_HOME `home` (and
     `extra_env` in its environment)."""
     env = {**os.environ, **(extra_env or {}), "CODEX_HOME": str(home), "NO_COLOR": "1"}
+    # Codex (0.171 on) runs shell commands in bubblewrap through a `codex-linux-sandbox` alias it
+    # links under CODEX_HOME, and refuses to make one inside the temporary directory, where the
+    # tests keep CODEX_HOME: it gets a temporary directory of its own, beside that.
+    scratch = home / "tmp"
+    scratch.mkdir(parents=True, exist_ok=True)
+    env["TMPDIR"] = str(scratch)
     env.pop("OPENAI_API_KEY", None)
     result = subprocess.run(
         [str(binary), "exec", "--json", "--skip-git-repo-check", *args],

@@ -68,7 +68,7 @@ def pinned(package: str, version: str, binary: str, directory: Path) -> Path:
     answer = subprocess.run(
         [str(path), "--version"], capture_output=True, text=True, timeout=60, check=False
     )
-    assert version in answer.stdout, answer.stdout + answer.stderr
+    assert version in answer.stdout + answer.stderr, answer.stdout + answer.stderr  # pi: stderr
     return path
 
 
