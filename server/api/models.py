@@ -1,4 +1,4 @@
-"""/health, /v1/models and /v1/server (the facts the chat page shows about this server).
+"""/health, /api/hello, /v1/models and /v1/server (the facts the chat page shows about this server).
 
 Each says whether the model is in memory (`model_state`: loaded, unloading, unloaded, loading;
 see server.ops.residency); /v1/models lists the model under its name and its aliases (the names
@@ -31,6 +31,13 @@ async def health(request: Request) -> dict[str, Any] | JSONResponse:
         body = {"status": "error", "model": runtime.model_name, "model_state": state}
         return JSONResponse({**body, "error": failure}, status_code=503)
     return {"status": "ok", "model": runtime.model_name, "model_state": state}
+
+
+@health_router.api_route("/api/hello", methods=["GET", "HEAD"])
+async def hello() -> dict[str, str]:
+    """Anthropic's reachability probe: Claude Code sends HEAD at start (a preconnect) and `claude
+    doctor` a GET, and takes 200 for "connected". No key, nothing about the server."""
+    return {"message": "hello"}
 
 
 @router.get("/v1/models")

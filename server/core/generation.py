@@ -148,8 +148,9 @@ class Generator:
         room = n_ctx - n_prompt
         if room <= 0:
             raise ContextLengthExceeded(
-                f"This model's context window is {n_ctx} tokens; the prompt has {n_prompt}. "
-                "Shorten the prompt or restart the server with a larger --n-ctx.",
+                n_prompt,
+                n_ctx,
+                hint="Or restart the server with a larger --n-ctx.",
                 field=RequestField.CONVERSATION,
             )
         least = 0 if prompt_only else 1

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 from openai_harmony import HarmonyEncoding
 
+from devkit.client_pins import CLAUDE_CODE
 from devkit.forced import ForcedScript
 from server.app import create_app
 from server.engine.base import EngineConfig
@@ -35,15 +36,15 @@ from tests.support.anthropic import (
     ExchangeRecorder,
     check_messages_sse,
 )
-from tests.support.npm_cli import cache_dir, pinned
+from tests.support.npm_cli import pinned_client
 from tests.support.responses import served
 
 pytestmark = pytest.mark.slow  # the real Claude Code CLI (installed from npm once per machine)
 
 log = logging.getLogger(__name__)
 
-CLAUDE_VERSION = "2.1.330"
 N_CTX = 32768  # Claude Code's first prompt (system prompt and 12 tools) is long
+SMALL_N_CTX = 8192  # smaller than that prompt (≈10k tokens)
 MODEL = "gpt-oss-20b"
 TOKEN = "local-token"
 # Header values worth recording; others are recorded by name only.
@@ -63,8 +64,7 @@ BASH_ANSWER = (
 @pytest.fixture(scope="module")
 def claude_binary() -> Path:
     """Claude Code from npm, installed once per machine into a cache directory."""
-    directory = cache_dir(f"claude-code-{CLAUDE_VERSION}")
-    return pinned("@anthropic-ai/claude-code", CLAUDE_VERSION, "claude", directory)
+    return pinned_client(CLAUDE_CODE)
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +86,20 @@ def server(tiny_gguf: Path, script: ForcedScript, encoding: HarmonyEncoding) -> 
     runtime = Runtime(engine=engine, encoding=encoding, model_name=MODEL)
     settings = Settings(api_key=TOKEN, messages_ping_s=1.0)
     recorder = ExchangeRecorder(create_app(settings, runtime))
+    try:
+        with served(recorder) as url:
+            yield Server(url.removesuffix("/v1"), recorder)
+    finally:
+        engine.close()
+
+
+@pytest.fixture(scope="module")
+def small_server(tiny_gguf: Path, encoding: HarmonyEncoding) -> Iterator[Server]:
+    """The server with a context smaller than Claude Code's first prompt."""
+    config = EngineConfig(model_path=str(tiny_gguf), n_ctx=SMALL_N_CTX, n_threads=2)
+    engine = LlamaEngine(config)
+    runtime = Runtime(engine=engine, encoding=encoding, model_name=MODEL)
+    recorder = ExchangeRecorder(create_app(Settings(api_key=TOKEN), runtime))
     try:
         with served(recorder) as url:
             yield Server(url.removesuffix("/v1"), recorder)
@@ -250,7 +264,8 @@ def bash_turn(
     shapes = [shape(exchange) for exchange in run.exchanges]
     record = tmp_path_factory.mktemp("claude-code-shapes") / "requests.json"
     record.write_text(json.dumps(shapes, indent=2))
-    log.info("Claude Code %s requests (in %s):\n%s", CLAUDE_VERSION, record, record.read_text())
+    version = CLAUDE_CODE.version
+    log.info("Claude Code %s requests (in %s):\n%s", version, record, record.read_text())
     assert run.returncode == 0, run.stderr[-4000:]
     assert script.pending == 0, "Claude Code made fewer model requests than scripted"
     first, second = script.prompts[before:]
@@ -300,3 +315,20 @@ def test_the_second_request_extends_the_first_prompt(
     usage = bash_turn.run.streams()[1].payloads
     (delta,) = [p for p in usage if p["type"] == "message_delta"]
     assert delta["usage"]["cache_read_input_tokens"] >= len(first) + len(output) - 1
+
+
+def test_a_prompt_longer_than_the_context_stops_claude_code_with_prompt_too_long(
+    claude_binary: Path, small_server: Server, tmp_path: Path
+) -> None:
+    """Claude Code reads the 400 as a context overflow: it says "Prompt is too long" and stops,
+    rather than taking it for an unsupported feature and resending with betas stripped."""
+    run = run_claude(claude_binary, small_server, tmp_path, tmp_path / "home", "Say done.")
+    requests = run.messages_requests()
+    assert [r.status for r in requests] == [400], [(r.status, r.response[:200]) for r in requests]
+    error = json.loads(requests[0].response)["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["message"].startswith("prompt is too long: ")
+    assert error["message"].endswith(f" tokens > {SMALL_N_CTX} maximum")
+    result = run.result
+    assert result["is_error"] is True, result
+    assert "Prompt is too long" in json.dumps(result), result

@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 from openai_harmony import HarmonyEncoding
 
-from devkit.codex_cli import CODEX_VERSION, codex_dir, codex_exec
+from devkit.client_pins import CODEX
+from devkit.codex_cli import codex_exec
 from devkit.forced import ForcedScript
 from server.app import create_app
 from server.engine.base import EngineConfig
@@ -27,7 +28,7 @@ from server.ops.codex_config import CodexSetup, served_model, write
 from server.ops.runtime import Runtime
 from server.ops.settings import Settings
 from tests.support.event_grammar import CheckedStream
-from tests.support.npm_cli import pinned
+from tests.support.npm_cli import pinned_client
 from tests.support.responses import StreamRecorder, check_sse, served
 from tests.support.scripts import reason_then_call
 
@@ -42,7 +43,7 @@ USAGE_LINE = re.compile(r"response (\S+) (\w+): (\d+) input tokens \((\d+) cache
 @pytest.fixture(scope="module")
 def codex_binary() -> Path:
     """The Codex CLI from npm, installed once per machine into a cache directory."""
-    return pinned("@openai/codex", CODEX_VERSION, "codex", codex_dir())
+    return pinned_client(CODEX)
 
 
 @pytest.fixture(scope="module")
