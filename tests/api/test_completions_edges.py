@@ -29,7 +29,8 @@ from server.ops.settings import Settings
 from tests.support.responses import MODEL, served
 from tests.support.sse import parse_sse
 
-SLOW = 1111  # first prompt token: a steady token until max_tokens or the context's end
+SLOW = 1111  # first prompt token: a steady token every STEP_S until max_tokens or the context's end
+STEP_S = 0.05  # so a slow generation's 247 tokens take 12 s, whatever the machine's load
 FAILING = 2222  # first prompt token: the generation fails after three tokens
 STEADY = 1000  # what a slow generation writes (a plain text token)
 N_CTX = 256
@@ -45,7 +46,7 @@ class Hook:
     def __call__(self, prompt: Sequence[int]) -> Callable[[int], int] | None:
         marker = prompt[0] if prompt else None
         if marker == SLOW:
-            return self._counted(SLOW, lambda: None)
+            return self._counted(SLOW, lambda: time.sleep(STEP_S))
         if marker == FAILING:
 
             def fail() -> None:

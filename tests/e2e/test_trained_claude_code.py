@@ -16,13 +16,15 @@ from pathlib import Path
 import pytest
 from openai_harmony import HarmonyEncoding
 
-from tests.e2e.test_claude_code import N_CTX, Server, claude_binary, run_claude
 from tests.support.anthropic import ExchangeRecorder
+from tests.support.claude_code import (
+    N_CTX,
+    Server,
+    run_claude,
+)
 from tests.support.trained import trained_server
 
 pytestmark = pytest.mark.slow  # the real Claude Code CLI and its ≈20k-token prompt
-
-__all__ = ["claude_binary"]  # the fixture, shared with test_claude_code.py
 
 
 @pytest.fixture(scope="module")
