@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 
 NO_ROOM = 1  # llama_decode: no KV cells left for the batch
 PROMPT_LOGPROBS_CHUNK = 64  # prompt tokens per step when each keeps its logits (n_vocab floats)
+SHUTDOWN_SAVE_S = 30.0  # at most this long, in all, for the saves at shutdown to find room
 
 
 class _Phase(Enum):
@@ -154,11 +155,14 @@ class Scheduler:
         self._waiting.append(job)
 
     def shutdown(self) -> None:
+        """End every job and save every conversation (waiting, within SHUTDOWN_SAVE_S in all,
+        for the disk writes before them to make room)."""
         self.fail_all("the engine shut down")
         self._loading.clear()
         if self._cache is not None:
+            deadline = time.monotonic() + SHUTDOWN_SAVE_S
             for slot in self.slots:
-                self._save(slot.seq_id, slot.tokens)
+                self._save(slot.seq_id, slot.tokens, max(0.0, deadline - time.monotonic()))
 
     def fail_all(self, error: str) -> None:
         """End every job with `error`: at shutdown, or off the engine thread once it is stuck for
@@ -466,11 +470,11 @@ class Scheduler:
         self._save(slot.seq_id, slot.tokens)
         self._forget(slot)
 
-    def _save(self, seq_id: int, tokens: list[int]) -> None:
+    def _save(self, seq_id: int, tokens: list[int], wait_s: float = 0.0) -> None:
         if self._cache is None or not tokens:
             return
         try:
-            self._cache.save(seq_id, tokens)
+            self._cache.save(seq_id, tokens, wait_s)
         except Exception:  # the disk cache never fails a generation
             log.exception("prompt cache: could not save a sequence")
 
