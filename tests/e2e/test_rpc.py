@@ -209,6 +209,36 @@ def test_a_host_that_drops_mid_stream_ends_the_request_and_health(
         assert proc.ended.returncode == 0
 
 
+def test_a_failed_engine_stays_failed_across_the_idle_unload(
+    tiny_gguf: Path, workers: list[Worker], tmp_path: Path
+) -> None:
+    """--idle-unload must not forget that a host dropped: /health stays 503 with the reason,
+    requests are refused, and no load is tried against the host that is gone."""
+    options = (*SPLIT, *rpc_flag(workers), "--idle-unload", "1s", "--log-level", "info")
+    with server(tiny_gguf, tmp_path, *options) as proc:
+        base = proc.health_url.removesuffix("/health")
+        body = {**CHAT, "max_tokens": 3000, "temperature": 1, "stream": True}
+        for n, _ in enumerate(sse_data(f"{base}/v1/chat/completions", body)):
+            if n == 4:
+                threading.Thread(target=workers[1].kill).start()
+        seen = len(proc.log_path.read_text())  # what was logged until the host dropped
+        time.sleep(3)  # three times --idle-unload: an unload would have happened by now
+        health = httpx.get(proc.health_url, timeout=10)
+        assert health.status_code == 503
+        assert workers[1].endpoint in health.json()["error"]
+        assert health.json()["model_state"] == "loaded"
+        refused = httpx.post(f"{base}/v1/chat/completions", json=CHAT, timeout=30)
+        assert refused.status_code == 503
+        assert workers[1].endpoint in refused.json()["error"]["message"]
+        assert httpx.get(proc.health_url, timeout=10).status_code == 503
+        logged = proc.log_path.read_text()[seen:]
+        assert "unloading the model" not in logged
+        assert "loading the model again" not in logged
+        proc.stop()
+    assert proc.ended is not None
+    assert proc.ended.returncode == 0
+
+
 REGISTERED = """
 import sys
 from server.engine.ggml import functions
