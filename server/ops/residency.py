@@ -323,6 +323,7 @@ class ModelResidency:
         seconds = time.perf_counter() - started
         with self._cond:
             if self._closing:  # shutting down: the waiting requests have ended already
+                log.info("the model finished loading during the shutdown: closing it unused")
                 self._engine = engine  # close() closes it
                 self._state = ModelState.LOADED
                 return
@@ -341,6 +342,7 @@ class ModelResidency:
             self._state = ModelState.UNLOADED
             pending, self._pending = self._pending, []
             if self._closing:  # abandoned for the shutdown: not a failure to report
+                log.info("the model's load stopped for the shutdown (%s)", exc)
                 return
             first, most = RELOAD_BACKOFF_S
             backoff = min(most, first * 2**self._failed_in_row)
