@@ -1,7 +1,8 @@
 """--idle-unload on a real `gpt-oss-server serve` process: the idle model is unloaded (its
 memory goes back: the process's RSS drops), /health, /v1/server and /metrics say so, and the
-next request loads it again while the requests beyond the 429 bound are still refused; and in
-process, a reload that fails."""
+next request loads it again while the requests beyond the 429 bound are still refused; a reload
+that fails (the model file gone) is reported and backed off; and in process, the shutdown during
+a load held by the test (tests/e2e/test_rpc.py holds one with a stopped RPC host instead)."""
 
 from __future__ import annotations
 
