@@ -47,6 +47,13 @@ PROMPT_LOGPROBS_CHUNK = 64  # prompt tokens per step when each keeps its logits 
 SHUTDOWN_SAVE_S = 30.0  # at most this long, in all, for the saves at shutdown to find room
 
 
+def rejected_cells(n_draft: int, kept: int) -> int:
+    """The cells a verify drops from the end of the sequence: the draft tokens not kept. A
+    function of its own so that a test can inject an off-by-one here (a rejected token left
+    in the cache) and see the speculative output change: the rollback's negative control."""
+    return n_draft - kept
+
+
 class _Phase(Enum):
     WAITING = 1
     RUNNING = 2
@@ -418,8 +425,9 @@ class Scheduler:
         accepted = accepted_prefix(emitted, draft)
         job.drafts.settle(len(draft), accepted)
         keep = min(accepted, len(emitted) - 1)  # the last emitted token is not evaluated yet
-        if keep < len(draft):
-            n_keep = len(job.slot.tokens) - (len(draft) - keep)
+        dropped = rejected_cells(len(draft), keep)
+        if dropped > 0:
+            n_keep = len(job.slot.tokens) - dropped
             if self._ctx.truncate(job.slot.seq_id, n_keep) != n_keep:
                 job.slot.tokens.clear()
                 raise RuntimeError("the KV cache could not drop a rejected draft")
