@@ -67,6 +67,21 @@ class GenerationOptions:
     logprobs: int | None = None  # content tokens' logprobs on the deltas, with this many others
 
 
+FORCED_CALL_REASONING_SHARE = 0.5  # of max_tokens, when a call is forced: the rest writes it
+
+
+def reasoning_budget(choice: ToolChoice, options: GenerationOptions) -> int | None:
+    """The analysis tokens allowed before the next header is forced: the request's budget, and
+    when a call is forced (`required`, `named`) with a max_tokens, at most a share of it, so
+    the reasoning ends in time for the call to be written (without it, a model that reasons
+    to the limit answers a forced choice with no call)."""
+    budget = options.reasoning_budget
+    if choice.mode in ("required", "named") and options.max_tokens is not None:
+        share = max(1, int(options.max_tokens * FORCED_CALL_REASONING_SHARE))
+        budget = share if budget is None else min(budget, share)
+    return budget
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingDefaults:
     temperature: float = 1.0
@@ -269,7 +284,7 @@ class Generator:
             recipients,
             choice,
             final_grammar=self._final_grammar(transcript.response_format),
-            reasoning_budget=options.reasoning_budget,
+            reasoning_budget=reasoning_budget(choice, options),
             call_grammars=self._call_grammars(transcript),
         )
 

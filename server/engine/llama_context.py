@@ -60,13 +60,17 @@ class DecodeError(RuntimeError):
 _NO_ABORT = lc.ggml_abort_callback()  # a null callback: decodes run to the end
 
 
+class LoadAborted(RuntimeError):
+    """The model's load was stopped on request (the server is shutting down)."""
+
+
 class LlamaContext:
     """One model, one context with `n_seq` sequences sharing a unified KV cache."""
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, abort: Callable[[], bool] | None = None) -> None:
         lc.llama_log_set(_route_llama_log, ctypes.c_void_p(0))
         lc.llama_backend_init()
-        self._model = self._load_model(config)
+        self._model = self._load_model(config, abort)
         self._ctx = self._new_context(config)
         self._vocab = lc.llama_model_get_vocab(self._model)
         self._memory = lc.llama_get_memory(self._ctx)
@@ -84,10 +88,12 @@ class LlamaContext:
         self._abort_callback = lc.ggml_abort_callback(self._should_abort)  # kept alive here
 
     @staticmethod
-    def _load_model(config: EngineConfig) -> Any:
+    def _load_model(config: EngineConfig, abort: Callable[[], bool] | None) -> Any:
         # GPU layers, experts kept on the CPU, load mode, progress bar: see loading/offload.py.
-        with offload.model_params(config) as params:
+        with offload.model_params(config, abort) as params:
             model = lc.llama_model_load_from_file(config.model_path.encode(), params)
+        if not model and abort is not None and abort():
+            raise LoadAborted(f"loading {config.model_path} was stopped")
         if not model:
             raise RuntimeError(f"llama.cpp could not load {config.model_path}")
         return model

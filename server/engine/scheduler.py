@@ -64,6 +64,14 @@ log = logging.getLogger(__name__)
 
 NO_ROOM = 1  # llama_decode: no KV cells left for the batch
 PROMPT_LOGPROBS_CHUNK = 64  # prompt tokens per step when each keeps its logits (n_vocab floats)
+SHUTDOWN_SAVE_S = 30.0  # at most this long, in all, for the saves at shutdown to find room
+
+
+def rejected_cells(n_draft: int, kept: int) -> int:
+    """The cells a verify drops from the end of the sequence: the draft tokens not kept. A
+    function of its own so that a test can inject an off-by-one here (a rejected token left
+    in the cache) and see the speculative output change: the rollback's negative control."""
+    return n_draft - kept
 
 
 class _Phase(Enum):
@@ -177,11 +185,14 @@ class Scheduler:
         self._waiting.append(job)
 
     def shutdown(self) -> None:
+        """End every job and save every conversation (waiting, within SHUTDOWN_SAVE_S in all,
+        for the disk writes before them to make room)."""
         self.fail_all("the engine shut down")
         self._loading.clear()
         if self._cache is not None:
+            deadline = time.monotonic() + SHUTDOWN_SAVE_S
             for slot in self.slots:
-                self._save(slot.seq_id, slot.tokens)
+                self._save(slot.seq_id, slot.tokens, max(0.0, deadline - time.monotonic()))
 
     def fail_all(self, error: str) -> None:
         """End every job with `error`: at shutdown, or off the engine thread once it is stuck for
@@ -487,8 +498,9 @@ class Scheduler:
         if draft and job.drafter is not None:
             job.drafter.settle(len(draft), accepted)
         keep = min(accepted, len(emitted) - 1)  # the last emitted token is not evaluated yet
-        if keep < len(draft):
-            n_keep = len(job.slot.tokens) - (len(draft) - keep)
+        dropped = rejected_cells(len(draft), keep)
+        if dropped > 0:
+            n_keep = len(job.slot.tokens) - dropped
             if self._ctx.truncate(job.slot.seq_id, n_keep) != n_keep:
                 job.slot.tokens.clear()
                 raise RuntimeError("the KV cache could not drop a rejected draft")
@@ -542,11 +554,11 @@ class Scheduler:
         self._save(slot.seq_id, slot.tokens)
         self._forget(slot)
 
-    def _save(self, seq_id: int, tokens: list[int]) -> None:
+    def _save(self, seq_id: int, tokens: list[int], wait_s: float = 0.0) -> None:
         if self._cache is None or not tokens:
             return
         try:
-            self._cache.save(seq_id, tokens)
+            self._cache.save(seq_id, tokens, wait_s)
         except Exception:  # the disk cache never fails a generation
             log.exception("prompt cache: could not save a sequence")
 
