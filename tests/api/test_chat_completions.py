@@ -253,6 +253,9 @@ def test_a_paced_stream_joins_the_tokens_of_an_interval_into_one_delta(
     the rest when the generation ends: one delta per segment, the same text as per token."""
     app = create_app(Settings(reasoning_effort="medium", stream_interval_ms=1000), runtime)
     with TestClient(app) as paced:
+        assert app.state.generator.stream_interval_s == 1.0  # the setting reaches the generator
+        # an interval no generation outlasts, however loaded the machine: the end flushes it
+        app.state.generator.stream_interval_s = 3600.0
         forced.push(REASON_THEN_ANSWER)
         chunks = chunks_of(stream(paced, messages=USER_HI))
     assert joined(chunks, "reasoning") == "User greets. Reply briefly."
