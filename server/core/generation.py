@@ -50,7 +50,12 @@ from server.grammars.tools import call_grammar
 from server.harmony.decoder import HarmonyDecoder
 from server.harmony.render import tool_message_tokens
 from server.harmony.renderer import Renderer
-from server.harmony.steering import HarmonySteering, SteeringPlan, plan_steering
+from server.harmony.steering import (
+    HarmonySteering,
+    SteeringPlan,
+    builtin_recipients,
+    plan_steering,
+)
 from server.harmony.token_bytes import TokenBytes
 from server.harmony.tokens import CALL as CALL_TOKEN
 from server.harmony.tokens import END as END_TOKEN
@@ -261,6 +266,7 @@ class Generator:
         self, transcript: Transcript, choice: ToolChoice, options: GenerationOptions
     ) -> SteeringPlan:
         recipients = [spec.recipient for spec in transcript.tools]
+        recipients += builtin_recipients([tool.name for tool in transcript.builtin_tools])
         if choice.mode in ("required", "named") and not recipients:
             raise InvalidRequest(
                 f"tool_choice {choice.mode!r} needs tools", field=RequestField.TOOL_CHOICE
@@ -411,7 +417,10 @@ class Prepared:
                 return
             calls += 1
             result = await tools.run(call.target, call.text)
-            result_tokens = tool_message_tokens(generator.encoding, call.recipient, result.text)
+            channel = tools.result_channel(call)
+            result_tokens = tool_message_tokens(
+                generator.encoding, call.recipient, result.text, channel
+            )
             yield ToolOutput(
                 index=call.index + offset,
                 call_id=call.call_id or "",
@@ -421,6 +430,7 @@ class Prepared:
                 is_error=result.is_error,
                 details=dict(result.item),
                 tokens=tuple(result_tokens),
+                channel=channel,
             )
             offset += n_segments
             prompt = [*prompt, *sampled, *result_tokens, *generator.renderer.assistant_start]
