@@ -193,10 +193,11 @@ def _listed(earlier: StoredResponse | None, body: ResponsesRequest) -> frozenset
 
 def _check_labels(mcp: McpSetup, builtin: BuiltinSetup) -> None:
     """An MCP server may not take the namespace of a built-in tool the request also offers."""
-    for label in sorted(mcp.labels & set(builtin.tools)):
+    clash = sorted(mcp.labels & set(builtin.tools))
+    if clash:
         raise InvalidRequest(
-            f"the MCP server_label {label!r} is the namespace of the built-in {label} tool this "
-            "request also enables; give the MCP server another label",
+            f"the MCP server_label {clash[0]!r} is the namespace of the built-in {clash[0]} tool "
+            "this request also enables; give the MCP server another label",
             param="tools",
         )
 
