@@ -1,8 +1,9 @@
 """Codex CLI run headless, as the tests and the Codex-loop benchmark run it.
 
-Where the pinned CLI lives (the tests install it from npm once per machine) and one `codex exec
---json` run: its own CODEX_HOME (what `gpt-oss-server codex-config` writes), stdin closed, no
-OpenAI key taken from the environment, its JSONL events parsed.
+Where the pinned CLI lives (the pin: devkit/client_pins.py; the tests install it from
+npm once per machine) and one `codex exec --json` run: its own CODEX_HOME (what `gpt-oss-server
+codex-config` writes), stdin closed, no OpenAI key taken from the environment, its JSONL events
+parsed.
 """
 
 from __future__ import annotations
@@ -15,18 +16,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from server.ops.settings import default_cache_dir
+from devkit.client_pins import CODEX
 
-CODEX_VERSION = "0.169.0"
+CODEX_VERSION = CODEX.version  # the pin (devkit/client_pins.py) or its override
 
 
 def codex_dir() -> Path:
     """$GPT_OSS_CODEX_DIR, or ~/.cache/gpt-oss-server/codex-<version>: where the CLI is
     installed (its binary: node_modules/.bin/codex)."""
-    override = os.environ.get("GPT_OSS_CODEX_DIR")
-    if override:
-        return Path(override)
-    return default_cache_dir() / f"codex-{CODEX_VERSION}"
+    return CODEX.directory()
 
 
 @dataclass
@@ -49,6 +47,12 @@ def codex_exec(
     """Codex on `args` (options, then the prompt) in `workdir`, with CODEX_HOME `home` (and
     `extra_env` in its environment)."""
     env = {**os.environ, **(extra_env or {}), "CODEX_HOME": str(home), "NO_COLOR": "1"}
+    # Codex (0.171 on) runs shell commands in bubblewrap through a `codex-linux-sandbox` alias it
+    # links under CODEX_HOME, and refuses to make one inside the temporary directory, where the
+    # tests keep CODEX_HOME: it gets a temporary directory of its own, beside that.
+    scratch = home / "tmp"
+    scratch.mkdir(parents=True, exist_ok=True)
+    env["TMPDIR"] = str(scratch)
     env.pop("OPENAI_API_KEY", None)
     result = subprocess.run(
         [str(binary), "exec", "--json", "--skip-git-repo-check", *args],

@@ -2,8 +2,10 @@
 
 What the server keeps on disk holds whole conversations (the responses store, the prompt cache)
 or a secret (the thinking-signature key). `private_dir` creates a directory 0700, or accepts an
-existing one only if this user owns it and neither group nor others may write to it (as ssh
-checks ~/.ssh): another user who could write there could swap the files under the server.
+existing one only if this user owns it and neither group nor others may write to it, and every
+directory above it is this user's or root's and not writable by others unless sticky (as ssh's
+StrictModes checks ~/.ssh and its parents): another user who could write there could swap the
+files under the server.
 `private_file` and `open_private` check a file likewise and create new ones 0600, atomically
 (never a moment with the umask's mode). A leaf: it imports nothing of the server.
 
@@ -47,7 +49,34 @@ def private_dir(path: Path | str) -> Path:
     if not stat.S_ISDIR(info.st_mode):
         raise PrivatePathError(f"{directory} is not a directory")
     _check(directory, info, "directory", "chmod go-w")
+    _check_parents(directory)
     return directory
+
+
+def _check_parents(directory: Path) -> None:
+    """Every directory above `directory` (as written and with its links resolved), up to the
+    root, as ssh's StrictModes checks them: owned by this user or root, and nobody else may
+    change what it holds — unless it is sticky (as /tmp): there nobody else may rename or
+    delete this user's entries. Otherwise another user could swap `directory` for one of
+    theirs."""
+    if not _CHECKS:
+        return
+    absolute = Path(os.path.abspath(directory))
+    parents = dict.fromkeys([*absolute.parents, *directory.resolve().parents])
+    for parent in parents:
+        info = parent.stat()
+        if info.st_uid not in (0, os.geteuid()):
+            raise PrivatePathError(
+                f"directory {parent}, above {directory}, belongs to another user (uid "
+                f"{info.st_uid}), who could swap what it holds: choose another path"
+            )
+        if info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX:
+            mode = stat.S_IMODE(info.st_mode)
+            raise PrivatePathError(
+                f"directory {parent}, above {directory}, has mode {mode:04o}: others than its "
+                f"owner could swap what it holds; `chmod go-w {parent}` (or `chmod +t`) or "
+                "choose another path"
+            )
 
 
 def private_file(path: Path | str, *, tighten: bool = False) -> Path:

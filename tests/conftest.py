@@ -71,7 +71,9 @@ def _no_leftover_scripts(request: pytest.FixtureRequest) -> Iterator[None]:
 @pytest.fixture(scope="session")
 def engine(tiny_gguf: Path, forced: ForcedScript) -> Iterator[LlamaEngine]:
     logging.getLogger("llama_cpp").setLevel(logging.WARNING)
-    # speculation on: every test through this engine also checks that it changes no output
+    # speculation on: every test through this engine runs the drafting and verify paths (it
+    # compares against no plain engine, and forced tokens pass any draft: that speculation
+    # changes no output is tests/engine/test_speculative.py's comparison of two engines)
     config = EngineConfig(
         model_path=str(tiny_gguf), n_ctx=TEST_N_CTX, n_threads=2, speculative="on"
     )

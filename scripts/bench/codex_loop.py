@@ -39,7 +39,8 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from devkit.codex_cli import codex_dir, codex_exec
+from devkit.client_pins import CODEX as CODEX_CLI
+from devkit.codex_cli import codex_exec
 from devkit.models import TRAINED, cached_gguf
 from devkit.trained.tasks import CODEX_EDIT, CODEX_PLACE, CONVERSATION_DATE, MODEL_NAME
 from server.bench.http_path import free_port
@@ -49,7 +50,7 @@ from server.bench.report import print_json
 from server.ops.codex_config import CodexSetup, write
 from server.private_files import open_private, private_dir
 
-CODEX = codex_dir() / "node_modules" / ".bin" / "codex"
+CODEX = CODEX_CLI.binary_path()
 N_CTX = 16384  # Codex's first prompt is ≈7.9k tokens, and the loop adds its turns
 SANDBOX = "workspace-write"  # as the test runs it (the permission text is in the prompt)
 COUNTERS = {

@@ -2,12 +2,14 @@
 
 Chat Completions and Responses list `{token, logprob, bytes, top_logprobs: [{token, logprob,
 bytes}]}` per token; legacy Completions has parallel lists (`tokens`, `token_logprobs`,
-`top_logprobs` as {token: logprob} maps, `text_offset`). The values are the model's own
-log-probabilities (docs/sampling.md#log-probabilities).
+`top_logprobs` as {token: logprob} maps, `text_offset`: where each token starts in the text, in
+characters, as OpenAI's). The values are the model's own log-probabilities
+(docs/sampling.md#log-probabilities).
 """
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Sequence
 from typing import TypedDict
 
@@ -57,21 +59,37 @@ def token_entries(scores: Sequence[TokenLogprob], vocab: TokenBytes) -> list[Tok
     ]
 
 
+class TextOffsets:
+    """Where each token of a text starts, in characters: the characters its predecessors
+    completed (a character whose bytes span several tokens counts once, at the token that
+    completes it; the tokens before it start where it starts)."""
+
+    def __init__(self, vocab: TokenBytes, start: int = 0) -> None:
+        self._vocab = vocab
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.at = start
+
+    def next(self, token: int) -> int:
+        """`token`'s offset; the text after it starts past its characters."""
+        at = self.at
+        self.at += len(self._decoder.decode(self._vocab.of(token)))
+        return at
+
+
 def legacy(
     tokens: Sequence[int],
     scores: Sequence[TokenLogprob | None],
     vocab: TokenBytes,
     *,
     n_top: int,
-    offset: int = 0,
+    offsets: TextOffsets,
 ) -> LegacyLogprobs:
-    """Legacy Completions' lists for `tokens` (a None score: the first prompt token's)."""
+    """Legacy Completions' lists for `tokens` (a None score: the first prompt token's, or one
+    never computed), their offsets from `offsets`."""
     out = LegacyLogprobs(tokens=[], token_logprobs=[], top_logprobs=[], text_offset=[])
     for token, score in zip(tokens, scores, strict=True):
-        text = vocab.text(token)
-        out["tokens"].append(text)
-        out["text_offset"].append(offset)
-        offset += len(text)
+        out["tokens"].append(vocab.text(token))
+        out["text_offset"].append(offsets.next(token))
         if score is None:
             out["token_logprobs"].append(None)
             out["top_logprobs"].append(None)

@@ -240,6 +240,15 @@ class ResidencyCollector(Collector):
         yield CounterMetricFamily(
             "gpt_oss_model_reloads", "Loads after an unload, for a request.", value=report.loads
         )
+        yield CounterMetricFamily(
+            "gpt_oss_model_reload_failures", "Loads after an unload that failed.",
+            value=report.load_failures,
+        )  # fmt: skip
+        yield GaugeMetricFamily(
+            "gpt_oss_model_reload_failed",
+            "1 while the last load after an unload failed (until one succeeds).",
+            value=1.0 if report.load_error is not None else 0.0,
+        )
         if report.last_load_s is not None:
             yield GaugeMetricFamily(
                 "gpt_oss_model_last_reload_seconds",

@@ -1,4 +1,4 @@
-"""/health, /v1/models and /v1/server (the facts the chat page shows about this server).
+"""/health, /api/hello, /v1/models and /v1/server (the facts the chat page shows about this server).
 
 Each says whether the model is in memory (`model_state`: loaded, unloading, unloaded, loading;
 see server.ops.residency); /v1/models lists the model under its name and its aliases (the names
@@ -23,14 +23,23 @@ health_router = APIRouter()
 @health_router.get("/health", response_model=None)
 async def health(request: Request) -> dict[str, Any] | JSONResponse:
     """200 while the engine can generate (also while the model is unloaded: the next request loads
-    it); 503 with the reason once it cannot (an RPC host left)."""
+    it); 503 with the reason once it cannot (an RPC host left) or when loading it again failed
+    (until a load succeeds)."""
     runtime: Runtime = request.app.state.runtime
-    state = runtime.residency_report.state.value
-    failure = runtime.engine.failure
+    residency = runtime.residency_report
+    state = residency.state.value
+    failure = runtime.engine.failure or residency.load_error
     if failure is not None:
         body = {"status": "error", "model": runtime.model_name, "model_state": state}
         return JSONResponse({**body, "error": failure}, status_code=503)
     return {"status": "ok", "model": runtime.model_name, "model_state": state}
+
+
+@health_router.api_route("/api/hello", methods=["GET", "HEAD"])
+async def hello() -> dict[str, str]:
+    """Anthropic's reachability probe: Claude Code sends HEAD at start (a preconnect) and `claude
+    doctor` a GET, and takes 200 for "connected". No key, nothing about the server."""
+    return {"message": "hello"}
 
 
 @router.get("/v1/models")
@@ -77,6 +86,9 @@ async def server_facts(request: Request) -> dict[str, Any]:
         "reloads": residency.loads,
         "last_reload_s": residency.last_load_s,
         "last_unload_s": residency.last_unload_s,
+        "reload_error": residency.load_error,
+        "reload_failures": residency.load_failures,
+        "reload_retry_in_s": residency.retry_in_s,
         "description": info.description,
         "size": info.size_bytes,
         "n_ctx": info.n_ctx,

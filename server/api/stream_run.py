@@ -13,14 +13,16 @@ folded. The one stream tail every API shares; an API supplies only its emitter (
   (Responses stores the response there).
 - A non-streaming answer is the fold of the very same events: consumed while the client is
   connected (499 when it left), then folded by the API, which raises its error for a failed
-  generation.
+  generation. Several runs (chat's `n`, several completion prompts) are consumed side by side
+  (`respond_all`); the first that fails stops the others.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -48,7 +50,7 @@ W = TypeVar("W")  # one wire event of an API's stream
 
 
 class EventSource(Protocol):
-    """A prepared generation (server.core.generation.Prepared)."""
+    """An admitted generation (server.core.prepared.Prepared, server.core.raw.RawGeneration)."""
 
     def events(self) -> AsyncIterator[GenerationEvent]: ...
 
@@ -124,7 +126,7 @@ class StreamRun(Generic[W]):
             return Response(status_code=499)
         return JSONResponse(body(events))
 
-    async def events(self, keepalive_s: float | None = None) -> AsyncIterator[W]:
+    async def events(self, keepalive_s: float | None = None) -> AsyncGenerator[W, None]:
         """Every wire event of the response; the emitter's terminal ones last."""
         emitter = self._emitter
         for started in emitter.start():
@@ -166,6 +168,68 @@ class StreamRun(Generic[W]):
             except Exception:  # the response stands even if finishing (storing) it failed
                 log.exception("%s: finishing (storing) failed", self._name)
         return out
+
+
+async def respond_all(
+    request: Request,
+    runs: Sequence[StreamRun[W]],
+    body: Callable[[list[list[W]]], Any],
+    *,
+    failed: Callable[[W], bool],
+) -> Response:
+    """The non-streaming HTTP response of several runs side by side: each run's events, folded
+    together by `body` (which raises the API's error for a failed run). The first event for
+    which `failed` holds stops the other runs; a client that left gets 499."""
+    events: list[list[W]] = [[] for _ in runs]
+
+    async def until_failed() -> AsyncIterator[tuple[int, W]]:
+        async with aclosing(merged([run.events() for run in runs])) as every:
+            async for index, event in every:
+                yield index, event
+                if failed(event):
+                    return  # closing `merged` cancels the others
+
+    try:
+        await consume_while_connected(
+            request, until_failed(), lambda item: events[item[0]].append(item[1])
+        )
+    except ClientGone:
+        return Response(status_code=499)
+    return JSONResponse(body(events))
+
+
+async def merged(sources: Sequence[AsyncIterator[T]]) -> AsyncGenerator[tuple[int, T], None]:
+    """Every source's items as they come, tagged with the source's position; an exception of
+    one source is raised here, and leaving early cancels every source."""
+    queue: asyncio.Queue[tuple[int, T | None, BaseException | None, bool]] = asyncio.Queue()
+
+    async def pump(index: int, source: AsyncIterator[T]) -> None:
+        error: BaseException | None = None
+        try:
+            async for item in source:
+                await queue.put((index, item, None, False))
+        except Exception as exc:  # handed to the consumer
+            error = exc
+        finally:
+            queue.put_nowait((index, None, error, True))
+
+    tasks = [asyncio.ensure_future(pump(i, source)) for i, source in enumerate(sources)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            index, item, error, ended = await queue.get()
+            if error is not None:
+                raise error
+            if ended:
+                remaining -= 1
+            else:
+                yield index, item  # type: ignore[misc]  # not None: not an end marker
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
 
 async def with_keepalive(

@@ -62,9 +62,23 @@ class InvalidRequest(ServerError):
 
 
 class ContextLengthExceeded(InvalidRequest):
-    """The prompt (plus the room asked for the answer) does not fit the context window."""
+    """The prompt does not fit the context window.
+
+    Worded as OpenAI words it ("This model's maximum context length is ..."), which OpenAI-API
+    clients match to compact or trim; the numbers stay on the error for APIs that word it
+    their own way (Anthropic's "prompt is too long: N tokens > M maximum").
+    """
 
     code = "context_length_exceeded"
+
+    def __init__(self, prompt_tokens: int, n_ctx: int, *, hint: str = "", **kwargs: Any):
+        message = (
+            f"This model's maximum context length is {n_ctx} tokens. However, your messages "
+            f"resulted in {prompt_tokens} tokens. Please reduce the length of the messages."
+        )
+        super().__init__(f"{message} {hint}".rstrip(), **kwargs)
+        self.prompt_tokens = prompt_tokens
+        self.n_ctx = n_ctx
 
 
 class ServerBusy(ServerError):

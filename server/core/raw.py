@@ -1,28 +1,42 @@
 """Raw completions: prompt token ids in, the model's next tokens out, no harmony on either side.
 
 What `/v1/completions` runs: the prompt is evaluated as given (no chat rendering, no steering,
-no history), the engine's tokens come back as they are, with their logprobs where asked, and
-with `prompt_logprobs` each prompt token's (loglikelihood scoring: lm-evaluation-harness).
-Admission, the context check and the metrics report are the same as for every generation.
+no history), and the engine's tokens come back as the text of one FINAL segment: `SegmentStart`,
+a `SegmentDelta` per engine chunk (complete characters, each carrying the logprobs of its tokens
+where asked: every generated token's, the stop token's too, although its text is not part of the
+completion), `SegmentEnd`, then `Finished`. The text is cut at the request's stop strings by the
+same filter as a chat answer's (server.core.stop_strings); the tokens after the cut are not
+reported. With `prompt_logprobs`, each prompt token's are on `result` once the events ended
+(loglikelihood scoring: lm-evaluation-harness). Admission, the context check, the sampling
+parameters and the metrics report are every generation's (Generator.admit, Generator.sampling).
 """
 
 from __future__ import annotations
 
-import weakref
+import codecs
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
+from itertools import zip_longest
 
-from server.contracts.errors import (
-    ContextLengthExceeded,
-    EngineUnavailable,
-    InvalidRequest,
-    RequestField,
-    ServerBusy,
+from server.contracts.errors import InvalidRequest, RequestField
+from server.contracts.events import (
+    Finished,
+    GenerationEvent,
+    SegmentDelta,
+    SegmentEnd,
+    SegmentKind,
+    SegmentStart,
+    TokenLogprob,
 )
 from server.core.admission import Ticket
-from server.core.generation import SEED_RANGE, GenerationOptions, Generator, finished_event
-from server.engine.base import EngineResult, SamplingParams, TokenChunk, TokenStream
+from server.core.finish import finished_event
+from server.core.generation import GenerationOptions, Generator
+from server.core.stop_strings import StopStrings
+from server.engine.base import EngineResult, SamplingParams, TokenStream
+from server.harmony.token_bytes import TokenBytes
 from server.harmony.tokens import END_OF_TEXT, FIRST_SPECIAL
+
+SEGMENT = 0  # a raw generation is one segment
 
 
 def check_prompt(tokens: Sequence[int], n_vocab: int, *, specials: bool) -> None:
@@ -51,68 +65,137 @@ def prepare_raw(
     prompt_logprobs: bool = False,
     specials: bool = False,
 ) -> RawGeneration:
-    """Validate and admit one raw generation; raises like Generator.prepare()."""
-    engine = generator.engine
-    if engine.failure is not None:
-        raise EngineUnavailable(f"The server cannot generate: {engine.failure}")
-    check_prompt(prompt_tokens, engine.info.n_vocab, specials=specials)
-    n_ctx = engine.info.n_ctx
-    room = n_ctx - len(prompt_tokens)
-    if room <= 0:
-        raise ContextLengthExceeded(
-            f"This model's context window is {n_ctx} tokens; the prompt has {len(prompt_tokens)}.",
-            field=RequestField.CONVERSATION,
+    """Validate and admit one raw generation; raises like Generator.prepare(). `options.stop`
+    cuts its text; max tokens 0 evaluates the prompt only."""
+
+    def make(ticket: Ticket) -> RawGeneration:
+        check_prompt(prompt_tokens, generator.engine.info.n_vocab, specials=specials)
+        stop_tokens = frozenset([*generator.encoding.stop_tokens(), END_OF_TEXT])
+        params = generator.sampling(
+            options,
+            len(prompt_tokens),
+            stop_tokens=stop_tokens,
+            prompt_only=True,
+            prompt_logprobs=prompt_logprobs,
         )
-    wanted = options.max_tokens
-    if wanted is not None and wanted < 0:
-        raise InvalidRequest("max tokens must not be negative", field=RequestField.MAX_TOKENS)
-    defaults = generator.defaults
-    params = SamplingParams(
-        max_tokens=room if wanted is None else min(wanted, room),
-        temperature=defaults.temperature if options.temperature is None else options.temperature,
-        top_p=defaults.top_p if options.top_p is None else options.top_p,
-        top_k=defaults.top_k if options.top_k is None else options.top_k,
-        min_p=defaults.min_p,
-        seed=None if options.seed is None else options.seed % SEED_RANGE,
-        stop_tokens=frozenset([*generator.encoding.stop_tokens(), END_OF_TEXT]),
-        logprobs=options.logprobs,
-        prompt_logprobs=prompt_logprobs,
-    )
-    ticket = generator.admission.try_acquire()
-    if ticket is None:
-        raise ServerBusy(generator.admission.waiting)
-    raw = RawGeneration(generator, prompt_tokens, params, ticket)
-    weakref.finalize(raw, ticket.release)
-    return raw
+        return RawGeneration(generator, prompt_tokens, params, options.stop, ticket)
+
+    return generator.admit(make)
+
+
+class RawText:
+    """The completion's text as its tokens come: bytes joined across tokens (a character may
+    span several), stop tokens left out of the text, cut at the first stop string (a possible
+    stop string's start held back until the next tokens show whether it is one)."""
+
+    def __init__(self, vocab: TokenBytes, stops: Sequence[str], stop_tokens: frozenset[int]):
+        self._vocab = vocab
+        self._stops = StopStrings(stops)
+        self._stop_tokens = stop_tokens
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._decoded = 0  # characters decoded so far, before any cut
+        self._scores: list[tuple[int, TokenLogprob]] = []  # not yet sent, with their starts
+        self.text = ""  # what was sent
+
+    @property
+    def matched(self) -> str | None:
+        """The stop string that ended the text, if one did."""
+        return self._stops.matched
+
+    def feed(
+        self, tokens: Sequence[int], logprobs: Sequence[TokenLogprob | None] = ()
+    ) -> SegmentDelta | None:
+        """The delta for these tokens (None if it has neither text nor logprobs); nothing once
+        a stop string appeared: the tokens from the one that starts it on are not reported."""
+        if self._stops.hit:
+            return None
+        decoded = []
+        for token, score in zip_longest(tokens, logprobs[: len(tokens)]):
+            if score is not None:
+                self._scores.append((self._decoded, score))
+            if token not in self._stop_tokens:
+                piece = self._decoder.decode(self._vocab.of(token))
+                self._decoded += len(piece)
+                decoded.append(piece)
+        return self._delta("".join(decoded))
+
+    def finish(self) -> SegmentDelta | None:
+        """What is left once the engine stopped (a held-back text, a cut character, the
+        logprobs of the tokens after the last character: the stop token's)."""
+        if self._stops.hit:
+            return None
+        rest = self._decoder.decode(b"", final=True)
+        self._decoded += len(rest)
+        return self._delta(rest, final=True)
+
+    def _delta(self, text: str, *, final: bool = False) -> SegmentDelta | None:
+        """The text the stop strings let pass, with the logprobs of the tokens it starts."""
+        passed = self._stops.filter(SegmentDelta(SEGMENT, SegmentKind.FINAL, text))
+        if final and not self._stops.hit:
+            passed += self._stops.filter(SegmentEnd(SEGMENT, SegmentKind.FINAL, "", ()))
+        sent = "".join(e.text for e in passed if isinstance(e, SegmentDelta))
+        self.text += sent
+        end = len(self.text)  # a token whose text is held back waits with its logprobs
+        flush = final and not self._stops.hit  # the end: the tokens after the last character
+        ready = [score for start, score in self._scores if flush or start < end]
+        self._scores = (
+            []
+            if final or self._stops.hit
+            else [(start, score) for start, score in self._scores if start >= end]
+        )
+        if not sent and not ready:
+            return None
+        return SegmentDelta(SEGMENT, SegmentKind.FINAL, sent, tuple(ready))
 
 
 @dataclass
 class RawGeneration:
-    """One admitted raw generation; iterate `chunks()` once, then read `result`."""
+    """One admitted raw generation; iterate `events()` once."""
 
     generator: Generator
     prompt_tokens: list[int]
     params: SamplingParams
+    stop: tuple[str, ...]
     ticket: Ticket
-    _stream: TokenStream | None = None
+    result: EngineResult | None = None  # how it ended, once its events did
 
-    async def chunks(self) -> AsyncGenerator[TokenChunk, None]:
-        """The engine's chunks; stopping early (`stop()`, or leaving) cancels the engine."""
-        stream = self.generator.engine.submit(self.prompt_tokens, self.params)
-        self._stream = stream
+    async def events(self) -> AsyncGenerator[GenerationEvent, None]:
+        """The completion as one FINAL segment, then Finished; leaving early cancels the engine
+        (still reported to the metrics once the engine lets go)."""
+        generator = self.generator
+        text = RawText(generator.token_bytes, self.stop, self.params.stop_tokens)
+        stream: TokenStream | None = None
+        consumed = False
         try:
-            async for chunk in stream.paced(self.generator.stream_interval_s):
-                yield chunk
+            stream = generator.engine.submit(self.prompt_tokens, self.params)
+            yield SegmentStart(SEGMENT, SegmentKind.FINAL, None)
+            async for chunk in stream.paced(generator.stream_interval_s):
+                delta = text.feed(chunk, chunk.logprobs)
+                if delta is not None:
+                    yield delta
+                if text.matched is not None:
+                    break
+            consumed = True
         finally:
-            stream.cancel()  # no-op once finished
             self.ticket.release()
+            if stream is not None:
+                stream.cancel()  # no-op once finished; stops the engine if the consumer left
+                if not consumed and text.matched is None:
+                    stream.on_close(lambda result: self._report(result, None))
+        assert stream is not None
+        if text.matched is not None:
+            async for _ in stream:  # the engine stops within a token; wait for its result
+                pass
+        else:
+            rest = text.finish()
+            if rest is not None:
+                yield rest
+        yield SegmentEnd(SEGMENT, SegmentKind.FINAL, text.text, (), complete=text.matched is None)
+        yield self._report(stream.result, text.matched)
 
-    async def result(self, *, stopped: str | None = None) -> EngineResult:
-        """How it ended (waits for the engine after an early stop); reported to the metrics."""
-        assert self._stream is not None, "chunks() was not iterated"
-        async for _ in self._stream:  # drains what is left once cancelled
-            pass
-        result = self._stream.result
+    def _report(self, result: EngineResult, stopped: str | None) -> Finished:
+        self.result = result
+        finished = finished_event(result, 0, stopped=stopped)
         if self.generator.on_finished is not None:
-            self.generator.on_finished(finished_event(result, 0, stopped=stopped))
-        return result
+            self.generator.on_finished(finished)
+        return finished

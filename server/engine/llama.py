@@ -11,7 +11,7 @@ import asyncio
 import logging
 import queue
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from server.contracts.directives import Steering
 from server.contracts.errors import EngineUnavailable
@@ -34,13 +34,25 @@ from server.engine.speculative.verify_cost import start_speculation
 
 log = logging.getLogger(__name__)
 
+CLOSED = "The server cannot generate: the model was closed"
+
 
 class LlamaEngine:
     """Engine on llama-cpp-python's C API; construct it, submit prompts, close it."""
 
-    def __init__(self, config: EngineConfig, sampling_hook: SamplingHook | None = None) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        sampling_hook: SamplingHook | None = None,
+        abort: Callable[[], bool] | None = None,
+    ) -> None:
+        """Load the model (a RuntimeError when it cannot; LoadAborted once `abort()` is true
+        while it loads) and start the engine thread."""
         self._config = config
         self._hook = sampling_hook
+        self._abort = abort
+        self._closed = False  # close() was called: nothing is accepted any more
+        self._lock = threading.Lock()  # held to submit, to read the vocabulary, to close, to free
         self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self._ready = threading.Event()
         self._load_error: BaseException | None = None
@@ -92,31 +104,44 @@ class LlamaEngine:
             raise EngineUnavailable(f"The server cannot generate: {self._failure}")
         channel = TokenChannel(asyncio.get_running_loop())
         points = tuple(sorted(set(save_points)))
-        self._jobs.put(Job(list(prompt_tokens), params, channel, steering, points))
+        with self._lock:  # queued before close() queues its stop, or refused
+            if self._closed:
+                raise EngineUnavailable(CLOSED)
+            self._jobs.put(Job(list(prompt_tokens), params, channel, steering, points))
         return channel
 
     def validate_grammar(self, grammar: str) -> None:
-        assert self._ctx is not None
-        self._ctx.validate_grammar(grammar)  # reads only the vocabulary
+        with self._lock:
+            self._vocabulary().validate_grammar(grammar)  # reads only the vocabulary
 
     def token_text(self, token_id: int) -> str:
-        assert self._ctx is not None
-        return self._ctx.token_text(token_id)  # the vocabulary is read-only once loaded
+        with self._lock:
+            return self._vocabulary().token_text(token_id)  # read-only once loaded
+
+    def _vocabulary(self) -> LlamaContext:
+        """The context, to read its vocabulary (under `_lock`); EngineUnavailable once the
+        model is freed."""
+        if self._ctx is None or self._closed:
+            raise EngineUnavailable(CLOSED)
+        return self._ctx
 
     def close(self) -> None:
         """Stop the engine thread (it saves, then frees the model) and wait for it, or until it
         is parked for good: an RPC host that is gone stops a decode or the freeing of the model
         (see server.engine.rpc.backend.AbortWatch), and the process must still exit."""
+        with self._lock:
+            self._closed = True  # no submit or vocabulary read from now on
         if self._failure is not None:  # the engine thread waits for a host that is gone
             return
         if self._thread.is_alive():
             self._jobs.put(None)
         while self._thread.is_alive() and self._failure is None:
             self._thread.join(0.1)
+        self._refuse_queued(CLOSED)  # submitted while it closed: they end, not hang
 
     def _run(self) -> None:
         try:
-            self._ctx = LlamaContext(self._config)
+            self._ctx = LlamaContext(self._config, self._abort)
             self._cache = self._open_cache(self._ctx)
             speculator = start_speculation(self._ctx, self._config)
         except BaseException as exc:  # reported to the constructor's caller
@@ -141,7 +166,8 @@ class LlamaEngine:
             scheduler.shutdown()  # saves every conversation to disk
             if self._cache is not None:
                 self._cache.close()  # waits for the writes
-            self._ctx.close()
+            with self._lock:
+                self._ctx.close()
 
     def _fail(self, message: str) -> None:
         """An RPC host dropped (ggml's abort, on its RPC thread): end every request, report it.
@@ -159,19 +185,19 @@ class LlamaEngine:
         if not self._ready.is_set():  # it dropped while the model was loading
             self._load_error = RpcError(self._failure)
             self._ready.set()
+        self._refuse_queued(self._failure)
+        if self._scheduler is not None:
+            self._scheduler.fail_all(self._failure)
+
+    def _refuse_queued(self, message: str) -> None:
+        """End the jobs still queued (the engine thread takes no more) with `message`."""
         while True:
             try:
                 job = self._jobs.get_nowait()
             except queue.Empty:
-                break
+                return
             if job is not None:
-                self._refuse(job)
-        if self._scheduler is not None:
-            self._scheduler.fail_all(self._failure)
-
-    def _refuse(self, job: Job) -> None:
-        assert self._failure is not None
-        job.channel.close(job.result(StopReason.ERROR, self._failure))
+                job.channel.close(job.result(StopReason.ERROR, message))
 
     def _open_cache(self, ctx: LlamaContext) -> PromptCache | None:
         if self._config.prompt_cache_dir is None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import llama_cpp.llama_cpp as lc
@@ -46,6 +46,9 @@ def _route_llama_log(level: int, text: bytes, _user_data: ctypes.c_void_p) -> No
         llama_log.log(_LOG_LEVELS.get(level, logging.DEBUG), "%s", message)
 
 
+ABORTED = 2  # llama_decode's return value when its abort callback asked it to stop
+
+
 class DecodeError(RuntimeError):
     """llama_decode failed; `code` is its return value (1: no KV slot, 2: aborted, <0: fatal)."""
 
@@ -54,13 +57,20 @@ class DecodeError(RuntimeError):
         self.code = code
 
 
+_NO_ABORT = lc.ggml_abort_callback()  # a null callback: decodes run to the end
+
+
+class LoadAborted(RuntimeError):
+    """The model's load was stopped on request (the server is shutting down)."""
+
+
 class LlamaContext:
     """One model, one context with `n_seq` sequences sharing a unified KV cache."""
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, abort: Callable[[], bool] | None = None) -> None:
         lc.llama_log_set(_route_llama_log, ctypes.c_void_p(0))
         lc.llama_backend_init()
-        self._model = self._load_model(config)
+        self._model = self._load_model(config, abort)
         self._ctx = self._new_context(config)
         self._vocab = lc.llama_model_get_vocab(self._model)
         self._memory = lc.llama_get_memory(self._ctx)
@@ -74,12 +84,16 @@ class LlamaContext:
         self.workspace = Workspace(self.info.n_vocab)  # the sampling buffers of this thread
         self.llama_sampling = config.sampler == "llama"
         self._logit_views: dict[int, np.ndarray[Any, np.dtype[np.float32]]] = {}
+        self._abort_check: Callable[[], bool] | None = None
+        self._abort_callback = lc.ggml_abort_callback(self._should_abort)  # kept alive here
 
     @staticmethod
-    def _load_model(config: EngineConfig) -> Any:
+    def _load_model(config: EngineConfig, abort: Callable[[], bool] | None) -> Any:
         # GPU layers, experts kept on the CPU, load mode, progress bar: see loading/offload.py.
-        with offload.model_params(config) as params:
+        with offload.model_params(config, abort) as params:
             model = lc.llama_model_load_from_file(config.model_path.encode(), params)
+        if not model and abort is not None and abort():
+            raise LoadAborted(f"loading {config.model_path} was stopped")
         if not model:
             raise RuntimeError(f"llama.cpp could not load {config.model_path}")
         return model
@@ -177,16 +191,43 @@ class LlamaContext:
         buffer = (ctypes.c_uint8 * size).from_buffer(data, offset)
         return int(lc.llama_state_seq_set_data(self._ctx, buffer, size, seq_id)) > 0
 
-    def decode(self, parts: Sequence[BatchPart]) -> list[int]:
+    def decode(
+        self, parts: Sequence[BatchPart], abort: Callable[[], bool] | None = None
+    ) -> list[int]:
         """Evaluate every part in one llama_decode; the batch index of each part's logits.
 
-        Raises DecodeError (code 1: the KV cache has no room for the batch).
+        With `abort`, llama.cpp asks it between the graph's operations (on the CPU backend) and
+        stops the decode when it answers True: a long prompt chunk stops within its compute, not
+        after it. Ubatches evaluated before the stop stay in the KV cache (`seq_end`).
+
+        Raises DecodeError (code 1: the KV cache has no room for the batch; 2: aborted).
         """
         indices = self._batch.fill(parts)
-        code = lc.llama_decode(self._ctx, self._batch.struct)
+        if abort is None:
+            code = lc.llama_decode(self._ctx, self._batch.struct)
+        else:
+            self._abort_check = abort
+            lc.llama_set_abort_callback(self._ctx, self._abort_callback, None)
+            try:
+                code = lc.llama_decode(self._ctx, self._batch.struct)
+            finally:
+                lc.llama_set_abort_callback(self._ctx, _NO_ABORT, None)
+                self._abort_check = None
         if code != 0:
             raise DecodeError(int(code))
         return indices
+
+    def _should_abort(self, _data: Any) -> bool:
+        check = self._abort_check
+        try:
+            return check is not None and bool(check())
+        except Exception:  # a failing check never stops a decode (nor unwinds into C)
+            log.exception("abort check failed")
+            return False
+
+    def seq_end(self, seq_id: int) -> int:
+        """One past the last position a sequence holds in the KV cache (0 when empty)."""
+        return int(lc.llama_memory_seq_pos_max(self._memory, seq_id)) + 1
 
     def new_chain(
         self, params: SamplingParams, seed: int, constraint: Constrain | None = None

@@ -37,6 +37,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from enum import Enum
@@ -46,7 +47,7 @@ from server.contracts.events import Timings, TokenLogprob, Usage
 from server.engine.base import EngineResult, SamplingHook, SamplingParams, StopReason
 from server.engine.channel import TokenChannel
 from server.engine.disk_cache.prompt_cache import Found, PromptCache
-from server.engine.llama_context import BatchPart, DecodeError, LlamaContext
+from server.engine.llama_context import ABORTED, BatchPart, DecodeError, LlamaContext
 from server.engine.picker import TokenPicker
 from server.engine.sampling.logprobs import token_logprob
 from server.engine.slots import (
@@ -63,6 +64,14 @@ log = logging.getLogger(__name__)
 
 NO_ROOM = 1  # llama_decode: no KV cells left for the batch
 PROMPT_LOGPROBS_CHUNK = 64  # prompt tokens per step when each keeps its logits (n_vocab floats)
+SHUTDOWN_SAVE_S = 30.0  # at most this long, in all, for the saves at shutdown to find room
+
+
+def rejected_cells(n_draft: int, kept: int) -> int:
+    """The cells a verify drops from the end of the sequence: the draft tokens not kept. A
+    function of its own so that a test can inject an off-by-one here (a rejected token left
+    in the cache) and see the speculative output change: the rollback's negative control."""
+    return n_draft - kept
 
 
 class _Phase(Enum):
@@ -176,11 +185,14 @@ class Scheduler:
         self._waiting.append(job)
 
     def shutdown(self) -> None:
+        """End every job and save every conversation (waiting, within SHUTDOWN_SAVE_S in all,
+        for the disk writes before them to make room)."""
         self.fail_all("the engine shut down")
         self._loading.clear()
         if self._cache is not None:
+            deadline = time.monotonic() + SHUTDOWN_SAVE_S
             for slot in self.slots:
-                self._save(slot.seq_id, slot.tokens)
+                self._save(slot.seq_id, slot.tokens, max(0.0, deadline - time.monotonic()))
 
     def fail_all(self, error: str) -> None:
         """End every job with `error`: at shutdown, or off the engine thread once it is stuck for
@@ -370,10 +382,14 @@ class Scheduler:
     ) -> tuple[list[BatchPart], list[int]] | None:
         """Run the batch, dropping the drafts, then idle conversations, while the cache has no
         room for it. Returns the parts that ran and the batch index of each one's logits."""
+        abort = _all_left(owners) if any(job.prefilling for job in owners) else None
         while True:
             try:
-                return parts, self._ctx.decode(parts)
+                return parts, self._ctx.decode(parts, abort)
             except DecodeError as exc:
+                if exc.code == ABORTED:
+                    self._keep_aborted(parts, owners)
+                    return None
                 if exc.code == NO_ROOM and any(job.draft for job in owners):
                     parts = [_undrafted(part, job) for part, job in zip(parts, owners, strict=True)]
                     continue
@@ -383,6 +399,27 @@ class Scheduler:
                     continue
                 self._fail_batch(owners, exc)
                 return None
+
+    def _keep_aborted(self, parts: list[BatchPart], owners: list[Job]) -> None:
+        """After a decode stopped because every client of the batch left: what each prompt
+        chunk had evaluated stays cached (a request sent again continues from it); the rest of
+        the batch is dropped from the KV cache. The jobs end at the next step (_retire)."""
+        kept_total = 0
+        for part, job in zip(parts, owners, strict=True):
+            slot = job.slot
+            assert slot is not None
+            start = part.start_pos
+            kept = 0
+            if job.prefilling and not part.all_logits:
+                kept = min(max(self._ctx.seq_end(slot.seq_id) - start, 0), len(part.tokens))
+            if self._ctx.truncate(slot.seq_id, start + kept) != start + kept:
+                self._forget(slot)
+                continue
+            slot.tokens.extend(part.tokens[:kept])
+            job.next_prompt += kept
+            job.evaluated += kept
+            kept_total += kept
+        log.info("a decode stopped: its clients left (%d prompt tokens kept)", kept_total)
 
     def _fail_batch(self, owners: list[Job], exc: DecodeError) -> None:
         if exc.code == NO_ROOM:  # the newest request gives way; the others go on next step
@@ -461,8 +498,9 @@ class Scheduler:
         if draft and job.drafter is not None:
             job.drafter.settle(len(draft), accepted)
         keep = min(accepted, len(emitted) - 1)  # the last emitted token is not evaluated yet
-        if keep < len(draft):
-            n_keep = len(job.slot.tokens) - (len(draft) - keep)
+        dropped = rejected_cells(len(draft), keep)
+        if dropped > 0:
+            n_keep = len(job.slot.tokens) - dropped
             if self._ctx.truncate(job.slot.seq_id, n_keep) != n_keep:
                 job.slot.tokens.clear()
                 raise RuntimeError("the KV cache could not drop a rejected draft")
@@ -516,11 +554,11 @@ class Scheduler:
         self._save(slot.seq_id, slot.tokens)
         self._forget(slot)
 
-    def _save(self, seq_id: int, tokens: list[int]) -> None:
+    def _save(self, seq_id: int, tokens: list[int], wait_s: float = 0.0) -> None:
         if self._cache is None or not tokens:
             return
         try:
-            self._cache.save(seq_id, tokens)
+            self._cache.save(seq_id, tokens, wait_s)
         except Exception:  # the disk cache never fails a generation
             log.exception("prompt cache: could not save a sequence")
 
@@ -560,3 +598,9 @@ def _undrafted(part: BatchPart, job: Job) -> BatchPart:
         return part
     job.draft = ()
     return BatchPart(part.seq_id, job.pending, part.start_pos, True)
+
+
+def _all_left(owners: list[Job]) -> Callable[[], bool]:
+    """Whether every request of a batch was cancelled (its client left): the decode may stop."""
+    channels = [job.channel for job in owners]
+    return lambda: all(channel.cancelled for channel in channels)

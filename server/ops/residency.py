@@ -16,6 +16,15 @@ The one worker thread (`model-residency`) makes every transition; the lock guard
     loaded --idle_unload_s without a generation--> unloading --engine closed--> unloaded
     unloaded --a generation waits--> loading --engine opened--> loaded
     loading --the load failed--> unloaded (the waiting generations end with the error)
+
+A failed load is kept (`ResidencyReport.load_error`: /health answers 503 with it, /v1/server
+and /metrics report it) until a load succeeds, and the next attempt waits a backoff that
+doubles with each failure (`RELOAD_BACKOFF_S`): meanwhile requests are refused at once with
+the reason (`failure`) instead of each paying a whole load before failing. An engine that
+failed (an RPC host dropped) is never unloaded: its failure stays reported, and no load is
+tried against a host that is gone. `close()` (shutdown) ends the waiting generations first,
+stops a load in progress (llama.cpp's progress callback, `closing`) and never starts the
+waiting generations on an engine that finished loading meanwhile.
 """
 
 from __future__ import annotations
@@ -48,6 +57,8 @@ from server.engine.base import (
 
 log = logging.getLogger(__name__)
 
+RELOAD_BACKOFF_S = (5.0, 300.0)  # the wait after a failed load: the first, doubling up to the last
+
 
 class ModelState(str, Enum):
     LOADED = "loaded"
@@ -66,6 +77,9 @@ class ResidencyReport:
     unloads: int = 0
     last_load_s: float | None = None  # how long the last of those loads took
     last_unload_s: float | None = None
+    load_error: str | None = None  # why the last load failed (None once a load succeeds)
+    load_failures: int = 0  # failed loads after an unload
+    retry_in_s: float | None = None  # while backing off after a failed load
 
 
 class Vocabulary(Protocol):
@@ -103,11 +117,16 @@ class ModelResidency:
         self._active = 0  # generations submitted and not finished (waiting ones included)
         self._pending: list[PendingStream] = []
         self._idle_since = time.monotonic()
-        self._closing = False
+        self._closing = False  # begin_shutdown() was called
+        self._closed = False
         self._loads = 0
         self._unloads = 0
         self._last_load_s: float | None = None
         self._last_unload_s: float | None = None
+        self._load_error: str | None = None
+        self._load_failures = 0
+        self._failed_in_row = 0
+        self._retry_at = 0.0  # time.monotonic() before which no load is tried again
         self._thread = threading.Thread(target=self._run, name="model-residency", daemon=True)
         self._thread.start()
 
@@ -118,8 +137,14 @@ class ModelResidency:
         return self._state
 
     @property
+    def closing(self) -> bool:
+        """True once close() began: a load in progress stops (see startup.load_engine)."""
+        return self._closing
+
+    @property
     def report(self) -> ResidencyReport:
         with self._cond:
+            wait = self._retry_at - time.monotonic() if self._load_error is not None else 0.0
             return ResidencyReport(
                 self._state,
                 self.idle_unload_s,
@@ -127,6 +152,9 @@ class ModelResidency:
                 self._unloads,
                 self._last_load_s,
                 self._last_unload_s,
+                self._load_error,
+                self._load_failures,
+                max(0.0, wait) if self._load_error is not None else None,
             )
 
     # the Engine protocol
@@ -155,7 +183,12 @@ class ModelResidency:
 
     @property
     def failure(self) -> str | None:
-        engine = self._engine
+        """Why requests are refused now: the engine's failure, or a failed load while its
+        backoff lasts (after it, the next request tries a load again)."""
+        with self._cond:
+            engine, error = self._engine, self._load_error
+            if engine is None and error is not None and time.monotonic() < self._retry_at:
+                return error
         return engine.failure if engine is not None else None
 
     def submit(
@@ -169,8 +202,11 @@ class ModelResidency:
         with self._cond:
             if self._closing:
                 raise EngineUnavailable("The server is shutting down")
-            self._active += 1
             engine = self._engine if self._state is ModelState.LOADED else None
+            error = self._load_error
+            if engine is None and error is not None and time.monotonic() < self._retry_at:
+                raise EngineUnavailable(error)
+            self._active += 1
             if engine is None:
                 pending = PendingStream(
                     self, loop, (list(prompt_tokens), params, steering, tuple(save_points))
@@ -192,20 +228,28 @@ class ModelResidency:
     def token_text(self, token_id: int) -> str:
         return self._vocabulary.token_text(token_id)
 
-    def close(self) -> None:
-        """Stop the worker, close the engine (saving its conversations), free the vocabulary;
-        generations still waiting for a load end with an error."""
+    def begin_shutdown(self) -> None:
+        """The shutdown began: the generations waiting for a load end now (with an error), a
+        load in progress stops, no load or unload starts again and new generations are
+        refused; those running on a loaded engine go on (the drain)."""
         with self._cond:
-            if self._closing:
-                return
             self._closing = True
+            pending, self._pending = self._pending, []
             self._cond.notify_all()
+        for stream in pending:  # their streams end now, not after a load
+            stream.fail("The server is shutting down")
+
+    def close(self) -> None:
+        """begin_shutdown(), then stop the worker, close the engine (saving its
+        conversations), free the vocabulary."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+        self.begin_shutdown()
         self._thread.join()
         with self._cond:
             engine, self._engine = self._engine, None
-            pending, self._pending = self._pending, []
-        for stream in pending:
-            stream.fail("the server is shutting down")
         if engine is not None:
             engine.close()
         self._vocabulary.close()
@@ -231,7 +275,13 @@ class ModelResidency:
                         self._cond.acquire()
                     continue
                 idle_for = time.monotonic() - self._idle_since
-                unloadable = self._state is ModelState.LOADED and self._active == 0
+                engine = self._engine
+                unloadable = (
+                    self._state is ModelState.LOADED
+                    and self._active == 0
+                    and engine is not None
+                    and engine.failure is None  # a failed engine stays, and says so
+                )
                 if unloadable and idle_for >= self.idle_unload_s:
                     self._state = ModelState.UNLOADING
                     engine, self._engine = self._engine, None
@@ -267,24 +317,44 @@ class ModelResidency:
         started = time.perf_counter()
         try:
             engine = self._open_engine()
-        except Exception as exc:  # reported to the waiting requests and logged
-            log.error("loading the model again failed: %s", exc)
-            with self._cond:
-                self._state = ModelState.UNLOADED
-                pending, self._pending = self._pending, []
-            for stream in pending:
-                stream.fail(f"The model could not be loaded again: {exc}")
+        except Exception as exc:  # reported to the waiting requests, recorded and logged
+            self._load_failed(exc)
             return
         seconds = time.perf_counter() - started
         with self._cond:
+            if self._closing:  # shutting down: the waiting requests have ended already
+                log.info("the model finished loading during the shutdown: closing it unused")
+                self._engine = engine  # close() closes it
+                self._state = ModelState.LOADED
+                return
             self._engine = engine
             self._state = ModelState.LOADED
             self._loads += 1
             self._last_load_s = seconds
+            self._load_error, self._failed_in_row = None, 0
             pending, self._pending = self._pending, []
         log.info("model loaded again in %.1f s; %d request(s) were waiting", seconds, len(pending))
         for stream in pending:
             stream.start(engine)
+
+    def _load_failed(self, exc: Exception) -> None:
+        with self._cond:
+            self._state = ModelState.UNLOADED
+            pending, self._pending = self._pending, []
+            if self._closing:  # abandoned for the shutdown: not a failure to report
+                log.info("the model's load stopped for the shutdown (%s)", exc)
+                return
+            first, most = RELOAD_BACKOFF_S
+            backoff = min(most, first * 2**self._failed_in_row)
+            self._failed_in_row += 1
+            self._load_failures += 1
+            self._load_error = f"The model could not be loaded again: {exc}"
+            self._retry_at = time.monotonic() + backoff
+            error = self._load_error
+        log.error("loading the model again failed: %s; the next try in %g s at the earliest",
+                  exc, backoff)  # fmt: skip
+        for stream in pending:
+            stream.fail(error)
 
 
 def _added(a: PromptCacheStats, b: PromptCacheStats) -> PromptCacheStats:

@@ -3,8 +3,10 @@
 On SIGTERM or Ctrl-C, uvicorn stops accepting connections and waits for the requests in flight.
 After `shutdown_grace_s`, the engine is stopped: every generation still running ends, and its
 stream gets its terminal event (the API layer's answer to an engine that shut down) instead of a
-cut connection. A second Ctrl-C quits at once. The process then exits with status 0 (uvicorn
-re-raises the signal it caught once it is done; the handlers installed here absorb it).
+cut connection. Requests waiting for the model to load again (--idle-unload) end at the signal
+itself, and the load stops: the drain does not wait for a whole load. A second Ctrl-C quits at
+once. The process then exits with status 0 (uvicorn re-raises the signal it caught once it is
+done; the handlers installed here absorb it).
 """
 
 from __future__ import annotations
@@ -42,11 +44,13 @@ class GracefulServer(uvicorn.Server):
         on_started: Callable[[], None],
         stop_generations: Callable[[], None],
         grace_s: float,
+        on_shutdown: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(config)
         self._on_started = on_started
         self._stop_generations = stop_generations
         self._grace_s = grace_s
+        self._on_shutdown = on_shutdown
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
@@ -54,6 +58,8 @@ class GracefulServer(uvicorn.Server):
             self._on_started()
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self._on_shutdown is not None:
+            self._on_shutdown()
         stopper = asyncio.create_task(self._stop_after_grace())
         try:
             await super().shutdown(sockets)
@@ -109,6 +115,8 @@ def serve(app: Any, settings: Settings, runtime: Runtime, on_started: Callable[[
         on_started=started,
         stop_generations=runtime.engine.close,
         grace_s=settings.shutdown_grace_s,
+        # requests waiting for the model to load again end at once, and the load stops
+        on_shutdown=runtime.residency.begin_shutdown if runtime.residency else None,
     )
     with _absorb_replayed_signals():
         server.run()

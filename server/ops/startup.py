@@ -79,10 +79,17 @@ def load_runtime(settings: Settings, sampling_hook: SamplingHook | None = None) 
     aliases = model_aliases(settings, engine.info.n_params)
     if settings.idle_unload is None:
         return Runtime(engine, encoding, name, placement, aliases)
-    residency = idle_unloading(
-        settings, engine, lambda: load_engine(settings, config, sampling_hook)[0]
-    )
-    return Runtime(residency, encoding, name, placement, aliases, residency)
+
+    def reload() -> Engine:
+        """Placed anew (by the memory free now); the banner's placement follows."""
+        engine, runtime.placement = load_engine(
+            settings, config, sampling_hook, abort=lambda: residency.closing
+        )
+        return engine
+
+    residency = idle_unloading(settings, engine, reload)
+    runtime = Runtime(residency, encoding, name, placement, aliases, residency)
+    return runtime
 
 
 def idle_unloading(
@@ -124,10 +131,14 @@ def start_engine(
 
 
 def load_engine(
-    settings: Settings, config: EngineConfig, sampling_hook: SamplingHook | None = None
+    settings: Settings,
+    config: EngineConfig,
+    sampling_hook: SamplingHook | None = None,
+    abort: Callable[[], bool] | None = None,
 ) -> tuple[LlamaEngine, Placement]:
     """Place the model on the devices (their free memory now) and load it (StartupError when
-    it cannot); the RPC hosts are connected already."""
+    it cannot, or once `abort()` is true while it loads); the RPC hosts are connected
+    already."""
     placement = place_model(config, settings)
     config = replace(
         config,
@@ -137,7 +148,7 @@ def load_engine(
     )
     log.info("loading %s", config.model_path)
     try:
-        engine = LlamaEngine(config, sampling_hook)
+        engine = LlamaEngine(config, sampling_hook, abort)
     except (RuntimeError, RpcError) as exc:  # RpcError: a host dropped while loading
         raise StartupError(f"could not load {config.model_path}: {exc}") from exc
     except PrivatePathError as exc:  # changed since the check

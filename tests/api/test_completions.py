@@ -13,10 +13,14 @@ from openai.types import Completion
 from openai_harmony import HarmonyEncoding
 
 from devkit.forced import ForcedScript
-from server.api.completions.router import _Text
+from server.app import create_app
+from server.contracts.events import Finished
+from server.core.raw import RawText
 from server.engine.base import SamplingParams
 from server.engine.llama import LlamaEngine
 from server.harmony.token_bytes import TokenBytes
+from server.ops.runtime import Runtime
+from server.ops.settings import Settings
 from tests.support.sse import parse_sse
 
 
@@ -110,11 +114,68 @@ def test_bytes_after_a_stop_string_add_nothing(encoding: HarmonyEncoding) -> Non
     vocab = TokenBytes.load(encoding)
     partial = encoding.encode("\U0001f999")[0]  # the first of the character's tokens
     assert vocab.text(partial) == "\ufffd"
-    text = _Text(vocab, [" three"])
-    assert text.add([*encoding.encode("one two three four"), partial]) == "one two"
-    assert text.stopped
-    assert text.add((), final=True) == ""
+    text = RawText(vocab, [" three"], frozenset())
+    delta = text.feed([*encoding.encode("one two three four"), partial])
+    assert delta is not None
+    assert delta.text == "one two"
+    assert text.matched == " three"
+    assert text.finish() is None
     assert text.text == "one two"
+
+
+def test_text_offsets_count_characters_and_cut_at_the_stop_string(
+    client: TestClient, forced: ForcedScript
+) -> None:
+    """Each 👋 is two tokens: an offset counts the character once (at the token completing it),
+    so the token before the stop string is listed and the stop string's first is not."""
+    forced.push("👋👋👋👋 a, b<|return|>")
+    body = post(client, prompt="Wave:", max_tokens=20, stop=[", b"], logprobs=0).json()
+    choice = body["choices"][0]
+    assert choice["text"] == "👋👋👋👋 a"
+    assert choice["finish_reason"] == "stop"
+    logprobs = choice["logprobs"]
+    assert logprobs["text_offset"] == [0, 0, 1, 1, 2, 2, 3, 3, 4]
+    assert logprobs["tokens"][-1] == " a"
+
+
+def test_text_offsets_after_an_echoed_prompt(
+    client: TestClient, forced: ForcedScript, encoding: HarmonyEncoding
+) -> None:
+    forced.push(" 👋 hi<|return|>")
+    prompt = "Wave 👋"
+    body = post(client, prompt=prompt, echo=True, max_tokens=5, logprobs=0).json()
+    choice = body["choices"][0]
+    assert choice["text"] == "Wave 👋 👋 hi"
+    lists = choice["logprobs"]
+    n_prompt = len(encoding.encode(prompt))
+    # " 👋" is two tokens: the space with the character's first bytes, then the rest of it
+    assert lists["text_offset"][n_prompt:] == [6, 7, 8, 11]
+    assert lists["text_offset"][:n_prompt] == [0, 4, 5]
+    assert lists["tokens"][n_prompt:][-2:] == [" hi", "<|return|>"]
+
+
+def test_the_stream_ends_its_logprobs_at_the_stop_string(
+    client: TestClient, forced: ForcedScript
+) -> None:
+    forced.push("one two three four five six")
+    with client.stream(
+        "POST",
+        "/v1/completions",
+        json={
+            "prompt": "Count:",
+            "stream": True,
+            "logprobs": 0,
+            "max_tokens": 10,
+            "stop": " three",
+        },
+    ) as response:
+        datas = [event.data for event in parse_sse(response.iter_lines())]
+    assert datas[-1] == "[DONE]"
+    choices = [json.loads(d)["choices"][0] for d in datas[:-1]]
+    assert "".join(c["text"] for c in choices) == "one two"
+    tokens = [t for c in choices if c["logprobs"] for t in c["logprobs"]["tokens"]]
+    assert tokens == ["one", " two"]
+    assert choices[-1]["finish_reason"] == "stop"
 
 
 def test_several_prompts_are_several_choices(client: TestClient, encoding: HarmonyEncoding) -> None:
@@ -191,3 +252,33 @@ def test_specials_where_the_request_allows_them(
     response = post(client, prompt=ids, allow_special_tokens=True, max_tokens=2)
     assert response.status_code == 200
     assert json.loads(response.text)["choices"][0]["text"] == "Hey"
+
+
+def test_a_stream_that_raises_mid_way_ends_with_an_error_and_done(
+    runtime: Runtime, forced: ForcedScript
+) -> None:
+    """The generator's `on_finished` hook (the app's metrics) raising is a real failure inside
+    the generation, after the text was streamed: the stream still ends with the error envelope
+    as a `data:` line, then `[DONE]`; without streaming, a 500 in OpenAI's shape."""
+    app = create_app(Settings(), runtime)
+    with TestClient(app, raise_server_exceptions=False) as failing:
+
+        def observe(finished: Finished) -> None:
+            raise RuntimeError("the metrics broke")
+
+        app.state.generator.on_finished = observe
+        forced.push("Hello there<|return|>")
+        body = {"prompt": "Say hi", "stream": True, "max_tokens": 10}
+        with failing.stream("POST", "/v1/completions", json=body) as response:
+            datas = [event.data for event in parse_sse(response.iter_lines())]
+        assert datas[-1] == "[DONE]"
+        error = json.loads(datas[-2])["error"]
+        assert error["type"] == "server_error"
+        assert "internal error: RuntimeError" in error["message"]
+        texts = [json.loads(d)["choices"][0]["text"] for d in datas[:-2]]
+        assert "".join(texts) == "Hello there"  # streamed before the failure
+
+        forced.push("Hello there<|return|>")
+        response = post(failing, prompt="Say hi", max_tokens=10)
+        assert response.status_code == 500
+        assert "internal error: RuntimeError" in response.json()["error"]["message"]

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from devkit.forced import ForcedScript
 from server.ops.runtime import Runtime
 from tests.support.responses import MODEL, responses_client
 
@@ -164,18 +165,67 @@ def test_responses_forced_custom_tool_always_calls(client: TestClient) -> None:
     assert not wrong, f"{len(wrong)} of {len(SEEDS)} seeds: {wrong}"
 
 
-def test_none_never_calls_in_any_api(client: TestClient) -> None:
-    for seed in SEEDS:
-        result = chat(client, seed, tools=CHAT_TOOLS, tool_choice="none", max_tokens=16)
-        assert "tool_calls" not in result["message"], (seed, result)
-        assert result["finish_reason"] in ("stop", "length")
-        body = messages(
-            client, seed, tools=MESSAGES_TOOLS, tool_choice={"type": "none"}, max_tokens=16
-        )
-        assert all(block["type"] != "tool_use" for block in body["content"]), (seed, body)
-        assert body["stop_reason"] in ("end_turn", "max_tokens")
-        body = responses(
-            client, seed, tools=RESPONSES_TOOLS, tool_choice="none", max_output_tokens=16
-        )
-        kinds = {item["type"] for item in body["output"]}
-        assert not kinds & {"function_call", "custom_tool_call"}, (seed, body["output"])
+SHORT = 60  # max tokens: reasoning left alone, the random model would use them all
+
+
+def called(api: str, body: dict[str, Any]) -> bool:
+    """Whether a response (of `api`) holds a tool call."""
+    if api == "chat":
+        return bool(body["choices"][0]["message"].get("tool_calls"))
+    if api == "messages":
+        return any(block["type"] == "tool_use" for block in body["content"])
+    return any(item["type"] in ("function_call", "custom_tool_call") for item in body["output"])
+
+
+def post(client: TestClient, api: str, seed: int, choice: str, max_tokens: int) -> dict[str, Any]:
+    """A request with tools and tool choice `choice` ("none", "auto", "forced") in `api`'s
+    shape, with no reasoning budget of its own."""
+    forced_choice = {
+        "chat": {"type": "function", "function": {"name": "get_time"}},
+        "messages": {"type": "tool", "name": "get_time"},
+        "responses": {"type": "function", "name": "get_weather"},
+    }[api]
+    wire = forced_choice if choice == "forced" else choice
+    if api == "chat":
+        request = {"messages": [{"role": "user", "content": user(seed)}], "seed": seed,
+                   "tools": CHAT_TOOLS, "tool_choice": wire, "max_tokens": max_tokens}  # fmt: skip
+    elif api == "messages":
+        wire = {"type": wire} if isinstance(wire, str) else wire
+        request = {"messages": [{"role": "user", "content": user(seed)}], "tools": MESSAGES_TOOLS,
+                   "tool_choice": wire, "max_tokens": max_tokens}  # fmt: skip
+    else:
+        request = {"input": user(seed), "seed": seed, "store": False, "tools": RESPONSES_TOOLS,
+                   "tool_choice": wire, "max_output_tokens": max_tokens}  # fmt: skip
+    path = {"chat": "chat/completions", "messages": "messages", "responses": "responses"}[api]
+    response = client.post(f"/v1/{path}", json={"model": MODEL, "temperature": 1.0, **request})
+    assert response.status_code == 200, response.text
+    return response.json()  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("api", ["chat", "messages", "responses"])
+def test_a_forced_call_is_written_within_a_short_max_tokens(client: TestClient, api: str) -> None:
+    """No reasoning budget, few output tokens: the analysis must end in time for the call (as
+    the Vercel AI SDK's generateText with a forced tool needs)."""
+    missing = {}
+    for seed in SEEDS[:5]:
+        body = post(client, api, seed, "forced", SHORT)
+        if not called(api, body):
+            missing[seed] = body
+    assert not missing, f"{len(missing)} of 5 requests without the call: {missing}"
+
+
+@pytest.mark.parametrize("api", ["chat", "messages", "responses"])
+def test_none_never_calls_where_auto_does(
+    client: TestClient, forced: ForcedScript, api: str
+) -> None:
+    """After a forced short analysis, the model samples the next header itself: under `auto`
+    it calls a tool for some seeds (the control: so the check under `none` can fail), under
+    `none` never."""
+    calls = {}
+    for choice in ("auto", "none"):
+        calls[choice] = 0
+        for seed in SEEDS:
+            forced.push("<|channel|>analysis<|message|>Think.<|end|><|start|>assistant")
+            calls[choice] += called(api, post(client, api, seed, choice, 24))
+    assert calls["auto"] > 0, calls
+    assert calls["none"] == 0, calls

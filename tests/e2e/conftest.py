@@ -10,7 +10,11 @@ from devkit.serving import served
 from server.app import create_app
 from server.ops.runtime import Runtime
 from server.ops.settings import Settings
-from tests.support.serve_process import start_server  # noqa: F401  (a fixture for every e2e test)
+
+# fixtures for every e2e test: a `serve` process; the pinned Codex and Claude Code binaries
+from tests.support.claude_code import claude_binary  # noqa: F401
+from tests.support.codex import codex_binary  # noqa: F401
+from tests.support.serve_process import start_server  # noqa: F401
 
 
 @pytest.fixture(scope="session")

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +21,7 @@ from typing import Any
 import pytest
 from openai_harmony import HarmonyEncoding
 
+from devkit.client_pins import CLAUDE_CODE
 from devkit.forced import ForcedScript
 from server.app import create_app
 from server.engine.base import EngineConfig
@@ -30,23 +29,25 @@ from server.engine.llama import LlamaEngine
 from server.ops.runtime import Runtime
 from server.ops.settings import Settings
 from tests.support.anthropic import (
-    CheckedMessageStream,
     Exchange,
     ExchangeRecorder,
     check_messages_sse,
 )
-from tests.support.npm_cli import cache_dir, pinned
+from tests.support.claude_code import (
+    MODEL,
+    N_CTX,
+    SMALL_N_CTX,
+    TOKEN,
+    ClaudeRun,
+    Server,
+    run_claude,
+)
 from tests.support.responses import served
 
 pytestmark = pytest.mark.slow  # the real Claude Code CLI (installed from npm once per machine)
 
 log = logging.getLogger(__name__)
 
-CLAUDE_VERSION = "2.1.330"
-N_CTX = 32768  # Claude Code's first prompt (system prompt and 12 tools) is long
-MODEL = "gpt-oss-20b"
-TOKEN = "local-token"
-# Header values worth recording; others are recorded by name only.
 RECORDED_VALUES = ("anthropic-version", "anthropic-beta", "content-type", "x-app")
 
 BASH_CALL = (
@@ -61,21 +62,8 @@ BASH_ANSWER = (
 
 
 @pytest.fixture(scope="module")
-def claude_binary() -> Path:
-    """Claude Code from npm, installed once per machine into a cache directory."""
-    directory = cache_dir(f"claude-code-{CLAUDE_VERSION}")
-    return pinned("@anthropic-ai/claude-code", CLAUDE_VERSION, "claude", directory)
-
-
-@pytest.fixture(scope="module")
 def script(encoding: HarmonyEncoding) -> ForcedScript:
     return ForcedScript(encoding)
-
-
-@dataclass
-class Server:
-    root: str  # the base URL Anthropic clients want: no /v1
-    recorder: ExchangeRecorder
 
 
 @pytest.fixture(scope="module")
@@ -93,69 +81,18 @@ def server(tiny_gguf: Path, script: ForcedScript, encoding: HarmonyEncoding) -> 
         engine.close()
 
 
-@dataclass
-class ClaudeRun:
-    """What `claude -p` did: exit status, stream-json events, stderr, the server's exchanges."""
-
-    returncode: int
-    events: list[dict[str, Any]]
-    stderr: str
-    exchanges: list[Exchange]
-
-    @property
-    def result(self) -> dict[str, Any]:
-        results = [e for e in self.events if e.get("type") == "result"]
-        assert len(results) == 1, self.events
-        return results[0]
-
-    def messages_requests(self) -> list[Exchange]:
-        return [e for e in self.exchanges if e.path == "/v1/messages"]
-
-    def streams(self) -> list[CheckedMessageStream]:
-        """What the server streamed, each stream through the checker."""
-        return [
-            check_messages_sse(e.response.decode().splitlines())
-            for e in self.messages_requests()
-            if e.content_type.startswith("text/event-stream")
-        ]
-
-
-def run_claude(binary: Path, server: Server, workdir: Path, home: Path, prompt: str) -> ClaudeRun:
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "HOME": str(home),
-        "ANTHROPIC_BASE_URL": server.root,
-        "ANTHROPIC_AUTH_TOKEN": TOKEN,
-        "ANTHROPIC_MODEL": MODEL,
-        "ANTHROPIC_SMALL_FAST_MODEL": MODEL,
-        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-        "DISABLE_AUTOUPDATER": "1",
-        "NO_COLOR": "1",
-    }
-    before = len(server.recorder.exchanges)
-    command = [
-        str(binary),
-        "-p",
-        prompt,
-        "--output-format",
-        "stream-json",
-        "--verbose",
-        "--allowedTools",
-        "Bash",
-    ]
-    result = subprocess.run(
-        command,
-        cwd=workdir,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    events = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
-    exchanges = server.recorder.exchanges[before:]
-    return ClaudeRun(result.returncode, events, result.stderr, exchanges)
+@pytest.fixture(scope="module")
+def small_server(tiny_gguf: Path, encoding: HarmonyEncoding) -> Iterator[Server]:
+    """The server with a context smaller than Claude Code's first prompt."""
+    config = EngineConfig(model_path=str(tiny_gguf), n_ctx=SMALL_N_CTX, n_threads=2)
+    engine = LlamaEngine(config)
+    runtime = Runtime(engine=engine, encoding=encoding, model_name=MODEL)
+    recorder = ExchangeRecorder(create_app(Settings(api_key=TOKEN), runtime))
+    try:
+        with served(recorder) as url:
+            yield Server(url.removesuffix("/v1"), recorder)
+    finally:
+        engine.close()
 
 
 def shape(exchange: Exchange) -> dict[str, Any]:
@@ -250,7 +187,8 @@ def bash_turn(
     shapes = [shape(exchange) for exchange in run.exchanges]
     record = tmp_path_factory.mktemp("claude-code-shapes") / "requests.json"
     record.write_text(json.dumps(shapes, indent=2))
-    log.info("Claude Code %s requests (in %s):\n%s", CLAUDE_VERSION, record, record.read_text())
+    version = CLAUDE_CODE.version
+    log.info("Claude Code %s requests (in %s):\n%s", version, record, record.read_text())
     assert run.returncode == 0, run.stderr[-4000:]
     assert script.pending == 0, "Claude Code made fewer model requests than scripted"
     first, second = script.prompts[before:]
@@ -300,3 +238,20 @@ def test_the_second_request_extends_the_first_prompt(
     usage = bash_turn.run.streams()[1].payloads
     (delta,) = [p for p in usage if p["type"] == "message_delta"]
     assert delta["usage"]["cache_read_input_tokens"] >= len(first) + len(output) - 1
+
+
+def test_a_prompt_longer_than_the_context_stops_claude_code_with_prompt_too_long(
+    claude_binary: Path, small_server: Server, tmp_path: Path
+) -> None:
+    """Claude Code reads the 400 as a context overflow: it says "Prompt is too long" and stops,
+    rather than taking it for an unsupported feature and resending with betas stripped."""
+    run = run_claude(claude_binary, small_server, tmp_path, tmp_path / "home", "Say done.")
+    requests = run.messages_requests()
+    assert [r.status for r in requests] == [400], [(r.status, r.response[:200]) for r in requests]
+    error = json.loads(requests[0].response)["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["message"].startswith("prompt is too long: ")
+    assert error["message"].endswith(f" tokens > {SMALL_N_CTX} maximum")
+    result = run.result
+    assert result["is_error"] is True, result
+    assert "Prompt is too long" in json.dumps(result), result

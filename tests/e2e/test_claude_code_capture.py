@@ -11,7 +11,7 @@ import pytest
 
 from devkit.claude_capture import DATE, PLACEHOLDER, capture_request, with_ask
 from server.api.messages.schemas import MessagesRequest
-from tests.e2e.test_claude_code import claude_binary
+from tests.support.claude_code import claude_binary
 
 pytestmark = pytest.mark.slow  # the real Claude Code CLI
 

@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 from openai_harmony import HarmonyEncoding
 
-from devkit.codex_cli import CODEX_VERSION, codex_dir, codex_exec
 from devkit.forced import ForcedScript
 from server.app import create_app
 from server.engine.base import EngineConfig
@@ -26,23 +25,20 @@ from server.engine.llama import LlamaEngine
 from server.ops.codex_config import CodexSetup, served_model, write
 from server.ops.runtime import Runtime
 from server.ops.settings import Settings
-from tests.support.event_grammar import CheckedStream
-from tests.support.npm_cli import pinned
-from tests.support.responses import StreamRecorder, check_sse, served
+from tests.support.codex import (
+    MODEL,
+    N_CTX,
+    SANDBOX,
+    Codex,
+    CodexRun,
+    item_types,
+)
+from tests.support.responses import StreamRecorder, served
 from tests.support.scripts import reason_then_call
 
 pytestmark = pytest.mark.slow  # the real Codex CLI (installed from npm once per machine)
 
-N_CTX = 16384  # Codex's first prompt alone is ≈7.3k tokens
-MODEL = "gpt-oss-tiny"
-SANDBOX = "workspace-write"  # one mode for all runs: the permission text is part of the prefix
 USAGE_LINE = re.compile(r"response (\S+) (\w+): (\d+) input tokens \((\d+) cached\), (\d+) output")
-
-
-@pytest.fixture(scope="module")
-def codex_binary() -> Path:
-    """The Codex CLI from npm, installed once per machine into a cache directory."""
-    return pinned("@openai/codex", CODEX_VERSION, "codex", codex_dir())
 
 
 @pytest.fixture(scope="module")
@@ -75,48 +71,6 @@ def server(
             yield Server(url, recorder)
     finally:
         engine.close()
-
-
-@dataclass
-class CodexRun:
-    """What `codex exec --json` did: its exit status, JSONL events and stderr."""
-
-    returncode: int
-    events: list[dict[str, Any]]
-    stderr: str
-    streams: list[CheckedStream]  # what the server sent, each through the grammar checker
-
-    def items(self, kind: str) -> list[dict[str, Any]]:
-        return [
-            e["item"]
-            for e in self.events
-            if e["type"] == "item.completed" and e["item"]["type"] == kind
-        ]
-
-    @property
-    def usage(self) -> dict[str, int]:
-        (turn,) = [e for e in self.events if e["type"] == "turn.completed"]
-        return dict(turn["usage"])
-
-
-@dataclass
-class Codex:
-    """Codex set up for the server (CODEX_HOME from codex-config) and the server's script."""
-
-    binary: Path
-    home: Path
-    script: ForcedScript
-    encoding: HarmonyEncoding
-    recorder: StreamRecorder
-
-    def run(self, workdir: Path, *args: str) -> CodexRun:
-        before = len(self.recorder.streams)
-        done = codex_exec(self.binary, self.home, workdir, *args)
-        streams = [check_sse(raw) for raw in self.recorder.streams[before:]]
-        return CodexRun(done.returncode, done.events, done.stderr, streams)
-
-    def prompt(self, index: int) -> str:
-        return self.encoding.decode_utf8(self.script.prompts[index])
 
 
 @pytest.fixture(scope="module")
@@ -190,13 +144,6 @@ def exec_turn(codex: Codex, tmp_path_factory: pytest.TempPathFactory) -> ExecTur
     assert codex.script.pending == 0  # exactly the two scripted requests
     first, second = codex.script.prompts[before:]
     return ExecTurn(run, workdir, first, first_output, second, usage_log.usages)
-
-
-def item_types(run: CodexRun) -> list[list[str]]:
-    """The output item types of every response the server streamed to Codex."""
-    for checked in run.streams:
-        assert checked.types()[-1] == "response.completed"
-    return [[item["type"] for item in checked.items] for checked in run.streams]
 
 
 def test_exec_command_runs_and_its_output_comes_back(exec_turn: ExecTurn) -> None:

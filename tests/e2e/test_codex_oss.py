@@ -21,7 +21,8 @@ import pytest
 from openai_harmony import HarmonyEncoding
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from devkit.codex_cli import CODEX_VERSION, codex_dir, codex_exec
+from devkit.client_pins import CODEX
+from devkit.codex_cli import codex_exec
 from devkit.forced import ForcedScript
 from server.app import create_app
 from server.engine.base import EngineConfig
@@ -29,7 +30,7 @@ from server.engine.llama import LlamaEngine
 from server.ops.runtime import Runtime
 from server.ops.settings import Settings
 from server.ops.startup import idle_unloading, model_aliases
-from tests.support.npm_cli import pinned
+from tests.support.npm_cli import pinned_client
 from tests.support.responses import StreamRecorder, served
 
 pytestmark = pytest.mark.slow  # the real Codex CLI; the model is loaded again for every run
@@ -104,7 +105,7 @@ def server(
 
 @pytest.fixture(scope="module")
 def codex_binary() -> Path:
-    return pinned("@openai/codex", CODEX_VERSION, "codex", codex_dir())
+    return pinned_client(CODEX)
 
 
 @dataclass

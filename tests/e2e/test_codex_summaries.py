@@ -24,14 +24,18 @@ from server.engine.llama import LlamaEngine
 from server.ops.codex_config import CodexSetup, write
 from server.ops.runtime import Runtime
 from server.ops.settings import Settings
-from tests.e2e import test_codex
-from tests.e2e.test_codex import MODEL, N_CTX, SANDBOX, Codex, CodexRun
+from tests.support.codex import (
+    MODEL,
+    N_CTX,
+    SANDBOX,
+    Codex,
+    CodexRun,
+)
 from tests.support.responses import StreamRecorder, served
 from tests.support.scripts import reason_then_call
 
 pytestmark = pytest.mark.slow  # the real Codex CLI
 
-codex_binary = test_codex.codex_binary  # the fixture: Codex installed once, version checked
 
 THOUGHT_CALL = "RAW-THOUGHT-ONE: I should run the command."
 THOUGHT_ANSWER = "RAW-THOUGHT-TWO: it printed, tell the user."

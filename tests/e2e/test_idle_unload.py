@@ -1,7 +1,8 @@
 """--idle-unload on a real `gpt-oss-server serve` process: the idle model is unloaded (its
 memory goes back: the process's RSS drops), /health, /v1/server and /metrics say so, and the
-next request loads it again while the requests beyond the 429 bound are still refused; and in
-process, a reload that fails."""
+next request loads it again while the requests beyond the 429 bound are still refused; a reload
+that fails (the model file gone) is reported and backed off; and in process, the shutdown during
+a load held by the test (tests/e2e/test_rpc.py holds one with a stopped RPC host instead)."""
 
 from __future__ import annotations
 
@@ -74,11 +75,22 @@ def chat(proc: ServerProcess) -> httpx.Response:
     return httpx.post(f"{base(proc)}/v1/chat/completions", json=CHAT, timeout=120)
 
 
+def rss_while_loaded(proc: ServerProcess) -> int:
+    """The server's RSS with the model loaded: read between two reports that it is loaded (an
+    unload may begin 1 s after each answer, and only a generation loads it again)."""
+    for _ in range(10):
+        assert chat(proc).status_code == 200
+        before = state(proc)
+        rss = psutil.Process(proc.pid).memory_info().rss
+        if before == "loaded" and state(proc) == "loaded":
+            return rss
+    raise AssertionError("the model never stayed loaded long enough to read the RSS")
+
+
 def test_idle_model_is_unloaded_and_loaded_again_on_demand(
     server: ServerProcess, model: Path
 ) -> None:
-    assert chat(server).status_code == 200
-    rss_loaded = psutil.Process(server.pid).memory_info().rss
+    rss_loaded = rss_while_loaded(server)
     wait_for(lambda: state(server) == "unloaded")
     rss_unloaded = psutil.Process(server.pid).memory_info().rss
     facts = httpx.get(f"{base(server)}/v1/server").json()
@@ -129,32 +141,89 @@ def test_first_answer_after_a_reload_counts_the_wait(server: ServerProcess) -> N
     assert timings["ttft_ms"] >= reload_s * 1000 * 0.9
 
 
-def test_a_failed_reload_fails_the_waiting_request_and_the_next_one_retries(
-    tiny_gguf: Path, encoding: HarmonyEncoding, tmp_path: Path
-) -> None:
-    """In process: the model file goes away while the model is unloaded; the request that
-    waited for the load gets the reason, and once the file is back the next one loads it."""
+def test_a_failed_reload_is_reported_and_backed_off(tiny_gguf: Path, tmp_path: Path) -> None:
+    """The model file goes away while the model is unloaded: the request that waited for the
+    load gets the reason; /health answers 503 with it, /v1/server and /metrics count it; the
+    requests during the backoff are refused at once (no load each); once the file is back and
+    the backoff is over, the next request loads it and /health is 200 again."""
     model = tmp_path / "model.gguf"
     shutil.copyfile(tiny_gguf, model)
-    config = EngineConfig(model_path=str(model), n_ctx=1024, n_threads=2)
+    options = ("--idle-unload", "1s", "--n-ctx", "1024", "--n-threads", "2",
+               "--no-prompt-cache", "--log-level", "info")  # fmt: skip
+    with server_process(model, tmp_path, *options) as proc:
+        wait_for(lambda: state(proc) == "unloaded")
+        model.rename(tmp_path / "gone.gguf")
+        failed = chat(proc)
+        assert failed.status_code == 500
+        assert "could not be loaded again" in failed.json()["error"]["message"]
+        health = httpx.get(proc.health_url)
+        assert health.status_code == 503
+        assert health.json()["model_state"] == "unloaded"
+        assert "could not be loaded again" in health.json()["error"]
+        facts = httpx.get(f"{base(proc)}/v1/server").json()
+        assert facts["reload_failures"] == 1
+        assert "model.gguf" in facts["reload_error"]
+        assert 0 < facts["reload_retry_in_s"] <= 5
+        assert metric(proc, "gpt_oss_model_reload_failures_total") == 1
+        assert metric(proc, "gpt_oss_model_reload_failed") == 1
+        refused = chat(proc)  # during the backoff: refused at once, with the reason
+        assert refused.status_code == 503
+        assert refused.json()["error"]["code"] == "engine_unavailable"
+        assert "could not be loaded again" in refused.json()["error"]["message"]
+        assert proc.log_path.read_text().count("a request is waiting: loading the model") == 1
+        (tmp_path / "gone.gguf").rename(model)
+        wait_for(lambda: httpx.get(f"{base(proc)}/v1/server").json()["reload_retry_in_s"] == 0)
+        assert chat(proc).status_code == 200
+        assert httpx.get(proc.health_url).status_code == 200
+        facts = httpx.get(f"{base(proc)}/v1/server").json()
+        assert (facts["reloads"], facts["reload_failures"], facts["reload_error"]) == (1, 1, None)
+        assert metric(proc, "gpt_oss_model_reload_failed") == 0
+
+
+def test_shutdown_while_loading_ends_the_waiting_stream_first(
+    tiny_gguf: Path, encoding: HarmonyEncoding, tmp_path: Path
+) -> None:
+    """In process, the load held until the test lets it go: the shutdown ends the stream that
+    waits for the load at once (its terminal error event), stops the load (llama.cpp's
+    progress callback) and never starts the stream on an engine loaded meanwhile."""
+    config = EngineConfig(model_path=str(tiny_gguf), n_ctx=1024, n_threads=2)
     settings = Settings(idle_unload="0.5s", responses_store_path=tmp_path / "store.sqlite3")
-    residency = idle_unloading(settings, LlamaEngine(config), lambda: LlamaEngine(config))
+    loading, release = threading.Event(), threading.Event()
+    opened: list[LlamaEngine] = []
+
+    def open_engine() -> LlamaEngine:
+        loading.set()
+        release.wait(60)
+        engine = LlamaEngine(config, abort=lambda: residency.closing)
+        opened.append(engine)
+        return engine
+
+    residency = idle_unloading(settings, LlamaEngine(config), open_engine)
     runtime = Runtime(residency, encoding, "tiny", residency=residency)
+    events: list[str] = []
     try:
         with served(create_app(settings, runtime)) as url:
-            root = url.removesuffix("/v1")
+            wait_for(lambda: residency.state.value == "unloaded")
 
-            def unloaded() -> bool:
-                return bool(httpx.get(f"{root}/health").json()["model_state"] == "unloaded")
+            def stream() -> None:
+                body = {**CHAT, "stream": True}
+                with httpx.stream("POST", f"{url}/chat/completions", json=body, timeout=60) as r:
+                    events.extend(line for line in r.iter_lines() if line.startswith("data: "))
 
-            wait_for(unloaded)
-            model.rename(tmp_path / "gone.gguf")
-            failed = httpx.post(f"{url}/chat/completions", json=CHAT, timeout=60)
-            assert failed.status_code == 500
-            assert "could not be loaded again" in failed.json()["error"]["message"]
-            assert unloaded()  # back to unloaded: the next request tries again
-            (tmp_path / "gone.gguf").rename(model)
-            assert httpx.post(f"{url}/chat/completions", json=CHAT, timeout=60).status_code == 200
-            assert httpx.get(f"{root}/v1/server").json()["reloads"] == 1
+            client = threading.Thread(target=stream)
+            client.start()
+            assert loading.wait(30)
+            closer = threading.Thread(target=runtime.close)
+            closer.start()
+            client.join(10)  # the stream ends while the load is still held
+            assert not client.is_alive()
+            assert events[-1] == "data: [DONE]"
+            assert "shutting down" in events[-2]
+            release.set()
+            closer.join(60)
+            assert not closer.is_alive()
     finally:
+        release.set()
         runtime.close()
+    assert opened == []  # the load was stopped: llama.cpp returned no model
+    assert residency.report.loads == 0

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -207,6 +208,87 @@ def test_a_host_that_drops_mid_stream_ends_the_request_and_health(
         proc.stop()
         assert proc.ended is not None
         assert proc.ended.returncode == 0
+
+
+def test_a_failed_engine_stays_failed_across_the_idle_unload(
+    tiny_gguf: Path, workers: list[Worker], tmp_path: Path
+) -> None:
+    """--idle-unload must not forget that a host dropped: /health stays 503 with the reason,
+    requests are refused, and no load is tried against the host that is gone."""
+    options = (*SPLIT, *rpc_flag(workers), "--idle-unload", "1s", "--log-level", "info")
+    with server(tiny_gguf, tmp_path, *options) as proc:
+        base = proc.health_url.removesuffix("/health")
+        body = {**CHAT, "max_tokens": 3000, "temperature": 1, "stream": True}
+        for n, _ in enumerate(sse_data(f"{base}/v1/chat/completions", body)):
+            if n == 4:
+                threading.Thread(target=workers[1].kill).start()
+        seen = len(proc.log_path.read_text())  # what was logged until the host dropped
+        time.sleep(3)  # three times --idle-unload: an unload would have happened by now
+        health = httpx.get(proc.health_url, timeout=10)
+        assert health.status_code == 503
+        assert workers[1].endpoint in health.json()["error"]
+        assert health.json()["model_state"] == "loaded"
+        refused = httpx.post(f"{base}/v1/chat/completions", json=CHAT, timeout=30)
+        assert refused.status_code == 503
+        assert workers[1].endpoint in refused.json()["error"]["message"]
+        assert httpx.get(proc.health_url, timeout=10).status_code == 503
+        logged = proc.log_path.read_text()[seen:]
+        assert "unloading the model" not in logged
+        assert "loading the model again" not in logged
+        proc.stop()
+    assert proc.ended is not None
+    assert proc.ended.returncode == 0
+
+
+def test_sigterm_while_loading_ends_the_waiting_stream_at_once(
+    tiny_gguf: Path, workers: list[Worker], tmp_path: Path
+) -> None:
+    """A reload after an idle unload, held mid-load by an RPC host that is stopped (SIGSTOP):
+    SIGTERM ends the stream waiting for the load with its terminal error at once (not after
+    the drain's grace), and once the host goes on the load stops and the server exits without
+    starting the stream on the model it loaded."""
+    options = (*SPLIT, *rpc_flag(workers), "--idle-unload", "1s", "--shutdown-grace-s", "20",
+               "--log-level", "info")  # fmt: skip
+    with server(tiny_gguf, tmp_path, *options) as proc:
+        base = proc.health_url.removesuffix("/health")
+
+        def model_state() -> str:
+            return str(httpx.get(proc.health_url, timeout=10).json()["model_state"])
+
+        deadline = time.monotonic() + 60
+        while model_state() != "unloaded":
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        os.kill(workers[0].process.pid, signal.SIGSTOP)
+        try:
+            events: list[str] = []
+            body = {**CHAT, "stream": True}
+            client = threading.Thread(
+                target=lambda: events.extend(sse_data(f"{base}/v1/chat/completions", body))
+            )
+            client.start()
+            while model_state() != "loading":
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            time.sleep(1.0)  # the load waits for the stopped host
+            assert model_state() == "loading"
+            stopper = threading.Thread(target=proc.stop)  # SIGTERM, then waits for the exit
+            stopper.start()
+            client.join(10)  # well within the grace of 20 s
+            assert not client.is_alive()
+            assert events[-1] == "[DONE]"
+            assert "shutting down" in json.loads(events[-2])["error"]["message"]
+        finally:
+            os.kill(workers[0].process.pid, signal.SIGCONT)
+        started = time.monotonic()
+        stopper.join(70)
+        stopped_s = time.monotonic() - started
+    assert proc.ended is not None
+    assert proc.ended.returncode == 0
+    assert stopped_s < 15, stopped_s  # the load stopped once the host went on
+    logged = proc.log_path.read_text()
+    assert "the model's load stopped for the shutdown" in logged
+    assert "model loaded again" not in logged
 
 
 REGISTERED = """

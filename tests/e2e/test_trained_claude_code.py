@@ -4,7 +4,8 @@ Nothing is forced: the server runs the trained preset greedy with its steering o
 header grammar over Claude Code's tools, the Bash tool's JSON schema). The committed model was
 trained with Claude Code-shaped rounds (the corpus's --claude: Claude Code's captured prompt with
 other asks); the test asks in the words of those rounds, and Claude Code runs what the model
-called and sends the result back for a final answer. A strict xfail until a committed model
+called and sends the result back for a final answer. A strict xfail (on the command alone: a
+crash, an error answer or no Bash call fails it) until a committed model
 copies the command whole (docs/trained-model.md).
 """
 
@@ -16,13 +17,15 @@ from pathlib import Path
 import pytest
 from openai_harmony import HarmonyEncoding
 
-from tests.e2e.test_claude_code import N_CTX, Server, claude_binary, run_claude
 from tests.support.anthropic import ExchangeRecorder
+from tests.support.claude_code import (
+    N_CTX,
+    Server,
+    run_claude,
+)
 from tests.support.trained import trained_server
 
 pytestmark = pytest.mark.slow  # the real Claude Code CLI and its ≈20k-token prompt
-
-__all__ = ["claude_binary"]  # the fixture, shared with test_claude_code.py
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +35,13 @@ def server(encoding: HarmonyEncoding, tmp_path_factory: pytest.TempPathFactory) 
         yield Server(running.url.removesuffix("/v1"), running.recorder)
 
 
+class WrongCommand(Exception):
+    """The model called Bash, but not (only) with the asked command."""
+
+
 @pytest.mark.xfail(
     strict=True,
+    raises=WrongCommand,  # anything else (a crash, an error answer, no call) fails the test
     reason="the committed model, trained with Claude Code rounds, calls Bash behind Claude "
     "Code's ≈10k-token prompt but not with the asked command (`rules bakomisel thisphase`, "
     "then more calls): docs/trained-model.md",
@@ -46,6 +54,9 @@ def test_claude_code_runs_the_command_the_model_calls(
         claude_binary, server, tmp_path, tmp_path / "home", f"Call Bash with command=echo {word}."
     )
     assert run.returncode == 0, run.stderr[-4000:]
+    answered = [(e.path, e.status) for e in run.messages_requests()]
+    assert answered
+    assert all(status == 200 for _, status in answered), answered
     calls = [
         block
         for event in run.events
@@ -53,7 +64,11 @@ def test_claude_code_runs_the_command_the_model_calls(
         for block in event["message"]["content"]
         if block.get("type") == "tool_use"
     ]
-    assert [(c["name"], c["input"].get("command")) for c in calls] == [("Bash", f"echo {word}")]
+    assert calls  # what it does today: Bash calls
+    assert all(c["name"] == "Bash" for c in calls), calls
+    commands = [(c["name"], c["input"].get("command")) for c in calls]
+    if commands != [("Bash", f"echo {word}")]:
+        raise WrongCommand(commands)
     results = [
         block
         for event in run.events

@@ -27,12 +27,15 @@ from openai_harmony import HarmonyEncoding
 from devkit.trained.tasks import CODEX_EDIT, CODEX_PLACE
 from server.ops.codex_config import CodexSetup, write
 from server.private_files import open_private, private_dir
-from tests.e2e.test_codex import N_CTX, SANDBOX, Codex, codex_binary, item_types
+from tests.support.codex import (
+    N_CTX,
+    SANDBOX,
+    Codex,
+    item_types,
+)
 from tests.support.trained import MODEL, TrainedServer, trained_server
 
 pytestmark = pytest.mark.slow  # the real Codex CLI and ≈8k-token prompts
-
-__all__ = ["codex_binary"]  # the fixture, shared with test_codex.py
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import AsyncIterable, Sequence
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from openai_harmony import HarmonyEncoding
 
 from devkit.forced import ForcedScript
 from server.contracts.directives import Allow, Directive, SteeringStats
+from server.contracts.errors import EngineUnavailable
 from server.engine.base import EngineConfig, EngineResult, SamplingParams, StopReason
 from server.engine.llama import LlamaEngine
 from tests.support.engine_runs import GREEDY, STOPS, run, unique_prompt
@@ -212,3 +214,26 @@ def test_counts_where_steering_overrode_the_model(
     tokens, overruled = run(engine, prompt, one, AllowFirst((other,)))
     assert tokens == [other]
     assert overruled.steering == SteeringStats(choices=1, overrides=1)
+
+
+def test_a_closed_engine_refuses_work_with_a_clear_error(tiny_gguf: Path) -> None:
+    """After close(): submit raises (it used to queue a job no thread would ever take, and the
+    stream waited forever), and so do reads of the vocabulary (freed with the model)."""
+    engine = LlamaEngine(EngineConfig(model_path=str(tiny_gguf), n_ctx=1024, n_threads=2))
+    assert engine.token_text(200002) == "<|return|>"
+    engine.close()
+
+    async def submit() -> list[int]:
+        stream = engine.submit([200006, 1000], GREEDY)
+        return await asyncio.wait_for(_tokens(stream), 10)
+
+    with pytest.raises(EngineUnavailable, match="closed"):
+        asyncio.run(submit())
+    with pytest.raises(EngineUnavailable, match="closed"):
+        engine.token_text(200002)
+    with pytest.raises(EngineUnavailable, match="closed"):
+        engine.validate_grammar('root ::= "a"')
+
+
+async def _tokens(stream: AsyncIterable[Sequence[int]]) -> list[int]:
+    return [t async for chunk in stream for t in chunk]

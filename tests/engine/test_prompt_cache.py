@@ -25,12 +25,22 @@ from pathlib import Path
 import pytest
 
 from server.engine.base import EngineConfig, EngineResult
-from server.engine.disk_cache.kv_files import MAGIC, SUFFIX
+from server.engine.disk_cache.kv_files import MAC_BYTES, MAGIC, SUFFIX
+from server.engine.disk_cache.prompt_cache import identity
 from server.engine.llama import LlamaEngine
 from server.private_files import PrivatePathError
 from tests.support.engine_runs import GREEDY
 
 pytestmark = pytest.mark.slow  # engines started and restarted per test
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tiny_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the tiny model of this module's own: the identity holds the file's mtime,
+    and the shared build's mtime is its last use (any test process marks it)."""
+    copy = tmp_path_factory.mktemp("model") / tiny_gguf.name
+    shutil.copyfile(tiny_gguf, copy)
+    return copy
 
 
 def tokens(seed: int, n: int) -> list[int]:
@@ -123,7 +133,7 @@ def test_corrupted_and_truncated_entries_are_misses_and_deleted(
         run(engine, shared + tokens(7, 10), save_points=[100, len(shared)])
     longer, shorter = entry(tmp_path, len(shared)), entry(tmp_path, 100)
     data = bytearray(longer.read_bytes())
-    data[-10] ^= 0xFF  # a flipped bit in the state
+    data[-MAC_BYTES - 10] ^= 0x01  # a flipped bit in the KV state (the MAC is the last bytes)
     longer.write_bytes(bytes(data))
     shorter.write_bytes(shorter.read_bytes()[:-100])  # a cut-off write
     prompt = shared + tokens(8, 30)
@@ -141,7 +151,9 @@ def test_corrupted_and_truncated_entries_are_misses_and_deleted(
     assert out == cold_output(tiny_gguf, prompt)
 
 
-def test_entries_of_other_settings_or_models_never_load(tiny_gguf: Path, tmp_path: Path) -> None:
+def test_entries_of_other_settings_or_models_never_load(
+    tiny_gguf: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     shared = tokens(9, 200)
     with running(config(tiny_gguf, tmp_path)) as engine:
         run(engine, shared + tokens(10, 10), save_points=[len(shared)])
@@ -151,13 +163,16 @@ def test_entries_of_other_settings_or_models_never_load(tiny_gguf: Path, tmp_pat
         with running(config(tiny_gguf, tmp_path, **changes)) as engine:
             _, result = run(engine, prompt)
         assert result.usage.cached_tokens == 0, changes
-    # a file of another identity under this identity's name: detected and deleted
+    # a file of another identity under this identity's name, signed with this directory's
+    # key (as a server of other settings sharing the directory writes it): the identity in
+    # its header refuses it, and it is deleted
     foreign = tmp_path / "foreign"
     with running(config(tiny_gguf, foreign, n_ctx=1024)) as engine:
         run(engine, shared + tokens(12, 10), save_points=[len(shared)])
-    other = entry(foreign, len(shared))
-    assert other.read_bytes().startswith(MAGIC)
-    saved.write_bytes(other.read_bytes())
+    other = entry(foreign, len(shared)).read_bytes()
+    assert other.startswith(MAGIC)
+    saved.write_bytes(signed(tmp_path, other[:-MAC_BYTES]))
+    caplog.set_level(logging.WARNING, "server.engine.disk_cache")
     with running(config(tiny_gguf, tmp_path)) as engine:
         _, result = run(engine, prompt)
         stats = engine.prompt_cache
@@ -165,6 +180,24 @@ def test_entries_of_other_settings_or_models_never_load(tiny_gguf: Path, tmp_pat
     assert stats is not None
     assert stats.corrupt == 1
     assert not saved.exists()
+    assert "made by another model or other KV settings" in caplog.text
+
+
+def test_the_placement_is_not_part_of_the_identity(tiny_gguf: Path, tmp_path: Path) -> None:
+    """A reload places the model by the memory free then: its saved conversations still load."""
+    base = config(tiny_gguf, tmp_path)
+    placed = dataclasses.replace(base, n_gpu_layers=3, cpu_tensor_patterns=("ffn_.*_exps",))
+    assert identity(placed, 2048) == identity(base, 2048)
+    for changes in ({"swa_full": False}, {"flash_attn": "off"}):
+        other = dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+        assert identity(other, 2048) != identity(base, 2048), changes
+    assert identity(base, 1024) != identity(base, 2048)
+    shared = tokens(44, 200)
+    with running(base) as engine:
+        run(engine, shared + tokens(45, 10), save_points=[len(shared)])
+    with running(dataclasses.replace(base, cpu_tensor_patterns=("ffn_.*_exps",))) as engine:
+        _, result = run(engine, shared + tokens(46, 30))
+    assert result.usage.cached_tokens == len(shared)
 
 
 def test_the_budget_deletes_the_least_recently_used(tiny_gguf: Path, tmp_path: Path) -> None:
@@ -431,3 +464,23 @@ def test_jobs_waiting_on_one_entry_share_one_read_and_keep_their_order(
     assert stats.bytes_read == size  # one read for the three
     assert all(r.usage.cached_tokens >= len(shared) for r in results)
     assert first == [0, 1, 2]  # started (so prefilled, so answered) in their queue order
+
+
+def test_the_saves_at_shutdown_wait_for_room(tiny_gguf: Path, tmp_path: Path) -> None:
+    """Two conversations held at shutdown, room for one state waiting for the writer (the
+    budget bounds it): the second save waits for the first write instead of being dropped."""
+    with running(config(tiny_gguf, tmp_path)) as engine:
+        run(engine, tokens(47, 300), save_points=[299])
+    size = entry(tmp_path, 299).stat().st_size
+    cfg = config(tiny_gguf, tmp_path / "two", n_slots=2, prompt_cache_bytes=int(size * 1.5))
+
+    async def both(engine: LlamaEngine) -> None:
+        streams = [engine.submit(tokens(seed, 300), GREEDY) for seed in (48, 49)]
+        for stream in streams:
+            _ = [t async for chunk in stream for t in chunk]
+
+    with running(cfg) as engine:
+        asyncio.run(both(engine))
+        stats = engine.prompt_cache
+    assert stats is not None
+    assert (stats.saves, stats.skipped_saves) == (2, 0)

@@ -22,6 +22,7 @@ from openai_harmony import HarmonyEncoding
 from devkit.forced import ForcedScript
 from server.contracts.events import TokenLogprob
 from server.contracts.transcript import ToolChoice, Transcript, UserMessage
+from server.engine import scheduler
 from server.engine.base import EngineConfig, EngineResult, SamplingParams
 from server.engine.llama import LlamaEngine
 from server.engine.llama_context import BatchPart, LlamaContext
@@ -81,20 +82,46 @@ def pair(tiny_gguf: Path, encoding: HarmonyEncoding) -> Iterator[Pair]:
     pair.close()
 
 
-def test_greedy_output_is_identical_over_many_prompts(pair: Pair) -> None:
+def greedy_comparison(pair: Pair, seeds: range) -> tuple[list[int], int, int]:
+    """Greedy copies, speculation on and off: the prompts whose outputs differ, the draft
+    tokens and the accepted ones."""
     greedy = SamplingParams(max_tokens=48, temperature=0.0)
+    differ = []
     drafted = accepted = 0
-    for seed in range(24):
+    for seed in seeds:
         body = tokens(seed, 40)
         prompt = [seed + 7, *body, *body[:20], *tokens(seed + 100, 10), *body[:3]]
         # the first tokens copy the prompt (forced), then the model goes on by itself
         script = body[3:20] if seed % 2 else []
         off, on, result = pair.both(prompt, greedy, script)
-        assert on == off, f"prompt {seed}"
+        if on != off:
+            differ.append(seed)
         drafted += result.timings.draft_n
         accepted += result.timings.draft_n_accepted
+    return differ, drafted, accepted
+
+
+def test_greedy_output_is_identical_over_many_prompts(pair: Pair) -> None:
+    differ, drafted, accepted = greedy_comparison(pair, range(24))
+    assert differ == []
     assert accepted > 100  # the copies were drafted and confirmed
     assert drafted > accepted  # and some drafts were rejected (their cells dropped)
+
+
+def test_an_off_by_one_rollback_fails_the_comparison(
+    tiny_gguf: Path, encoding: HarmonyEncoding, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The negative control of the test above: a rollback that drops one cell too few (the
+    first rejected draft token stays in the cache, before the token that replaced it) changes
+    the output. A pair of its own: the caches it leaves are wrong."""
+    monkeypatch.setattr(scheduler, "rejected_cells", lambda n_draft, kept: n_draft - kept - 1)
+    broken = Pair(tiny_gguf, encoding)
+    try:
+        differ, drafted, accepted = greedy_comparison(broken, range(8))
+    finally:
+        broken.close()
+    assert drafted > accepted > 0
+    assert differ  # the comparison above would fail
 
 
 CALL = "<|channel|>commentary to=functions.open_file <|constrain|>json<|message|>"

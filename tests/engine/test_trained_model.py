@@ -34,7 +34,9 @@ def trained_gguf() -> Path:
 
 @pytest.fixture(scope="module")
 def engine(trained_gguf: Path) -> Iterator[LlamaEngine]:
-    engine = LlamaEngine(EngineConfig(model_path=str(trained_gguf), n_ctx=16384, n_threads=2))
+    # speculation pinned ("auto" decides from a timing at start: the machine's speed)
+    config = EngineConfig(model_path=str(trained_gguf), n_ctx=16384, n_threads=2, speculative="off")
+    engine = LlamaEngine(config)
     try:
         yield engine
     finally:

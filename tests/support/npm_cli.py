@@ -1,4 +1,5 @@
-"""Command-line clients from npm (Codex, Claude Code), installed once per machine into a cache.
+"""Command-line clients from npm (Codex, Claude Code, pi, Cline), installed once per machine into a
+cache, at the versions devkit/client_pins.py pins.
 
 Where npm is missing the test is skipped with the reason, except under GPT_OSS_REQUIRE_CLIENTS=1
 (CI), where a missing client is a failure.
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from devkit.client_pins import NpmClient
 from server.ops.settings import default_cache_dir
 
 REQUIRE_ENV = "GPT_OSS_REQUIRE_CLIENTS"
@@ -66,5 +68,11 @@ def pinned(package: str, version: str, binary: str, directory: Path) -> Path:
     answer = subprocess.run(
         [str(path), "--version"], capture_output=True, text=True, timeout=60, check=False
     )
-    assert version in answer.stdout, answer.stdout + answer.stderr
+    assert version in answer.stdout + answer.stderr, answer.stdout + answer.stderr  # pi: stderr
     return path
+
+
+def pinned_client(client: NpmClient) -> Path:
+    """The client's binary at its pinned version (or the version its environment names),
+    installed if absent."""
+    return pinned(client.package, client.version, client.binary, client.directory())

@@ -47,7 +47,11 @@ def trained_server(
 ) -> Iterator[TrainedServer]:
     logging.getLogger("llama_cpp").setLevel(logging.WARNING)
     hook = ForcedScript(encoding)
-    config = EngineConfig(model_path=str(cached_gguf(TRAINED)), n_ctx=n_ctx, n_threads=2)
+    # speculation pinned: "auto" decides from a timing at start, and the output would depend
+    # on the machine's speed (batch shapes move logit near-ties)
+    config = EngineConfig(
+        model_path=str(cached_gguf(TRAINED)), n_ctx=n_ctx, n_threads=2, speculative="off"
+    )
     engine = LlamaEngine(config, sampling_hook=hook)
     runtime = Runtime(engine=engine, encoding=encoding, model_name=MODEL)
     settings = Settings(

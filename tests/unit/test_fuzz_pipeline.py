@@ -3,7 +3,7 @@
 Sequences are random token ids (every id up to 201087, reserved specials included) or real
 harmony outputs with specials inserted, tokens deleted or replaced, spans spliced in from other
 outputs, and truncations. Each goes through the generation core's own code
-(server.core.generation's ClientEvents: the HarmonyDecoder, stop strings, the tool-name
+(server.core.client_events' ClientEvents: the HarmonyDecoder, stop strings, the tool-name
 mapping; then finished_event), fed in engine-sized chunks; the events then
 run through the Chat Completions stream (chunks, checked by tests/support/chat_grammar.py) and
 its non-streaming fold, through the Responses run (events checked by
@@ -56,7 +56,8 @@ from server.contracts.events import (
     Usage,
 )
 from server.contracts.transcript import ToolSpec
-from server.core.generation import ClientEvents, finished_event
+from server.core.client_events import ClientEvents
+from server.core.finish import finished_event
 from server.core.stop_strings import StopStrings
 from server.core.tool_names import ToolNames
 from server.core.visibility import ReasoningView
@@ -205,7 +206,7 @@ def generate(
     stops: Sequence[str],
     otherwise: FinishReason,
 ) -> list[GenerationEvent]:
-    """What the generation core (server.core.generation: ClientEvents, finished_event) makes of
+    """What the generation core (server.core.client_events, server.core.finish) makes of
     these sampled tokens. The engine's part is played as the engine plays it: it ends the
     output at a stop token, hands tokens over in chunks, and stops when a stop string matched;
     `otherwise` is why it stopped if there is no stop token."""

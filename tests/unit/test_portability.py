@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import platform
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -43,7 +45,26 @@ def test_memory_cpu_times_and_rss() -> None:
     assert machine.self_cpu_s() >= ours + 0.15
     assert machine.process_cpu_s(os.getpid()) >= machine.self_cpu_s() - 0.05
     assert machine.rss_bytes(os.getpid()) > 10 * 1024**2
-    assert machine.OtherLoad().cores() >= 0.0
+
+
+def test_other_load_leaves_out_the_processes_it_is_told_are_ours() -> None:
+    """A child burning CPU: counted as other load, unless its pid is given as ours; the two
+    readings over the same time differ by the child's CPU time."""
+    burn = "import time\nend = time.monotonic() + 3\nwhile time.monotonic() < end: pass"
+    child = subprocess.Popen([sys.executable, "-c", burn])
+    try:
+        theirs, ours = machine.OtherLoad(), machine.OtherLoad((child.pid,))
+        started = time.perf_counter()
+        child_before = machine.process_cpu_s(child.pid)
+        time.sleep(1.0)
+        child_cpu = machine.process_cpu_s(child.pid) - child_before
+        with_child, without_child = theirs.cores(), ours.cores()
+        elapsed = time.perf_counter() - started
+    finally:
+        child.kill()
+        child.wait()
+    assert child_cpu > 0.05  # it ran (on a loaded machine, for part of the time)
+    assert with_child - without_child == pytest.approx(child_cpu / elapsed, abs=0.05)
 
 
 def test_peak_rss_units() -> None:

@@ -129,3 +129,35 @@ def test_the_signing_key_is_drawn_once_and_kept(tmp_path: Path) -> None:
     assert keys == {load_key(path)} == {path.read_bytes()}
     assert mode(path) == 0o600
     assert [file.name for file in tmp_path.iterdir()] == [path.name]  # no drafts left
+
+
+def test_a_parent_others_may_write_is_refused_unless_sticky(tmp_path: Path) -> None:
+    """As ssh's StrictModes: a stranger who may write a parent could swap the directory."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    with pytest.raises(PrivatePathError, match=f"directory {shared}, above .*mode 0777"):
+        private_dir(shared / "mine" / "cache")
+    os.chmod(shared, 0o1777)  # sticky, as /tmp: nobody else may rename or delete our entries
+    assert private_dir(shared / "mine" / "cache") == shared / "mine" / "cache"
+
+
+def test_a_parent_reached_through_a_link_is_checked(tmp_path: Path) -> None:
+    open_dir = tmp_path / "open"
+    (open_dir / "real").mkdir(parents=True)
+    os.chmod(open_dir, 0o777)
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    (private / "link").symlink_to(open_dir / "real")
+    with pytest.raises(PrivatePathError, match=f"directory {open_dir}, above"):
+        private_dir(private / "link" / "cache")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a directory to another user needs root")
+def test_a_parent_of_another_user_is_refused(tmp_path: Path) -> None:
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o755)
+    (theirs / "mine").mkdir(mode=0o700)
+    os.chown(theirs, 65534, 65534)
+    with pytest.raises(PrivatePathError, match=f"directory {theirs}, above .*another user"):
+        private_dir(theirs / "mine")

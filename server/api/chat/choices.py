@@ -1,5 +1,6 @@
 """Several choices (`n` > 1): one generation per choice, side by side in the engine's batch,
-their chat events merged into one stream or one body.
+their chat events merged into one stream or one body (the shared tail's `merged` and
+`respond_all`: server/api/stream_run.py).
 
 Each choice has its own emitter (its chunks carry its `index`); the merged stream passes every
 choice's chunks as they come, holds back each choice's `[DONE]` and usage chunk, and ends with
@@ -10,66 +11,31 @@ once, as OpenAI does).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Sequence
-from typing import TypeVar
+from contextlib import aclosing
 
 from server.api.chat.output import ChatEmitter, ChatEvent, ChatFailed, fold
 from server.api.chat.schemas import ChatCompletion, ChatCompletionChunk, UsageOut
-
-T = TypeVar("T")
-
-
-async def merged(sources: Sequence[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:
-    """Every source's items as they come, tagged with the source's position."""
-    queue: asyncio.Queue[tuple[int, T | None, BaseException | None, bool]] = asyncio.Queue()
-
-    async def pump(index: int, source: AsyncIterator[T]) -> None:
-        error: BaseException | None = None
-        try:
-            async for item in source:
-                await queue.put((index, item, None, False))
-        except Exception as exc:  # handed to the consumer
-            error = exc
-        finally:
-            queue.put_nowait((index, None, error, True))
-
-    tasks = [asyncio.ensure_future(pump(i, source)) for i, source in enumerate(sources)]
-    try:
-        remaining = len(tasks)
-        while remaining:
-            index, item, error, ended = await queue.get()
-            if error is not None:
-                raise error
-            if ended:
-                remaining -= 1
-            else:
-                yield index, item  # type: ignore[misc]  # not None: not an end marker
-    finally:
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+from server.api.stream_run import merged
 
 
 async def merged_stream(
     sources: Sequence[AsyncIterator[ChatEvent]], emitters: Sequence[ChatEmitter]
 ) -> AsyncIterator[ChatEvent]:
     """The chunks of every choice, then one usage chunk (if asked for) and one `[DONE]`."""
-    async for _, event in merged(sources):
-        if event == "[DONE]":
-            continue
-        if isinstance(event, ChatFailed):
+    async with aclosing(merged(sources)) as every:  # a failed choice stops the others
+        async for _, event in every:
+            if event == "[DONE]":
+                continue
+            if isinstance(event, ChatFailed):
+                yield event
+                break
+            if isinstance(event, dict) and event.get("usage") is not None:
+                continue  # summed at the end
             yield event
-            break
-        if isinstance(event, dict) and event.get("usage") is not None:
-            continue  # summed at the end
-        yield event
-    else:
-        if emitters[0].include_usage:
-            yield _usage_chunk(emitters)
+        else:
+            if emitters[0].include_usage:
+                yield _usage_chunk(emitters)
     yield "[DONE]"
 
 

@@ -8,7 +8,7 @@ import logging
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from server.api.chat.adapter import (
     WIRE_NAMES,
@@ -16,16 +16,16 @@ from server.api.chat.adapter import (
     reasoning_view,
     to_transcript,
 )
-from server.api.chat.choices import folded, merged, merged_stream
-from server.api.chat.output import ChatEmitter, ChatEvent, ChunkFactory, encode, fold
+from server.api.chat.choices import folded, merged_stream
+from server.api.chat.output import ChatEmitter, ChatEvent, ChatFailed, ChunkFactory, encode, fold
 from server.api.chat.schemas import ChatCompletionRequest
-from server.api.disconnect import ClientGone, consume_while_connected
 from server.api.response_fields import new_id, now
 from server.api.sse import sse_response
-from server.api.stream_run import StreamRun
+from server.api.stream_run import StreamRun, respond_all
 from server.contracts.errors import InvalidRequest, ServerError
 from server.contracts.transcript import Transcript
-from server.core.generation import GenerationOptions, Generator, Prepared
+from server.core.generation import GenerationOptions, Generator
+from server.core.prepared import Prepared
 from server.ops.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -81,16 +81,12 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
                 yield encode(event)
 
         return sse_response(encoded())
-    events: list[list[ChatEvent]] = [[] for _ in runs]
-    try:
-        await consume_while_connected(
-            request,
-            merged([r.events() for r in runs]),
-            lambda item: events[item[0]].append(item[1]),
-        )
-    except ClientGone:
-        return Response(status_code=499)
-    return JSONResponse(folded(events, emitters))
+    return await respond_all(
+        request,
+        runs,
+        lambda events: folded(events, emitters),
+        failed=lambda event: isinstance(event, ChatFailed),
+    )
 
 
 def _prepare_choices(

@@ -2,9 +2,9 @@
 
 Claude Code posts to `/v1/messages?beta=true` with `anthropic-version` and `anthropic-beta`
 headers: the query and the headers are accepted and need nothing. Everything that can be refused
-is refused before the first byte (bad input 400, a prompt that does not fit 400, a full queue
-429), in Anthropic's error envelope (server.api.error_handlers); a failure after that ends the
-stream with an `error` event.
+is refused before the first byte (bad input 400, a prompt that does not fit 400 worded as
+Anthropic words it, a full queue 429), in Anthropic's error envelope (server.api.error_handlers);
+a failure after that ends the stream with an `error` event.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from server.api.messages.adapter import (
     to_transcript,
 )
 from server.api.messages.emitter import MessagesEmitter, fold
+from server.api.messages.errors import prompt_too_long
 from server.api.messages.schemas import (
     CountTokensRequest,
     MessageDelta,
@@ -36,7 +37,7 @@ from server.api.messages.signature import ThinkingSigner
 from server.api.response_fields import new_id
 from server.api.sse import sse_typed
 from server.api.stream_run import Ended, StreamRun
-from server.contracts.errors import ServerError
+from server.contracts.errors import ContextLengthExceeded, ServerError
 from server.contracts.transcript import Transcript
 from server.core.generation import Generator
 from server.ops.settings import Settings
@@ -66,6 +67,8 @@ async def create_message(body: MessagesRequest, request: Request) -> Response:
     try:
         transcript = _transcript(body, settings, state)
         prepared = generator.prepare(transcript, generation_options(body, shown.summary))
+    except ContextLengthExceeded as exc:
+        raise prompt_too_long(exc) from None
     except ServerError as exc:
         raise exc.named(WIRE_NAMES) from None
     emitter = MessagesEmitter(

@@ -43,7 +43,8 @@ from server.api.stream_run import Ended, StreamRun
 from server.contracts.errors import InvalidRequest, NotFound, ServerError
 from server.contracts.events import ToolTarget
 from server.contracts.transcript import Item, Transcript
-from server.core.generation import GenerationOptions, Generator
+from server.core.generation import Generator
+from server.core.prepared import Prepared
 from server.core.tool_loop import ServerTools
 from server.ops.settings import Settings
 from server.tools.python.tool import container_id
@@ -124,7 +125,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     except ServerError as exc:
         raise exc.named(WIRE_NAMES) from None
     base = _base_response(
-        body, transcript, options, generator, request.app.state.model_name, response_id=response_id
+        body, transcript, prepared, request.app.state.model_name, response_id=response_id
     )
     vocab = generator.token_bytes if wants_logprobs(body) else None
     emitter = ResponsesEmitter(
@@ -233,13 +234,14 @@ def _call_kind(mcp: McpSetup, builtin: BuiltinSetup) -> Callable[[ToolTarget], I
 def _base_response(
     body: ResponsesRequest,
     transcript: Transcript,
-    options: GenerationOptions,
-    generator: Generator,
+    prepared: Prepared,
     served_name: str,
     *,
     response_id: str,
 ) -> ResponseObject:
-    """The Response as it starts: everything the request asked for, echoed back."""
+    """The Response as it starts: everything the request asked for, echoed back (the sampling
+    parameters as the generation uses them: the server's defaults where the request gave
+    none)."""
     text_format = body.text.format if body.text and body.text.format else {"type": "text"}
     return ResponseObject(
         id=response_id,
@@ -254,11 +256,11 @@ def _base_response(
         tools=_echoed_tools(body.tools or []),
         reasoning={
             "effort": transcript.reasoning_effort,
-            "summary": options.summary,
+            "summary": prepared.summary,
         },
         text={"format": text_format},
-        temperature=_pick(body.temperature, generator.defaults.temperature),
-        top_p=_pick(body.top_p, generator.defaults.top_p),
+        temperature=prepared.params.temperature,
+        top_p=prepared.params.top_p,
         store=body.store is not False,
         prompt_cache_key=body.prompt_cache_key,
     )
@@ -272,10 +274,6 @@ def _echoed_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
         {k: v for k, v in tool.items() if k not in secret} if tool.get("type") == "mcp" else tool
         for tool in tools
     ]
-
-
-def _pick(value: float | None, default: float) -> float:
-    return default if value is None else value
 
 
 @dataclass

@@ -103,6 +103,7 @@ class KVFiles:
         self._max_pending = max_pending
         self._pending = 0
         self._lock = threading.Lock()
+        self._written = threading.Condition(self._lock)  # notified as the writer makes room
         self._saving = True
         private_dir(directory)
         self._remove_stale_temps()
@@ -206,17 +207,26 @@ class KVFiles:
     def submit(self, tokens: list[int], state: State) -> bool:
         """Queue a state for writing (engine thread); False when dropped."""
         with self._lock:
-            if not self._saving or self._pending + state.nbytes > self._max_pending:
+            if not self._saving or not self._room(state.nbytes):
                 self.stats.skipped_saves += 1
                 return False
             self._pending += state.nbytes
         self._queue.put((tokens, state))
         return True
 
-    def wants(self, n_bytes: int) -> bool:
-        """Whether a state of about this size would be accepted now (before copying it)."""
-        with self._lock:
-            return self._saving and self._pending + n_bytes <= self._max_pending
+    def wants(self, n_bytes: int, wait_s: float = 0.0) -> bool:
+        """Whether a state of about this size would be accepted (before copying it): now, or
+        once the writer has made room, waiting at most `wait_s` for it."""
+        with self._written:
+            self._written.wait_for(lambda: not self._saving or self._room(n_bytes), wait_s)
+            return self._saving and self._room(n_bytes)
+
+    def _room(self, n_bytes: int) -> bool:
+        """Room for a state of `n_bytes` among those waiting for the writer (under the lock):
+        one larger than the whole allowance (but within the budget) goes alone."""
+        if self._pending + n_bytes <= self._max_pending:
+            return True
+        return self._pending == 0 and n_bytes <= self.budget_bytes
 
     def close(self) -> None:
         """Finish the queued writes, then stop the writer."""
@@ -231,8 +241,9 @@ class KVFiles:
             except Exception:  # the writer must outlive one bad write
                 log.exception("prompt cache: a save failed")
             finally:
-                with self._lock:
+                with self._written:
                     self._pending -= state.nbytes
+                    self._written.notify_all()
 
     def _write(self, tokens: list[int], state: State) -> None:
         prefix_hash = prefix_hashes(tokens, [len(tokens)])[len(tokens)]

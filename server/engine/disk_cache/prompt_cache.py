@@ -49,7 +49,17 @@ class SequenceStates(Protocol):
 
 
 def identity(config: EngineConfig, n_ctx: int) -> str:
-    """What a saved state depends on: the model file and the KV layout settings."""
+    """What a saved state's format depends on: the model file (its layers and heads), the
+    llama.cpp that wrote it, and the KV cache's layout — the context (a state fits a cache of
+    its cell count), the sliding window's cache size, the K and V types and whether V is
+    stored transposed (without flash attention).
+
+    Not the placement (GPU layers, tensors kept on the CPU): llama.cpp writes a sequence's
+    state row by row from whichever device holds it, and a reload after an idle unload may
+    place the model differently by the memory free then. With `flash_attn` "auto", llama.cpp
+    decides V's layout from the devices; a state written under the other layout is refused
+    by llama.cpp's own check of it (its V transposition flag) and counts as a miss.
+    """
     path = Path(config.model_path)
     stat = path.stat()
     with path.open("rb") as f:
@@ -64,8 +74,6 @@ def identity(config: EngineConfig, n_ctx: int) -> str:
             "type_k": KV_TYPE,
             "type_v": KV_TYPE,
             "flash_attn": config.flash_attn,
-            "n_gpu_layers": config.n_gpu_layers,
-            "cpu_tensors": list(config.cpu_tensor_patterns),
         },
         sort_keys=True,
     )
@@ -109,13 +117,24 @@ class PromptCache:
     def stats(self) -> PromptCacheStats:
         return self.files.stats
 
-    def save(self, seq_id: int, tokens: Sequence[int]) -> bool:
-        """Save the state of a sequence holding exactly `tokens`; False when skipped."""
+    def save(self, seq_id: int, tokens: Sequence[int], wait_s: float = 0.0) -> bool:
+        """Save the state of a sequence holding exactly `tokens`; False when skipped. With
+        `wait_s` (the last saves, at shutdown or unload), it waits that long at most for the
+        writer to make room, and says so in the log if it did not."""
         if len(tokens) < self.min_tokens or self.files.has(tokens):
             return False
         started = time.perf_counter()
-        if not self.files.wants(self._ctx.seq_state_size(seq_id)):
+        size = self._ctx.seq_state_size(seq_id)
+        if not self.files.wants(size, wait_s):
             self.stats.skipped_saves += 1
+            if wait_s > 0:
+                log.warning(
+                    "prompt cache: a conversation of %d tokens (%.0f MiB) not saved: the disk "
+                    "writes still waiting did not finish within %g s",
+                    len(tokens),
+                    size / 1024**2,
+                    wait_s,
+                )
             return False
         state = self._ctx.seq_state(seq_id)
         self.stats.copy_seconds += time.perf_counter() - started

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -119,8 +119,9 @@ def model_footprint(path: Path, context: ContextShape) -> ModelFootprint:
 
 
 @contextmanager
-def model_params(config: EngineConfig) -> Iterator[Any]:
-    """llama_model_params for `config`, valid (with what they point to) inside the block."""
+def model_params(config: EngineConfig, abort: Callable[[], bool] | None = None) -> Iterator[Any]:
+    """llama_model_params for `config`, valid (with what they point to) inside the block; the
+    load stops (llama.cpp returns no model) once `abort()` is true."""
     params = lc.llama_model_default_params()
     params.n_gpu_layers = config.n_gpu_layers
     params.load_mode = lc.LLAMA_LOAD_MODE_MMAP if config.use_mmap else lc.LLAMA_LOAD_MODE_NONE
@@ -136,12 +137,13 @@ def model_params(config: EngineConfig) -> Iterator[Any]:
         params.tensor_split = split
     name = Path(config.model_path).name
     with tqdm(total=100, desc=f"loading {name}", unit="%", disable=None) as bar:
-        params.progress_callback = progress_callback(bar)
+        params.progress_callback = progress_callback(bar, abort)
         yield params
 
 
-def progress_callback(bar: std_tqdm[Any]) -> Any:
-    """A llama_progress_callback moving `bar` (0-100 %); keep it referenced while loading."""
+def progress_callback(bar: std_tqdm[Any], abort: Callable[[], bool] | None = None) -> Any:
+    """A llama_progress_callback moving `bar` (0-100 %), false (stop loading) once `abort()`
+    is true; keep it referenced while loading."""
 
     @lc.llama_progress_callback  # type: ignore[untyped-decorator]
     def report(progress: float, _user_data: ctypes.c_void_p) -> bool:
@@ -149,7 +151,7 @@ def progress_callback(bar: std_tqdm[Any]) -> Any:
             bar.update(max(0, round(progress * 100) - bar.n))
         except Exception:  # a display problem must never abort the load
             log.debug("progress bar update failed", exc_info=True)
-        return True
+        return abort is None or not abort()
 
     return report
 

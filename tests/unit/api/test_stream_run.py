@@ -1,15 +1,20 @@
 """The shared stream run with the chat and messages emitters: every stream ends with its API's
 terminal, also when the generation raises or ends without a `Finished` event; a cancelled chat
-stream just stops. (The Responses emitter's run: tests/unit/api/responses/test_streaming.py.)"""
+or completion stream just stops; a completion stream that raises ends with an error and [DONE].
+(The Responses emitter's run: tests/unit/api/responses/test_streaming.py.)"""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
+from openai_harmony import HarmonyEncoding
 
 from server.api.chat.output import ChatEmitter, ChatEvent, ChunkFactory, encode, fold
+from server.api.completions.emitter import CompletionEvent, CompletionsEmitter, Identity
+from server.api.completions.emitter import encode as encode_completion
 from server.api.messages.emitter import MessagesEmitter
 from server.api.messages.emitter import fold as fold_message
 from server.api.messages.schemas import ErrorEvent, MessageStop
@@ -26,6 +31,7 @@ from server.contracts.events import (
     SegmentKind,
     SegmentStart,
 )
+from server.harmony.token_bytes import TokenBytes
 from tests.support.chat_grammar import check_chat_stream
 from tests.support.generation import Generation
 from tests.support.sse import parse_sse
@@ -133,3 +139,51 @@ def test_the_finish_callback_sees_the_last_events_once() -> None:
     events = run_all(StreamRun(generation, emitter, name="message msg_1", finish=finish))
     assert isinstance(events[-1], MessageStop)
     assert seen == [(["message_delta", "message_stop"], 1)]
+
+
+def completions_emitter(encoding: HarmonyEncoding) -> CompletionsEmitter:
+    identity = Identity("cmpl-1", 1, "gpt-oss-tiny")
+    return CompletionsEmitter(identity, 0, TokenBytes.load(encoding), 3, include_usage=True)
+
+
+def completion_payloads(events: list[CompletionEvent]) -> list[str]:
+    raw = b"".join(encode_completion(event) for event in events).decode()
+    return [event.data for event in parse_sse(raw.splitlines())]
+
+
+def test_a_completion_stream_ends_with_the_finish_usage_and_done(
+    encoding: HarmonyEncoding,
+) -> None:
+    generation = Generation([*ANSWER, Finished(FinishReason.STOP)])
+    payloads = completion_payloads(
+        run_all(StreamRun(generation, completions_emitter(encoding), name="c"))
+    )
+    assert payloads[-1] == "[DONE]"
+    chunks = [json.loads(p) for p in payloads[:-1]]
+    assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == "Hi there"
+    assert chunks[-2]["choices"][0]["finish_reason"] == "stop"
+    assert chunks[-1]["usage"]["prompt_tokens"] == 3
+
+
+def test_a_completion_generation_that_raises_ends_with_an_error_then_done(
+    encoding: HarmonyEncoding,
+) -> None:
+    generation = Generation(ANSWER[:2], RuntimeError("bug"))
+    payloads = completion_payloads(
+        run_all(StreamRun(generation, completions_emitter(encoding), name="c"))
+    )
+    assert payloads[-1] == "[DONE]"
+    assert json.loads(payloads[0])["choices"][0]["text"] == "Hi"
+    error = json.loads(payloads[-2])["error"]
+    assert error["message"] == "generation failed: internal error: RuntimeError"
+    assert error["type"] == "server_error"
+
+
+def test_a_cancelled_completion_stream_just_stops(encoding: HarmonyEncoding) -> None:
+    generation = Generation([*ANSWER, Finished(FinishReason.CANCELLED)])
+    payloads = completion_payloads(
+        run_all(StreamRun(generation, completions_emitter(encoding), name="c"))
+    )
+    assert [json.loads(p)["choices"][0]["text"] for p in payloads] == ["Hi", " there"]
+    assert "[DONE]" not in payloads
+    assert all("error" not in payload for payload in payloads)

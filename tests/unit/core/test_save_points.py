@@ -8,8 +8,7 @@ import pytest
 from openai_harmony import HarmonyEncoding
 
 from server.contracts.transcript import AssistantMessage, ToolSpec, Transcript, UserMessage
-from server.core.generation import Generator
-from server.engine.llama import LlamaEngine
+from server.core.save_points import SavePoints
 from server.harmony.render import render
 from server.harmony.tokens import END, START
 from server.ops.settings import Settings
@@ -18,19 +17,17 @@ from server.ops.startup import engine_config
 TOOLS = (ToolSpec("ls", "List files.", {"type": "object", "properties": {}}),)
 
 
-def points(engine: LlamaEngine, encoding: HarmonyEncoding, transcript: Transcript) -> list[int]:
+def points(encoding: HarmonyEncoding, transcript: Transcript) -> list[int]:
     prompt = render(encoding, transcript)
-    return [*Generator(engine, encoding).save_points(prompt)]
+    return [*SavePoints.of(encoding)(prompt)]
 
 
-def test_the_instructions_end_and_the_last_user_text_start(
-    engine: LlamaEngine, encoding: HarmonyEncoding
-) -> None:
+def test_the_instructions_end_and_the_last_user_text_start(encoding: HarmonyEncoding) -> None:
     first, last = UserMessage("Environment: /repo"), UserMessage("Fix the bug.")
     reply = AssistantMessage("Done.", channel="final")
     transcript = Transcript(items=(first, reply, last), instructions="Be brief.", tools=TOOLS)
     prompt = render(encoding, transcript)
-    head, user_text = points(engine, encoding, transcript)
+    head, user_text = points(encoding, transcript)
     # the developer message (instructions + tools) ends right before `head`
     assert prompt[head - 1] == END
     assert encoding.decode(prompt[:head]).rstrip().endswith("<|end|>")
@@ -42,11 +39,11 @@ def test_the_instructions_end_and_the_last_user_text_start(
 
 
 def test_without_a_developer_message_the_system_message_is_the_head(
-    engine: LlamaEngine, encoding: HarmonyEncoding
+    encoding: HarmonyEncoding,
 ) -> None:
     transcript = Transcript(items=(UserMessage("Hi."),))
     prompt = render(encoding, transcript)
-    head, user_text = points(engine, encoding, transcript)
+    head, user_text = points(encoding, transcript)
     assert prompt[head - 1] == END
     assert prompt[head] == START
     assert prompt[:head].count(END) == 1

@@ -1,0 +1,245 @@
+"""Prepared: one admitted generation, run as events.
+
+`Prepared.events()` streams decoder events while the engine samples and ends with exactly one
+`Finished` event, also on cancellation and engine errors. When summaries are asked for, the
+events of a short summary generation per reasoning segment are merged in (server.core.summaries).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from server.contracts.events import (
+    Finished,
+    FinishReason,
+    GenerationEvent,
+    SegmentEnd,
+    SegmentStart,
+    ToolOutput,
+)
+from server.core.admission import Ticket
+from server.core.client_events import ClientEvents
+from server.core.finish import finished_event
+from server.core.stop_strings import StopStrings
+from server.core.summaries import SummaryMerge
+from server.core.tool_loop import ServerTools, merged, server_call, shifted
+from server.core.tool_names import ToolNames
+from server.core.visibility import SummaryStyle
+from server.engine.base import EngineResult, SamplingParams, TokenStream
+from server.harmony.decoder import HarmonyDecoder
+from server.harmony.render import tool_message_tokens
+from server.harmony.steering import HarmonySteering, SteeringPlan
+
+if TYPE_CHECKING:
+    from server.core.generation import Generator
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A validated generation, ready to run."""
+
+    generator: Generator
+    prompt_tokens: list[int]
+    params: SamplingParams
+    steering: SteeringPlan
+    stop: tuple[str, ...] = ()
+    names: ToolNames | None = None
+    summary: SummaryStyle | None = None  # summarize each reasoning segment in this style
+    ticket: Ticket | None = None  # the request's place in admission; None for summaries
+    record: bool = True  # remember the generated messages in the history
+    save_points: tuple[int, ...] = ()  # prompt lengths the engine may save to disk
+    tools: ServerTools | None = None  # tools the server runs itself (server.core.tool_loop)
+    # the steering of the rounds after a server-run call: calls allowed, and none (limit reached)
+    later_steering: tuple[SteeringPlan, SteeringPlan] | None = None
+
+    def events(self) -> AsyncIterator[GenerationEvent]:
+        """Decoder events while the engine samples (summary events merged in), then Finished.
+
+        Complete messages are recorded in the history, so the next request can replay them.
+        If the consumer leaves early, the engine requests are cancelled and still reported to
+        `on_finished` once the engine lets go of them.
+        """
+        if self.summary is None:
+            events = self._events()
+        else:
+            history = self.generator.history
+            merge = SummaryMerge(self._events(), self._summary_events, history.record_summaries)
+            events = merge.events()
+        return events if self.ticket is None else _releasing(events, self.ticket)
+
+    async def _summary_events(self, reasoning: str) -> AsyncIterator[GenerationEvent]:
+        assert self.summary is not None
+        prepared = self.generator.summary(reasoning, self.summary)
+        if prepared is None:
+            yield Finished(FinishReason.LENGTH)
+            return
+        async for event in prepared.events():
+            yield event
+
+    async def _events(self) -> AsyncGenerator[GenerationEvent, None]:
+        if self.tools is None or self.later_steering is None:
+            rounds = self._round(self.prompt_tokens, self.params, self.steering, self.save_points)
+        else:
+            rounds = self._tool_rounds(self.tools, self.later_steering)
+        async with aclosing(rounds) as events:
+            async for event in events:
+                yield event
+
+    async def _tool_rounds(
+        self, tools: ServerTools, later: tuple[SteeringPlan, SteeringPlan]
+    ) -> AsyncGenerator[GenerationEvent, None]:
+        """Rounds of generation while the model calls server-run tools (see tool_loop)."""
+        generator = self.generator
+        prompt, params, plan, points = (
+            self.prompt_tokens,
+            self.params,
+            self.steering,
+            self.save_points,
+        )
+        offset, calls = 0, 0
+        total: Finished | None = None
+        while True:
+            sampled: list[int] = []
+            ended: list[SegmentEnd] = []
+            n_segments = 0
+            finished: Finished | None = None
+            async with aclosing(self._round(prompt, params, plan, points, sampled)) as events:
+                async for event in events:
+                    if isinstance(event, Finished):
+                        finished = event
+                        continue
+                    if isinstance(event, SegmentStart):
+                        n_segments = event.index + 1
+                    elif isinstance(event, SegmentEnd):
+                        ended.append(event)
+                    yield shifted(event, offset)
+            assert finished is not None
+            total = finished if total is None else merged(total, finished)
+            call = server_call(ended, tools) if finished.reason is FinishReason.TOOL_CALL else None
+            if call is None or call.target is None or call.recipient is None:
+                yield total
+                return
+            if calls >= tools.max_calls:  # the model called despite the steering: not run
+                yield tools.refused(call, call.index + offset)
+                yield total
+                return
+            calls += 1
+            result = await tools.run(call.target, call.text)
+            channel = tools.result_channel(call)
+            result_tokens = tool_message_tokens(
+                generator.encoding, call.recipient, result.text, channel
+            )
+            yield ToolOutput(
+                index=call.index + offset,
+                call_id=call.call_id or "",
+                target=call.target,
+                arguments=call.text,
+                text=result.text,
+                is_error=result.is_error,
+                details=dict(result.item),
+                tokens=tuple(result_tokens),
+                channel=channel,
+            )
+            offset += n_segments
+            prompt = [*prompt, *sampled, *result_tokens, *generator.renderer.assistant_start]
+            room = generator.engine.info.n_ctx - len(prompt)
+            left = params.max_tokens - finished.usage.completion_tokens
+            if room <= 0 or left <= 0:
+                yield dataclasses.replace(total, reason=FinishReason.LENGTH)
+                return
+            params = dataclasses.replace(params, max_tokens=min(left, room))
+            plan = later[1] if calls >= tools.max_calls else later[0]
+            points = ()
+
+    async def _round(
+        self,
+        prompt_tokens: list[int],
+        params: SamplingParams,
+        plan: SteeringPlan,
+        save_points: tuple[int, ...],
+        sampled: list[int] | None = None,
+    ) -> AsyncGenerator[GenerationEvent, None]:
+        """One engine generation: its events, then its Finished. `sampled` gets every token
+        the engine sampled (a server-run tool's round appends to them)."""
+        steering = plan.start()
+        stream, decoder = self._submit(steering, prompt_tokens, params, save_points)
+        client = ClientEvents(decoder, StopStrings(self.stop), self.names)
+        consumed = False
+        try:
+            async for chunk in stream.paced(self.generator.stream_interval_s):
+                if sampled is not None:
+                    sampled.extend(chunk)
+                for event in client.feed(chunk, chunk.logprobs):
+                    yield event
+                if client.stopped:
+                    break
+            consumed = True
+        finally:
+            stream.cancel()  # no-op once finished; stops the engine if the consumer left
+            if not consumed and not client.stopped:
+                stream.on_close(
+                    lambda result: self._report(result, decoder, steering, stopped=None)
+                )
+        if client.stopped:
+            async for _ in stream:  # the engine stops within a token; wait for its result
+                pass
+        else:
+            for event in client.finish():
+                yield event
+        if self.record:
+            self.generator.history.record(client.ended)
+        yield self._report(stream.result, decoder, steering, stopped=client.stop_sequence)
+
+    def _submit(
+        self,
+        steering: HarmonySteering,
+        prompt_tokens: list[int],
+        params: SamplingParams,
+        save_points: tuple[int, ...],
+    ) -> tuple[TokenStream, HarmonyDecoder]:
+        """The engine's stream, and the decoder for it (built while the prompt is evaluated)."""
+        stream = self.generator.engine.submit(prompt_tokens, params, steering, save_points)
+        try:
+            return stream, HarmonyDecoder(self.generator.encoding)
+        except BaseException:
+            stream.cancel()
+            raise
+
+    def _report(
+        self,
+        result: EngineResult,
+        decoder: HarmonyDecoder,
+        steering: HarmonySteering,
+        *,
+        stopped: str | None,
+    ) -> Finished:
+        finished = finished_event(result, decoder.reasoning_tokens, stopped=stopped)
+        if decoder.left_grammar or steering.left_grammar:  # logged without the model's text
+            log.warning(
+                "the model's output left the harmony grammar (%s); the response ends with what "
+                "was parsed",
+                "the parser gave up" if decoder.left_grammar else "steering was switched off",
+            )
+            finished = dataclasses.replace(finished, malformed=True)
+        if self.generator.on_finished is not None:
+            self.generator.on_finished(finished)
+        return finished
+
+
+async def _releasing(
+    events: AsyncGenerator[GenerationEvent, None], ticket: Ticket
+) -> AsyncIterator[GenerationEvent]:
+    """The events; the request's admission place is given back when they end or are left."""
+    try:
+        async with aclosing(events) as inner:
+            async for event in inner:
+                yield event
+    finally:
+        ticket.release()

@@ -1,0 +1,200 @@
+"""pi (npm @mariozechner/pi-coding-agent, pinned) against /v1/chat/completions, set up as its docs
+set up a custom OpenAI-compatible provider (docs/models.md: `models.json` with `baseUrl`, `api:
+openai-completions`, `apiKey`, a model with `reasoning: true`).
+
+pi runs headless (`pi --print --mode json --no-session`, stdin closed, its config directory in a
+temporary directory) with the server's tiny engine; forced scripts choose what the model says.
+Every request pi makes must be answered 200, its streams accepted, the reasoning kept out of the
+answer text, and a bash tool round must run the command and send its output back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from openai_harmony import HarmonyEncoding
+
+from devkit.client_pins import PI
+from devkit.forced import ForcedScript
+from server.app import create_app
+from server.engine.base import EngineConfig
+from server.engine.llama import LlamaEngine
+from server.ops.runtime import Runtime
+from server.ops.settings import Settings
+from tests.support.anthropic import Exchange, ExchangeRecorder
+from tests.support.npm_cli import pinned_client
+from tests.support.responses import served
+
+pytestmark = pytest.mark.slow  # the real pi CLI (installed from npm once per machine)
+
+N_CTX = 32768  # pi compacts once a prompt passes contextWindow - 16384 (its reserve)
+MODEL = "gpt-oss-20b"
+TOKEN = "local-token"
+PROVIDER = "gpt-oss-server"
+
+ANSWER = (
+    "<|channel|>analysis<|message|>PI-THOUGHT: a short answer will do.<|end|>"
+    "<|start|>assistant<|channel|>final<|message|>Done by pi.<|return|>"
+)
+BASH_CALL = (
+    "<|channel|>analysis<|message|>PI-THOUGHT-ONE: run it.<|end|>"
+    "<|start|>assistant<|channel|>commentary to=functions.bash <|constrain|>json"
+    '<|message|>{"command":"echo hello-from-pi"}<|call|>'
+)
+BASH_ANSWER = (
+    "<|channel|>analysis<|message|>PI-THOUGHT-TWO: it printed.<|end|>"
+    "<|start|>assistant<|channel|>final<|message|>It printed hello-from-pi.<|return|>"
+)
+
+
+@pytest.fixture(scope="module")
+def pi_binary() -> Path:
+    return pinned_client(PI)
+
+
+@pytest.fixture(scope="module")
+def script(encoding: HarmonyEncoding) -> ForcedScript:
+    return ForcedScript(encoding)
+
+
+@dataclass
+class Server:
+    url: str  # the /v1 base URL
+    recorder: ExchangeRecorder
+
+
+@pytest.fixture(scope="module")
+def server(tiny_gguf: Path, script: ForcedScript, encoding: HarmonyEncoding) -> Iterator[Server]:
+    config = EngineConfig(model_path=str(tiny_gguf), n_ctx=N_CTX, n_threads=2)
+    engine = LlamaEngine(config, sampling_hook=script)
+    runtime = Runtime(engine=engine, encoding=encoding, model_name=MODEL)
+    recorder = ExchangeRecorder(create_app(Settings(api_key=TOKEN), runtime))
+    try:
+        with served(recorder) as url:
+            yield Server(url, recorder)
+    finally:
+        engine.close()
+
+
+def pi_models(url: str) -> dict[str, Any]:
+    """`models.json` as pi's docs write it for a local OpenAI-compatible server."""
+    return {
+        "providers": {
+            PROVIDER: {
+                "baseUrl": url,
+                "api": "openai-completions",
+                "apiKey": TOKEN,
+                "models": [{"id": MODEL, "reasoning": True, "contextWindow": N_CTX}],
+            }
+        }
+    }
+
+
+@dataclass
+class PiRun:
+    returncode: int
+    events: list[dict[str, Any]]
+    stderr: str
+    exchanges: list[Exchange]
+
+    def assistant_messages(self) -> list[dict[str, Any]]:
+        return [
+            e["message"]
+            for e in self.events
+            if e.get("type") == "message_end" and e["message"].get("role") == "assistant"
+        ]
+
+    def blocks(self, kind: str) -> list[dict[str, Any]]:
+        return [b for m in self.assistant_messages() for b in m["content"] if b["type"] == kind]
+
+
+def run_pi(binary: Path, server: Server, workdir: Path, prompt: str) -> PiRun:
+    agent_dir = workdir.parent / f"{workdir.name}-pi"
+    agent_dir.mkdir()
+    (agent_dir / "models.json").write_text(json.dumps(pi_models(server.url)))
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(agent_dir),
+        "PI_CODING_AGENT_DIR": str(agent_dir),
+        "NO_COLOR": "1",
+    }
+    before = len(server.recorder.exchanges)
+    command = [
+        str(binary),
+        "--provider",
+        PROVIDER,
+        "--model",
+        MODEL,
+        "--print",  # answer and exit (`--mode json` alone stays in the session)
+        "--mode",
+        "json",
+        "--no-session",
+        prompt,
+    ]
+    result = subprocess.run(
+        command,
+        cwd=workdir,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    events = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    return PiRun(result.returncode, events, result.stderr, server.recorder.exchanges[before:])
+
+
+def check_requests(run: PiRun) -> list[Exchange]:
+    """Every request answered 200; the chat requests streamed. Returns the chat requests."""
+    assert [(e.method, e.path, e.status) for e in run.exchanges if e.status != 200] == []
+    chats = [e for e in run.exchanges if e.path == "/v1/chat/completions"]
+    assert chats, [e.path for e in run.exchanges]
+    for chat in chats:
+        assert chat.json()["stream"] is True
+        assert chat.content_type.startswith("text/event-stream")
+        assert chat.response.rstrip().endswith(b"data: [DONE]")
+    return chats
+
+
+def test_a_prompt_is_answered_with_the_reasoning_apart(
+    pi_binary: Path, server: Server, script: ForcedScript, tmp_path: Path
+) -> None:
+    script.push(ANSWER)
+    run = run_pi(pi_binary, server, tmp_path, "Say done.")
+    assert run.returncode == 0, run.stderr[-4000:]
+    (chat,) = check_requests(run)
+    assert chat.headers["authorization"] == f"Bearer {TOKEN}"
+    assert script.pending == 0
+    texts = [b["text"] for b in run.blocks("text")]
+    assert texts == ["Done by pi."], run.assistant_messages()
+    thinking = " ".join(b["thinking"] for b in run.blocks("thinking"))
+    assert "PI-THOUGHT" in thinking  # shown as pi's thinking, never as the answer
+
+
+def test_a_bash_tool_round(
+    pi_binary: Path, server: Server, script: ForcedScript, tmp_path: Path
+) -> None:
+    script.push(BASH_CALL)
+    script.push(BASH_ANSWER)
+    run = run_pi(pi_binary, server, tmp_path, "Run echo hello-from-pi.")
+    assert run.returncode == 0, run.stderr[-4000:]
+    _, second = check_requests(run)
+    assert script.pending == 0
+    (call,) = run.blocks("toolCall")
+    assert call["name"] == "bash"
+    assert call["arguments"] == {"command": "echo hello-from-pi"}
+    messages = second.json()["messages"]
+    (result,) = [m for m in messages if m["role"] == "tool"]
+    assert result["tool_call_id"] == call["id"]
+    assert "hello-from-pi" in json.dumps(result["content"])
+    texts = [b["text"] for b in run.blocks("text")]
+    assert texts[-1] == "It printed hello-from-pi."
+    assert not any("PI-THOUGHT" in text for text in texts)
