@@ -121,6 +121,7 @@ class ToolOutput:
     is_error: bool = False
     details: dict[str, Any] = field(default_factory=dict)
     tokens: tuple[int, ...] = ()
+    channel: str = "commentary"  # the channel of the result message (a built-in's: its call's)
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,7 @@ ToolKind = Literal["function", "custom"]
 
 FUNCTIONS_NAMESPACE = "functions"
 JSON_CONTENT_TYPE = "<|constrain|>json"
+BARE_TOOLS = frozenset({"python"})  # built-in tools the model addresses by the bare name
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +47,16 @@ class ToolSpec:
     @property
     def recipient(self) -> str:
         return f"{self.namespace}.{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class BuiltinTool:
+    """One of harmony's built-in tools (`python`, `browser`), rendered in the system message
+    as gpt-oss was trained with it; `description` replaces harmony's default text when given
+    (the server's own facts: timeout, network)."""
+
+    name: Literal["python", "browser"]
+    description: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +121,7 @@ class ToolCall:
 
     @property
     def recipient(self) -> str:
-        return f"{self.namespace}.{self.name}"
+        return address(self.namespace, self.name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,10 +132,17 @@ class ToolResult:
     output: str
     name: str
     namespace: str = FUNCTIONS_NAMESPACE
+    channel: str = "commentary"  # a built-in tool answers on its call's channel (python: analysis)
 
     @property
     def author(self) -> str:
-        return f"{self.namespace}.{self.name}"
+        return address(self.namespace, self.name)
+
+
+def address(namespace: str, name: str) -> str:
+    """How harmony names a tool: `namespace.name`; harmony's `python`, addressed by the bare
+    name (its namespace and its only tool share it), keeps the bare name."""
+    return name if namespace == name and name in BARE_TOOLS else f"{namespace}.{name}"
 
 
 Item = UserMessage | DeveloperMessage | Reasoning | AssistantMessage | ToolCall | ToolResult
@@ -140,3 +158,4 @@ class Transcript:
     reasoning_effort: ReasoningEffort = "medium"
     conversation_date: str | None = None  # YYYY-MM-DD in the system message
     response_format: ResponseFormat | None = None
+    builtin_tools: tuple[BuiltinTool, ...] = ()  # harmony's python / browser, server-run

@@ -40,7 +40,7 @@ from server.engine.base import Engine, SamplingParams
 from server.grammars.response_format import answer_grammar
 from server.grammars.tools import call_grammar
 from server.harmony.renderer import Renderer
-from server.harmony.steering import SteeringPlan, plan_steering
+from server.harmony.steering import SteeringPlan, builtin_recipients, plan_steering
 from server.harmony.token_bytes import TokenBytes
 
 log = logging.getLogger(__name__)
@@ -266,6 +266,7 @@ class Generator:
         self, transcript: Transcript, choice: ToolChoice, options: GenerationOptions
     ) -> SteeringPlan:
         recipients = [spec.recipient for spec in transcript.tools]
+        recipients += builtin_recipients([tool.name for tool in transcript.builtin_tools])
         if choice.mode in ("required", "named") and not recipients:
             raise InvalidRequest(
                 f"tool_choice {choice.mode!r} needs tools", field=RequestField.TOOL_CHOICE

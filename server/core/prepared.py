@@ -132,7 +132,10 @@ class Prepared:
                 return
             calls += 1
             result = await tools.run(call.target, call.text)
-            result_tokens = tool_message_tokens(generator.encoding, call.recipient, result.text)
+            channel = tools.result_channel(call)
+            result_tokens = tool_message_tokens(
+                generator.encoding, call.recipient, result.text, channel
+            )
             yield ToolOutput(
                 index=call.index + offset,
                 call_id=call.call_id or "",
@@ -142,6 +145,7 @@ class Prepared:
                 is_error=result.is_error,
                 details=dict(result.item),
                 tokens=tuple(result_tokens),
+                channel=channel,
             )
             offset += n_segments
             prompt = [*prompt, *sampled, *result_tokens, *generator.renderer.assistant_start]

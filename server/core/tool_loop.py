@@ -93,6 +93,16 @@ class ServerTools:
         text, cut = truncate(result.text, self.max_output_chars)
         return dataclasses.replace(result, text=text) if cut else result
 
+    def result_channel(self, call: SegmentEnd) -> str:
+        """The channel of the call's result message: a built-in tool (python, browser) answers
+        on its call's channel, as gpt-oss's reference tools do (python is called from the
+        analysis channel); every other tool on commentary."""
+        target = call.target
+        tool = self.tools.get(target.namespace) if target is not None else None
+        if tool is not None and tool.description().builtin is not None and call.channel:
+            return call.channel
+        return "commentary"
+
     def refused(self, call: SegmentEnd, index: int) -> ToolOutput:
         """The output of a call past `max_calls`: not run; the response ends with it."""
         message = (

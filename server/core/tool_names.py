@@ -21,7 +21,15 @@ from server.contracts.events import (
     SegmentStart,
     ToolTarget,
 )
-from server.contracts.transcript import Item, ToolCall, ToolChoice, ToolResult, ToolSpec, Transcript
+from server.contracts.transcript import (
+    BARE_TOOLS,
+    Item,
+    ToolCall,
+    ToolChoice,
+    ToolResult,
+    ToolSpec,
+    Transcript,
+)
 
 _INVALID = re.compile(r"[^A-Za-z0-9_]")
 
@@ -81,12 +89,16 @@ class ToolNames:
         """The tool a recipient names; one the request did not offer keeps the model's names.
 
         `functions.get_weather` -> get_weather; `container.exec` -> exec in namespace
-        container; a bare `python` -> python in the default namespace.
+        container; a bare `python` -> python in harmony's built-in python namespace
+        (`browser.search` -> search in the browser namespace, as any dotted name); any other
+        bare name -> that name in the default namespace.
         """
         known = self._from_harmony.get(recipient)
         if known is not None:
             return known
         namespace, dot, name = recipient.partition(".")
+        if recipient in BARE_TOOLS:
+            return ToolTarget(recipient, recipient)
         if not dot or not name:
             return ToolTarget(recipient)
         return ToolTarget(name, namespace)

@@ -33,6 +33,7 @@ from openai_harmony import (
 from server.contracts.transcript import (
     FUNCTIONS_NAMESPACE,
     AssistantMessage,
+    BuiltinTool,
     DeveloperMessage,
     Item,
     Reasoning,
@@ -96,6 +97,7 @@ def head_key(transcript: Transcript) -> Hashable:
     ]
     response_format = transcript.response_format
     return (
+        transcript.builtin_tools,
         transcript.reasoning_effort,
         transcript.conversation_date,
         transcript.instructions,
@@ -159,25 +161,43 @@ def _item_message(item: Item) -> Message:
         call = Message.from_role_and_content(Role.ASSISTANT, item.arguments)
         call = call.with_channel("commentary").with_recipient(item.recipient)
         return call.with_content_type(item.content_type) if item.content_type else call
-    return _tool_message(item.author, item.output)
+    return _tool_message(item.author, item.output, item.channel)
 
 
-def tool_message_tokens(encoding: HarmonyEncoding, author: str, text: str) -> list[int]:
-    """A tool's result message (`<|start|>{author} to=assistant<|channel|>commentary...`), as
-    a ToolResult item of that author renders: what a server-run tool's output appends."""
-    return encoding.render(_tool_message(author, text))
+def tool_message_tokens(
+    encoding: HarmonyEncoding, author: str, text: str, channel: str = "commentary"
+) -> list[int]:
+    """A tool's result message (`<|start|>{author} to=assistant<|channel|>{channel}...`), as
+    a ToolResult item of that author renders: what a server-run tool's output appends. A
+    built-in tool answers on its call's channel (python's calls are on analysis), as gpt-oss's
+    reference tools do."""
+    return encoding.render(_tool_message(author, text, channel))
 
 
-def _tool_message(author: str, text: str) -> Message:
+def _tool_message(author: str, text: str, channel: str = "commentary") -> Message:
     result = Message.from_author_and_content(Author.new(Role.TOOL, author), text)
-    return result.with_channel("commentary").with_recipient("assistant")
+    return result.with_channel(channel).with_recipient("assistant")
 
 
 def _system_message(transcript: Transcript) -> Message:
     content = SystemContent.new().with_reasoning_effort(_EFFORTS[transcript.reasoning_effort])
     if transcript.conversation_date:
         content = content.with_conversation_start_date(transcript.conversation_date)
+    for builtin in transcript.builtin_tools:
+        content = content.with_tools(_builtin_namespace(builtin))
     return Message.from_role_and_content(Role.SYSTEM, content)
+
+
+def _builtin_namespace(builtin: BuiltinTool) -> ToolNamespaceConfig:
+    """harmony's own namespace of a built-in tool (its functions, for the browser), with the
+    server's description when it has one."""
+    if builtin.name == "python":
+        config = ToolNamespaceConfig.python()
+    else:
+        config = ToolNamespaceConfig.browser()
+    if not builtin.description:
+        return config
+    return config.model_copy(update={"description": builtin.description})
 
 
 def _developer_message(transcript: Transcript) -> Message | None:

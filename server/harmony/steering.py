@@ -31,6 +31,12 @@ TERMINATOR = {
     SegmentKind.FINAL: RETURN,
 }
 CALL_BANNED = SPECIALS - {CALL}
+# the recipients of harmony's built-in tools, as gpt-oss was trained to address them: the python
+# tool is addressed by its bare name, the browser by its functions
+BUILTIN_RECIPIENTS: dict[str, tuple[str, ...]] = {
+    "python": ("python",),
+    "browser": ("browser.search", "browser.open", "browser.find"),
+}
 _Header = tuple[list[int], SegmentKind, "Constrain | None"]
 
 
@@ -73,6 +79,11 @@ class SteeringPlan:
 
     def start(self) -> HarmonySteering:
         return HarmonySteering(self)
+
+
+def builtin_recipients(names: Sequence[str]) -> list[str]:
+    """The recipients the model may address for the built-in tools `names`."""
+    return [recipient for name in names for recipient in BUILTIN_RECIPIENTS.get(name, ())]
 
 
 def plan_steering(

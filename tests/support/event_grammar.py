@@ -12,6 +12,12 @@
     listing   := output_item.added mcp_list_tools.in_progress
                  (mcp_list_tools.completed | mcp_list_tools.failed) output_item.done
     approval  := output_item.added output_item.done                   (mcp_approval_request)
+    code      := output_item.added code_interpreter_call.in_progress
+                 code_interpreter_call_code.delta* code_interpreter_call_code.done
+                 code_interpreter_call.interpreting code_interpreter_call.completed?
+                 output_item.done                                     (code_interpreter_call)
+    search    := output_item.added web_search_call.in_progress web_search_call.searching
+                 web_search_call.completed? output_item.done          (web_search_call)
 
 plus: every event validates against the openai SDK's own `ResponseStreamEvent` types;
 sequence_number counts from 0 without gaps; output_index, content_index and item_id agree
@@ -71,6 +77,21 @@ MCP_STEPS = {
         ("response.mcp_list_tools.completed", "response.mcp_list_tools.failed"),
     ),
     "mcp_approval_request": (),
+}
+# built-in tools' items: (event, the step it is allowed in, the step after it), in order
+BUILTIN_STEPS = {
+    "code_interpreter_call": {
+        "response.code_interpreter_call.in_progress": ("added", "calling"),
+        "response.code_interpreter_call_code.delta": ("calling", "calling"),
+        "response.code_interpreter_call_code.done": ("calling", "text_done"),
+        "response.code_interpreter_call.interpreting": ("text_done", "running"),
+        "response.code_interpreter_call.completed": ("running", "ran"),
+    },
+    "web_search_call": {
+        "response.web_search_call.in_progress": ("added", "calling"),
+        "response.web_search_call.searching": ("calling", "running"),
+        "response.web_search_call.completed": ("running", "ran"),
+    },
 }
 
 
@@ -160,10 +181,12 @@ class _Checker:
     def _added(self, event: dict[str, Any]) -> _Open:
         item = event["item"]
         assert event["output_index"] == len(self.checked.items), "output_index is not the next"
-        assert item["type"] in (*RULES, *MCP_STEPS), f"unexpected item type {item['type']}"
+        assert item["type"] in (*RULES, *MCP_STEPS, *BUILTIN_STEPS), (
+            f"unexpected item type {item['type']}"
+        )
         assert item["id"] not in self.ids, "duplicate item id"
         self.ids.add(item["id"])
-        if item["type"] in MCP_STEPS:
+        if item["type"] in (*MCP_STEPS, *BUILTIN_STEPS):
             rules = _Rules(None, "", "", "")
             return _Open(item=item, output_index=event["output_index"], rules=rules)
         assert item.get("status") == "in_progress"
@@ -185,6 +208,8 @@ class _Checker:
         kind, rules = event["type"], item.rules
         if item.item["type"] in MCP_STEPS:
             return self._mcp_step(item, event)
+        if item.item["type"] in BUILTIN_STEPS:
+            return self._builtin_step(item, event)
         if item.item["type"] == "mcp_call" and kind.startswith("response.mcp_call."):
             _mcp_call_step(item, kind)
             return item
@@ -241,6 +266,35 @@ class _Checker:
         expected = steps[done_steps]
         assert kind in (expected if isinstance(expected, tuple) else (expected,)), kind
         item.step, item.text = str(done_steps + 1), kind
+        return item
+
+    def _builtin_step(self, item: _Open, event: dict[str, Any]) -> _Open | None:
+        """A code interpreter or web search call: its steps in order, then output_item.done
+        (completed after `.completed`; failed or incomplete without it)."""
+        kind, added = event["type"], item.item
+        if kind == "response.output_item.done":
+            done = event["item"]
+            assert (done["id"], done["type"]) == (added["id"], added["type"])
+            assert added["status"] == "in_progress"
+            assert item.step in ("running", "ran"), f"closed early, at {item.step}"
+            expected = ("completed",) if item.step == "ran" else ("failed", "incomplete")
+            assert done["status"] in expected, (done["status"], item.step)
+            if done["type"] == "code_interpreter_call":
+                assert done["code"] == item.text, "the item's code differs from the deltas"
+                assert done["container_id"] == added["container_id"], "container changed"
+                if done["status"] == "completed":
+                    assert done["outputs"], "a completed run shows its outputs"
+            self.checked.items.append(done)
+            return None
+        steps = BUILTIN_STEPS[added["type"]]
+        assert kind in steps, f"{kind} inside a {added['type']} item"
+        before, after = steps[kind]
+        assert item.step == before, f"{kind} out of place (at {item.step})"
+        if kind.endswith("_code.delta"):
+            item.text += event["delta"]
+        elif kind.endswith("_code.done"):
+            assert event["code"] == item.text, "done code differs from the deltas"
+        item.step = after
         return item
 
 

@@ -294,7 +294,9 @@ def output_items(
     for end in ends:
         if isinstance(end, ToolOutput):
             target = end.target
-            items.append(ToolResult(end.call_id, end.text, target.name, target.namespace))
+            items.append(
+                ToolResult(end.call_id, end.text, target.name, target.namespace, end.channel)
+            )
             continue
         tokens = prompt_tokens(end.tokens, message_start) if end.complete else None
         if end.kind is SegmentKind.REASONING:

@@ -22,12 +22,13 @@ from server.api.response_fields import new_id, now
 from server.api.responses.adapter import approval_request_id, mcp_call_id
 from server.api.responses.items import (
     LIFECYCLES,
+    SERVER_RUN,
     ItemKind,
     OpenItem,
-    mcp_call_opened,
-    mcp_call_result,
     mcp_error,
     ready_item_events,
+    server_call_opened,
+    server_call_result,
     summary_done,
     summary_part_added,
     summary_text_delta,
@@ -95,16 +96,18 @@ class ResponsesEmitter:
         logprobs: TokenBytes | None = None,
         call_kind: Callable[[ToolTarget], ItemKind | None] | None = None,
         ready: Sequence[McpListToolsItem | McpCallItem] = (),
+        container_id: str = "",
     ) -> None:
         """`call_kind`: the item of a call to a server-run tool (None: a client's call);
         `ready`: items complete before generation (MCP listings, approved calls that ran),
-        streamed first."""
+        streamed first; `container_id`: the python tool's sandbox of this conversation."""
         self._base = base
         self._logprobs = logprobs  # the output text's logprobs were asked for
         self._new_item_id = new_item_id
         self._view = view
         self._call_kind = call_kind
         self._ready = list(ready)
+        self._container_id = container_id
         self._sequence = 0
         self._output: list[OutputItem] = []
         self._open: OpenItem | None = None
@@ -176,6 +179,7 @@ class ResponsesEmitter:
             phase="commentary" if start.kind is SegmentKind.PREAMBLE else "final_answer",
             call_id=start.call_id or "",
             target=target,
+            container_id=self._container_id,
         )
         self._open = item
         added: list[StreamEvent] = [
@@ -185,8 +189,7 @@ class ResponsesEmitter:
                 item=self._shape(item, "in_progress", ""),
             )
         ]
-        if kind == "mcp_call":
-            added.append(mcp_call_opened(item, self._next()))
+        added += server_call_opened(item, self._next)
         part = lifecycle.part(self._view.raw)
         if part is not None:
             added.append(
@@ -268,7 +271,7 @@ class ResponsesEmitter:
         if item is None or end.index != item.segment:
             return []
         waits = item.kind == "reasoning" and self.waits_for_summaries
-        if item.kind == "mcp_call" and end.complete:
+        if item.kind in SERVER_RUN and end.complete:
             waits = True  # for the call's result (ToolOutput)
         if not waits:
             return self._close_open(end)
@@ -278,13 +281,15 @@ class ResponsesEmitter:
     def _tool_output(self, output: ToolOutput) -> list[StreamEvent]:
         """A server-run call's result: the open call item completes (or fails) and closes."""
         item = self._open
-        if item is None or item.kind != "mcp_call" or item.segment != output.index:
+        if item is None or item.kind not in SERVER_RUN or item.segment != output.index:
             return []
-        if output.is_error:
+        item.details = dict(output.details)
+        ran = item.kind == "code_interpreter_call" and "outputs" in item.details
+        if output.is_error and not ran:  # code that raised still ran: its output shows why
             item.error = mcp_error(output.details, output.text)
         else:
             item.output = output.text
-        return [mcp_call_result(item, self._next()), *self._close_open()]
+        return [*server_call_result(item, self._next), *self._close_open()]
 
     def _close_open(self, end: SegmentEnd | None = None) -> list[StreamEvent]:
         item = self._open

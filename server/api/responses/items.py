@@ -16,6 +16,12 @@ from typing import Any, Literal
 from server.api.logprobs import TokenLogprobOut
 from server.api.responses.adapter import custom_input
 from server.api.responses.schemas import (
+    CodeInterpreterCallCodeDelta,
+    CodeInterpreterCallCodeDone,
+    CodeInterpreterCallCompleted,
+    CodeInterpreterCallInProgress,
+    CodeInterpreterCallInterpreting,
+    CodeInterpreterCallItem,
     ContentPartDone,
     CustomToolCallInputDelta,
     CustomToolCallInputDone,
@@ -56,12 +62,27 @@ from server.api.responses.schemas import (
     StreamEvent,
     SummaryTextPart,
     SummaryUsage,
+    WebSearchCallCompleted,
+    WebSearchCallInProgress,
+    WebSearchCallItem,
+    WebSearchCallSearching,
 )
 from server.contracts.events import SegmentEnd, SummaryReport, ToolTarget, Usage
 
 ItemKind = Literal[
-    "reasoning", "message", "function_call", "custom_tool_call", "mcp_call", "mcp_approval_request"
+    "reasoning",
+    "message",
+    "function_call",
+    "custom_tool_call",
+    "mcp_call",
+    "mcp_approval_request",
+    "code_interpreter_call",
+    "web_search_call",
 ]
+# the items of calls the server runs: each waits for its call's result (ToolOutput) to close
+SERVER_RUN: frozenset[ItemKind] = frozenset(
+    {"mcp_call", "code_interpreter_call", "web_search_call"}
+)
 NextSequence = Callable[[], int]  # the emitter's next sequence number
 
 
@@ -83,6 +104,8 @@ class OpenItem:
     summary_complete: bool = True
     output: str | None = None  # a server-run call's result, once it ran
     error: dict[str, Any] | None = None  # a server-run call's error, once it failed
+    details: dict[str, Any] = field(default_factory=dict)  # the backend's item fields
+    container_id: str = ""  # a code interpreter call's: its conversation's sandbox
 
     @property
     def text(self) -> str:
@@ -333,10 +356,89 @@ def mcp_call_result(item: OpenItem, sequence: int) -> StreamEvent:
     return kind(sequence_number=sequence, item_id=item.id, output_index=item.output_index)
 
 
-def mcp_call_opened(item: OpenItem, sequence: int) -> StreamEvent:
-    return McpCallInProgress(
-        sequence_number=sequence, item_id=item.id, output_index=item.output_index
+# -------------------------------------------------------------------------- built-in tools
+
+
+def _code_delta(item: OpenItem, sequence: int, text: str) -> StreamEvent:
+    return CodeInterpreterCallCodeDelta(
+        sequence_number=sequence, item_id=item.id, output_index=item.output_index, delta=text
     )
+
+
+def _code_done(item: OpenItem, next_sequence: NextSequence, text: str) -> list[StreamEvent]:
+    """The code is written: `.code.done`, then the run starts (`.interpreting`)."""
+    ids = {"item_id": item.id, "output_index": item.output_index}
+    return [
+        CodeInterpreterCallCodeDone(sequence_number=next_sequence(), code=text, **ids),
+        CodeInterpreterCallInterpreting(sequence_number=next_sequence(), **ids),
+    ]
+
+
+def _ran_status(item: OpenItem, status: ItemStatus) -> Any:
+    """A server-run call's status: failed, never run (incomplete), or as the item ended."""
+    if item.error is not None:
+        return "failed"
+    if status == "completed" and item.output is None:
+        return "incomplete"  # the call was written but never ran
+    return status
+
+
+def _code_interpreter_item(item: OpenItem, status: ItemStatus, text: str, _: bool) -> OutputItem:
+    outputs = item.details.get("outputs")
+    return CodeInterpreterCallItem(
+        id=item.id,
+        code=text,
+        container_id=str(item.details.get("container_id") or item.container_id),
+        outputs=outputs if isinstance(outputs, list) else None,
+        status=_ran_status(item, status),
+    )
+
+
+def _searching(item: OpenItem, next_sequence: NextSequence, text: str) -> list[StreamEvent]:
+    """The call is written: the browser runs it (`.searching`)."""
+    ids = {"item_id": item.id, "output_index": item.output_index}
+    return [WebSearchCallSearching(sequence_number=next_sequence(), **ids)]
+
+
+_ACTIONS = {
+    "search": {"type": "search"},
+    "open": {"type": "open_page"},
+    "find": {"type": "find_in_page", "pattern": "", "url": ""},
+}
+
+
+def _web_search_item(item: OpenItem, status: ItemStatus, text: str, _: bool) -> OutputItem:
+    action = item.details.get("action")
+    if not isinstance(action, dict) or "type" not in action:
+        name = item.target.name if item.target else "search"
+        action = _ACTIONS.get(name, _ACTIONS["search"])
+    return WebSearchCallItem(id=item.id, action=dict(action), status=_ran_status(item, status))
+
+
+def server_call_opened(item: OpenItem, next_sequence: NextSequence) -> list[StreamEvent]:
+    """The `.in_progress` event right after a server-run call's `output_item.added`."""
+    ids = {"item_id": item.id, "output_index": item.output_index}
+    if item.kind == "mcp_call":
+        return [McpCallInProgress(sequence_number=next_sequence(), **ids)]
+    if item.kind == "code_interpreter_call":
+        return [CodeInterpreterCallInProgress(sequence_number=next_sequence(), **ids)]
+    if item.kind == "web_search_call":
+        return [WebSearchCallInProgress(sequence_number=next_sequence(), **ids)]
+    return []
+
+
+def server_call_result(item: OpenItem, next_sequence: NextSequence) -> list[StreamEvent]:
+    """The event of a server-run call's result, once it ran: an MCP call's `.completed` or
+    `.failed`; a built-in's `.completed` (OpenAI's API has no `.failed` event for them: a failed
+    one shows its status in `output_item.done`)."""
+    if item.kind == "mcp_call":
+        return [mcp_call_result(item, next_sequence())]
+    if item.error is not None:
+        return []
+    ids = {"item_id": item.id, "output_index": item.output_index}
+    if item.kind == "code_interpreter_call":
+        return [CodeInterpreterCallCompleted(sequence_number=next_sequence(), **ids)]
+    return [WebSearchCallCompleted(sequence_number=next_sequence(), **ids)]
 
 
 def ready_item_events(
@@ -399,6 +501,11 @@ LIFECYCLES: dict[ItemKind, Lifecycle] = {
     ),
     # its arguments are in the item when it is done; nothing streams in between
     "mcp_approval_request": Lifecycle("mcpr_", _no_part, None, _no_events, _approval_request_item),
+    "code_interpreter_call": Lifecycle(
+        "ci_", _no_part, _code_delta, _code_done, _code_interpreter_item
+    ),
+    # a browser call's arguments are not streamed: the item shows the action once it ran
+    "web_search_call": Lifecycle("ws_", _no_part, None, _searching, _web_search_item),
 }
 
 

@@ -134,20 +134,6 @@ class McpSetup:
             return None
         return "mcp_approval_request" if self.needs_approval(target) else "mcp_call"
 
-    def server_tools(
-        self, response_id: str, *, max_calls: int, timeout_s: float, max_output_chars: int
-    ) -> ServerTools | None:
-        if not self.tools:
-            return None
-        return ServerTools(
-            tools=dict(self.tools),
-            response_id=response_id,
-            max_calls=max_calls,
-            timeout_s=timeout_s,
-            max_output_chars=max_output_chars,
-            needs_approval=self.needs_approval,
-        )
-
 
 def mcp_tools_in(request: ResponsesRequest) -> list[tuple[int, McpToolIn]]:
     return [

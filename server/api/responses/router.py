@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,8 +27,10 @@ from server.api.responses.adapter import (
     to_transcript,
     wants_logprobs,
 )
+from server.api.responses.builtin import BuiltinSetup, setup_builtin
 from server.api.responses.emitter import ResponsesEmitter, fold
-from server.api.responses.mcp import approved_calls, listed_labels, setup_mcp
+from server.api.responses.items import ItemKind
+from server.api.responses.mcp import McpSetup, approved_calls, listed_labels, setup_mcp
 from server.api.responses.schemas import (
     DeletedResponse,
     ResponseObject,
@@ -37,11 +40,14 @@ from server.api.responses.schemas import (
 from server.api.responses.store import ResponseStore, StoredResponse
 from server.api.sse import sse_typed
 from server.api.stream_run import Ended, StreamRun
-from server.contracts.errors import NotFound, ServerError
+from server.contracts.errors import InvalidRequest, NotFound, ServerError
+from server.contracts.events import ToolTarget
 from server.contracts.transcript import Item, Transcript
 from server.core.generation import Generator
 from server.core.prepared import Prepared
+from server.core.tool_loop import ServerTools
 from server.ops.settings import Settings
+from server.tools.python.tool import container_id
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -95,7 +101,10 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     shown = reasoning_view(body, settings.reasoning_visibility)
     response_id = new_id("resp_")
     before = earlier.conversation if earlier is not None else ()
+    builtin = setup_builtin(body, request.app.state.server_tools.tools)
     mcp = await setup_mcp(body, request.app.state.mcp, _listed(earlier, body))
+    _check_labels(mcp, builtin)
+    conversation_id = (earlier.conversation_id or earlier.id) if earlier else response_id
     conversation, ran = await approved_calls(
         body,
         to_conversation(body, before),
@@ -107,13 +116,10 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     transcript = to_transcript(body, conversation, settings.reasoning_effort, date)
     if mcp.tools:
         transcript = dataclasses.replace(transcript, tools=(*transcript.tools, *mcp.specs))
+    if builtin.tools:
+        transcript = dataclasses.replace(transcript, builtin_tools=builtin.specs)
     options = generation_options(body, shown.summary)
-    server_tools = mcp.server_tools(
-        response_id,
-        max_calls=settings.tool_max_calls,
-        timeout_s=settings.tool_timeout_s,
-        max_output_chars=settings.tool_max_output_chars,
-    )
+    server_tools = _server_tools(mcp, builtin, settings, response_id, conversation_id)
     try:
         prepared = generator.prepare(transcript, options, server_tools)
     except ServerError as exc:
@@ -126,10 +132,13 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
         base,
         view=shown,
         logprobs=vocab,
-        call_kind=mcp.call_kind if mcp.tools else None,
+        call_kind=_call_kind(mcp, builtin) if server_tools is not None else None,
         ready=[*mcp.listings, *ran],
+        container_id=container_id(conversation_id) if "python" in builtin.tools else "",
     )
-    finisher = _Finisher(state, generator, conversation, date, store=base.store)
+    finisher = _Finisher(
+        state, generator, conversation, date, store=base.store, conversation_id=conversation_id
+    )
     run: StreamRun[StreamEvent] = StreamRun(
         prepared, emitter, name=f"response {base.id}", finish=finisher
     )
@@ -181,6 +190,45 @@ def _listed(earlier: StoredResponse | None, body: ResponsesRequest) -> frozenset
     """The MCP servers whose listing the conversation already shows."""
     output = earlier.response.get("output", []) if earlier is not None else []
     return listed_labels(output if isinstance(output, list) else [], body)
+
+
+def _check_labels(mcp: McpSetup, builtin: BuiltinSetup) -> None:
+    """An MCP server may not take the namespace of a built-in tool the request also offers."""
+    clash = sorted(mcp.labels & set(builtin.tools))
+    if clash:
+        raise InvalidRequest(
+            f"the MCP server_label {clash[0]!r} is the namespace of the built-in {clash[0]} tool "
+            "this request also enables; give the MCP server another label",
+            param="tools",
+        )
+
+
+def _server_tools(
+    mcp: McpSetup,
+    builtin: BuiltinSetup,
+    settings: Settings,
+    response_id: str,
+    conversation_id: str,
+) -> ServerTools | None:
+    """The tools the server runs in this response: the MCP servers' and the built-in ones."""
+    if not mcp.tools and not builtin.tools:
+        return None
+    return ServerTools(
+        tools={**mcp.tools, **builtin.tools},
+        response_id=response_id,
+        conversation_id=conversation_id,
+        max_calls=settings.tool_max_calls,
+        timeout_s=settings.tool_timeout_s,
+        max_output_chars=settings.tool_max_output_chars,
+        needs_approval=mcp.needs_approval,
+    )
+
+
+def _call_kind(mcp: McpSetup, builtin: BuiltinSetup) -> Callable[[ToolTarget], ItemKind | None]:
+    def kind(target: ToolTarget) -> ItemKind | None:
+        return builtin.call_kind(target) or mcp.call_kind(target)
+
+    return kind
 
 
 def _base_response(
@@ -237,6 +285,7 @@ class _Finisher:
     conversation: tuple[Item, ...]  # what the request asked about, stored with the output
     date: str
     store: bool
+    conversation_id: str | None = None
 
     async def __call__(self, last: list[StreamEvent], ended: list[Ended]) -> None:
         response = fold(last)  # the response the terminal event carries
@@ -269,5 +318,6 @@ class _Finisher:
             response=response.model_dump(mode="json"),
             conversation=(*self.conversation, *outputs),
             conversation_date=self.date,
+            conversation_id=self.conversation_id,
         )
         await self.state.store.put(record)

@@ -284,6 +284,28 @@ class McpApprovalRequestItem(BaseModel):
     arguments: str = ""
 
 
+class CodeInterpreterCallItem(BaseModel):
+    """A run of the python tool (`code_interpreter`): the code, then what it printed."""
+
+    type: Literal["code_interpreter_call"] = "code_interpreter_call"
+    id: str
+    code: str | None = None
+    container_id: str = ""
+    outputs: list[dict[str, Any]] | None = None
+    status: Literal["in_progress", "completed", "incomplete", "interpreting", "failed"] = (
+        "in_progress"
+    )
+
+
+class WebSearchCallItem(BaseModel):
+    """A browser call (`web_search`): search, open_page or find_in_page."""
+
+    type: Literal["web_search_call"] = "web_search_call"
+    id: str
+    action: dict[str, Any] = Field(default_factory=lambda: {"type": "search"})
+    status: Literal["in_progress", "searching", "completed", "failed", "incomplete"] = "in_progress"
+
+
 OutputItem = Annotated[
     ReasoningItem
     | MessageItem
@@ -291,7 +313,9 @@ OutputItem = Annotated[
     | CustomToolCallItem
     | McpListToolsItem
     | McpCallItem
-    | McpApprovalRequestItem,
+    | McpApprovalRequestItem
+    | CodeInterpreterCallItem
+    | WebSearchCallItem,
     Field(discriminator="type"),
 ]
 
@@ -543,6 +567,50 @@ class McpCallArgumentsDone(_ItemEvent):
     arguments: str
 
 
+class CodeInterpreterCallInProgress(_ItemEvent):
+    type: Literal["response.code_interpreter_call.in_progress"] = (
+        "response.code_interpreter_call.in_progress"
+    )
+
+
+class CodeInterpreterCallInterpreting(_ItemEvent):
+    type: Literal["response.code_interpreter_call.interpreting"] = (
+        "response.code_interpreter_call.interpreting"
+    )
+
+
+class CodeInterpreterCallCompleted(_ItemEvent):
+    type: Literal["response.code_interpreter_call.completed"] = (
+        "response.code_interpreter_call.completed"
+    )
+
+
+class CodeInterpreterCallCodeDelta(_ItemEvent):
+    type: Literal["response.code_interpreter_call_code.delta"] = (
+        "response.code_interpreter_call_code.delta"
+    )
+    delta: str
+
+
+class CodeInterpreterCallCodeDone(_ItemEvent):
+    type: Literal["response.code_interpreter_call_code.done"] = (
+        "response.code_interpreter_call_code.done"
+    )
+    code: str
+
+
+class WebSearchCallInProgress(_ItemEvent):
+    type: Literal["response.web_search_call.in_progress"] = "response.web_search_call.in_progress"
+
+
+class WebSearchCallSearching(_ItemEvent):
+    type: Literal["response.web_search_call.searching"] = "response.web_search_call.searching"
+
+
+class WebSearchCallCompleted(_ItemEvent):
+    type: Literal["response.web_search_call.completed"] = "response.web_search_call.completed"
+
+
 TerminalEvent = ResponseCompleted | ResponseIncomplete | ResponseFailed
 
 StreamEvent = Annotated[
@@ -574,7 +642,15 @@ StreamEvent = Annotated[
     | McpCallCompleted
     | McpCallFailed
     | McpCallArgumentsDelta
-    | McpCallArgumentsDone,
+    | McpCallArgumentsDone
+    | CodeInterpreterCallInProgress
+    | CodeInterpreterCallInterpreting
+    | CodeInterpreterCallCompleted
+    | CodeInterpreterCallCodeDelta
+    | CodeInterpreterCallCodeDone
+    | WebSearchCallInProgress
+    | WebSearchCallSearching
+    | WebSearchCallCompleted,
     Field(discriminator="type"),
 ]
 

@@ -60,6 +60,9 @@ class StoredResponse:
     response: dict[str, Any]
     conversation: tuple[Item, ...]
     conversation_date: str | None
+    # the first response of its previous_response_id chain: keys the state server-run tools
+    # keep per conversation (the python kernel, the browser's pages)
+    conversation_id: str | None = None
 
 
 class ResponseStore:
@@ -87,6 +90,7 @@ class ResponseStore:
             {
                 "version": FORMAT_VERSION,
                 "conversation_date": record.conversation_date,
+                "conversation_id": record.conversation_id,
                 "items": [item_to_json(item) for item in record.conversation],
             },
             ensure_ascii=False,
@@ -121,6 +125,7 @@ class ResponseStore:
                 response=json.loads(row[0]),
                 conversation=tuple(item_from_json(item) for item in state["items"]),
                 conversation_date=state.get("conversation_date"),
+                conversation_id=state.get("conversation_id"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             log.warning("stored response %s cannot be read (%s); ignoring it", response_id, exc)

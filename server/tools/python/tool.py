@@ -52,7 +52,7 @@ class PythonTool:
         # leave the core's own deadline room for the kill and the answer
         timeout = min(self.config.limits.timeout_s, max(ctx.timeout_s - KILL_GRACE_S - 1, 1.0))
         execution = await self.pool.run(key, code, timeout)
-        item: dict[str, object] = {"code": code, "container_id": _container_id(key)}
+        item: dict[str, object] = {"code": code, "container_id": container_id(key)}
         if execution is None:
             return ToolResult(text=BUSY, is_error=True, item=item)
         text = _render(execution, ctx.max_output_chars)
@@ -95,6 +95,6 @@ def _render(execution: Execution, max_chars: int) -> str:
     return text.lstrip("\n")
 
 
-def _container_id(key: str) -> str:
+def container_id(key: str) -> str:
     """A stable, opaque id for the conversation's sandbox."""
     return "cntr_" + hashlib.sha256(key.encode("utf-8")).hexdigest()[:24]

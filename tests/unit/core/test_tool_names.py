@@ -70,6 +70,10 @@ def test_targets_carry_the_kind_and_namespace_of_the_offered_tool() -> None:
     assert names.target("ns.c") == ToolTarget("c", "ns", "custom")
     assert names.target("functions.unknown") == ToolTarget("unknown")
     assert names.target("container.exec") == ToolTarget("exec", "container")
-    assert names.target("python") == ToolTarget("python")
+    # harmony's built-in tools: a bare `python` is the python namespace, `browser.*` the
+    # browser's; any other bare name stays in the default namespace
+    assert names.target("python") == ToolTarget("python", "python")
+    assert names.target("browser.search") == ToolTarget("search", "browser")
+    assert names.target("lookup") == ToolTarget("lookup")
     assert ToolTarget("exec", "container").qualified_name == "container.exec"
     assert ToolTarget("f").qualified_name == "f"

@@ -19,6 +19,7 @@ from openai_harmony import (
 
 from server.contracts.transcript import (
     AssistantMessage,
+    BuiltinTool,
     Reasoning,
     ToolCall,
     ToolResult,
@@ -286,3 +287,44 @@ def test_the_renderer_forgets_the_least_recently_used_beyond_its_budget() -> Non
     renders.get("d", lambda: make("d", 11))  # larger than the budget: returned, not kept
     renders.get("d", lambda: make("d", 11))
     assert made == ["a", "b", "c", "b", "d", "d"]
+
+
+def test_builtin_tools_render_in_the_system_message_as_harmony_does(
+    encoding: HarmonyEncoding,
+) -> None:
+    """harmony's own python and browser namespaces, in the system message; python with the
+    server's description when it has one."""
+    plain = Transcript(
+        items=(UserMessage("hi"),),
+        builtin_tools=(BuiltinTool("browser"), BuiltinTool("python")),
+    )
+    system = SystemContent.new().with_browser_tool().with_python_tool()
+    expected = encoding.render_conversation(
+        Conversation.from_messages(
+            [
+                Message.from_role_and_content(Role.SYSTEM, system),
+                Message.from_role_and_content(Role.USER, "hi"),
+            ]
+        )
+    )
+    assert render(encoding, plain)[: len(expected)] == expected
+    described = dataclasses.replace(
+        plain, builtin_tools=(BuiltinTool("python", "Run code here. No network."),)
+    )
+    text = _text(encoding, render(encoding, described))
+    assert "## python\n\nRun code here. No network.\n\n" in text
+    assert "## browser" not in text
+    assert "<|start|>developer" not in text  # no developer message for built-in tools alone
+
+
+def test_a_builtin_tools_result_replays_on_its_channel_under_its_bare_name(
+    encoding: HarmonyEncoding,
+) -> None:
+    items = (
+        UserMessage("run"),
+        ToolCall("call_1", "python", "print(1)", "python", "code"),
+        ToolResult("call_1", "1\n", "python", "python", channel="analysis"),
+    )
+    text = _text(encoding, render(encoding, Transcript(items=items)))
+    assert "<|start|>assistant to=python<|channel|>commentary code<|message|>print(1)" in text
+    assert "<|start|>python to=assistant<|channel|>analysis<|message|>1\n<|end|>" in text

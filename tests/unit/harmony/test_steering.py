@@ -8,7 +8,7 @@ from openai_harmony import HarmonyEncoding
 from server.contracts.directives import Allow, Constrain, Force
 from server.contracts.events import SegmentKind
 from server.contracts.transcript import ToolChoice
-from server.harmony.steering import _encode_all, plan_steering
+from server.harmony.steering import _encode_all, builtin_recipients, plan_steering
 from server.harmony.tokens import CALL, END, MESSAGE, RETURN, SPECIALS, START
 
 RECIPIENTS = ["functions.get_weather", "functions.get_time", "agents.spawn"]
@@ -259,3 +259,23 @@ def test_headers_are_encoded_as_the_encoding_encodes_them(encoding: HarmonyEncod
     ]
     texts += ["<|channel|>analysis<|message|>", "<|channel|>final<|message|>"]
     assert _encode_all(encoding, texts) == [tokens(encoding, text) for text in texts]
+
+
+def test_builtin_recipients_are_addressed_as_gpt_oss_was_trained(
+    encoding: HarmonyEncoding,
+) -> None:
+    recipients = builtin_recipients(["python", "browser"])
+    assert recipients == ["python", "browser.search", "browser.open", "browser.find"]
+    steering = plan_steering(encoding, recipients, ToolChoice())
+    for text in (
+        "<|channel|>analysis to=python code<|message|>print(1)<|call|>",
+        '<|channel|>analysis to=browser.search code<|message|>{"query":"x"}<|call|>',
+        "<|channel|>commentary to=browser.find <|constrain|>json<|message|>{}<|call|>",
+    ):
+        walker = steering.start()
+        for token in tokens(encoding, text):
+            directive = walker.next()
+            assert not isinstance(directive, Allow) or token in directive.tokens, text
+            walker.accept(token)
+        assert not walker.left_grammar
+    assert refused(encoding, ToolChoice(), "<|channel|>analysis to=python code<|message|>")

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from server.api.responses.emitter import ResponsesEmitter, fold
+from server.api.responses.items import ItemKind
 from server.api.responses.schemas import ResponseObject
 from server.contracts.events import (
     DecodeWarning,
@@ -19,6 +20,8 @@ from server.contracts.events import (
     SegmentEnd,
     SegmentKind,
     SegmentStart,
+    ToolOutput,
+    ToolTarget,
     Usage,
 )
 from server.contracts.transcript import ToolSpec
@@ -254,3 +257,77 @@ def test_fold_requires_exactly_one_terminal_event() -> None:
     emitter = ResponsesEmitter(ResponseObject(id="resp_1", created_at=1, model="m"))
     with pytest.raises(RuntimeError, match="terminal"):
         fold(emitter.start())
+
+
+BUILTIN_ITEMS: dict[str, ItemKind] = {
+    "python": "code_interpreter_call",
+    "browser": "web_search_call",
+}
+
+
+def builtin_emit(events: Sequence[GenerationEvent]) -> CheckedStream:
+    """The emitter of a response offering the python and browser tools (run by the server)."""
+    emitter = ResponsesEmitter(
+        ResponseObject(id="resp_1", created_at=1, model="m"),
+        call_kind=lambda target: BUILTIN_ITEMS.get(target.namespace),
+        container_id="cntr_1",
+    )
+    names = ToolNames(())
+    out = emitter.start()
+    for event in events:
+        out += emitter.feed(names.to_client(event))
+    checked = check_stream([e.model_dump(mode="json") for e in out])
+    assert fold(out).model_dump(mode="json") == checked.terminal["response"]
+    return checked
+
+
+def test_a_python_run_that_could_not_run_fails_without_completed() -> None:
+    checked = builtin_emit(
+        [
+            *segment(0, SegmentKind.TOOL_CALL, ["print(", "1)"], recipient="python"),
+            ToolOutput(0, "call_0", ToolTarget("python", "python"), "print(1)", "busy", True),
+            *segment(1, SegmentKind.TOOL_CALL, ["1 / 0"], recipient="python"),
+            ToolOutput(
+                1,
+                "call_1",
+                ToolTarget("python", "python"),
+                "1 / 0",
+                "ZeroDivisionError",
+                True,
+                {"outputs": [{"type": "logs", "logs": "ZeroDivisionError"}]},
+            ),
+            *segment(2, SegmentKind.TOOL_CALL, ["x ="], recipient="python", complete=False),
+            Finished(FinishReason.LENGTH, USAGE),
+        ]
+    )
+    busy, raised, cut = checked.items
+    assert (busy["status"], busy["outputs"], busy["code"]) == ("failed", None, "print(1)")
+    # code that raised still ran: its traceback is its output
+    assert raised["status"] == "completed"
+    assert raised["outputs"] == [{"type": "logs", "logs": "ZeroDivisionError"}]
+    assert cut["status"] == "incomplete"
+    assert {item["container_id"] for item in checked.items} == {"cntr_1"}
+    assert checked.types().count("response.code_interpreter_call.completed") == 1
+    assert checked.types().count("response.code_interpreter_call.interpreting") == 3
+
+
+def test_a_browser_call_shows_its_action() -> None:
+    action = {"type": "open_page", "url": "https://example.org/"}
+    checked = builtin_emit(
+        [
+            *segment(0, SegmentKind.TOOL_CALL, ['{"id": 1}'], recipient="browser.open"),
+            ToolOutput(
+                0, "call_0", ToolTarget("open", "browser"), "{}", "page", False, {"action": action}
+            ),
+            *segment(1, SegmentKind.FINAL, ["done"]),
+            Finished(FinishReason.STOP, USAGE),
+        ]
+    )
+    call, _message = checked.items
+    assert (call["type"], call["status"], call["action"]) == (
+        "web_search_call",
+        "completed",
+        action,
+    )
+    added = next(e for e in checked.events if e["type"] == "response.output_item.added")
+    assert added["item"]["action"] == {"type": "open_page"}  # known from the function called
