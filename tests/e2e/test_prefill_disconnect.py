@@ -84,10 +84,22 @@ BODY = {
 }
 
 
+def full_prefill_s(root: str) -> float:
+    """Seconds this machine takes to answer a prompt of the same length (another text, so
+    nothing of it is cached): the yardstick for leaving mid-prefill, whatever the machine."""
+    other = {"role": "user", "content": " ".join(["other"] * WORDS)}
+    body = {**BODY, "stream": False, "max_tokens": 1, "messages": [other]}
+    start = time.monotonic()
+    response = httpx.post(f"{root}/v1/messages", json=body, timeout=300)
+    assert response.status_code == 200, response.text
+    return time.monotonic() - start
+
+
 def test_a_client_leaving_mid_prefill_stops_the_prefill(
     running: Running, script: ForcedScript
 ) -> None:
     root, engine = running.root, running.engine
+    prefill_s = full_prefill_s(root)
     cancelled = 'gpt_oss_generations_total{reason="cancelled"}'
     before = metric(root, cancelled)
     evaluated_before = metric(root, 'gpt_oss_tokens_total{kind="evaluated"}')
@@ -99,13 +111,14 @@ def test_a_client_leaving_mid_prefill_stops_the_prefill(
         lines = response.iter_lines()
         assert next(lines) == "event: message_start"
         wait_for(lambda: engine.load.running == 1, timeout=10)
-        time.sleep(2)  # inside the prefill's one llama_decode, a few ubatches in
+        time.sleep(prefill_s / 3)  # inside the prefill's one llama_decode, a third of it in
         assert engine.load.running == 1, "the prefill ended before the client left"
     stopped_s = wait_for(lambda: engine.load.running == 0, timeout=30)
     wait_for(lambda: metric(root, cancelled) == before + 1, timeout=5)
     evaluated = metric(root, 'gpt_oss_tokens_total{kind="evaluated"}') - evaluated_before
     assert evaluated < WORDS, "the whole prompt was evaluated after its client left"
-    assert stopped_s < 2.0, f"the engine went on for {stopped_s:.1f}s after the client left"
+    # the rest of the prefill would have taken about two thirds of prefill_s
+    assert stopped_s < prefill_s / 2, f"the engine went on for {stopped_s:.2f}s of {prefill_s:.2f}s"
     assert evaluated > 0, "nothing evaluated before the stop was kept"
 
     # The client sends it again (as Claude Code does): it continues from the kept prefix.
@@ -115,5 +128,6 @@ def test_a_client_leaving_mid_prefill_stops_the_prefill(
     assert again.status_code == 200, again.text
     message = Message.model_validate(again.json())
     assert message.content[0].text == "Read it."  # type: ignore[union-attr]
-    assert message.usage.cache_read_input_tokens == evaluated
-    assert message.usage.input_tokens + evaluated >= WORDS
+    # what the first request evaluated, and the head it shared with the yardstick's prompt
+    assert message.usage.cache_read_input_tokens >= evaluated
+    assert message.usage.input_tokens + message.usage.cache_read_input_tokens >= WORDS
