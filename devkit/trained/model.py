@@ -133,18 +133,13 @@ def write_gguf(path: Path, params_path: Path = PARAMS) -> None:
     params = load_params(params_path)
     preset = preset_of(params)
     writer = gguf.GGUFWriter(path, gpt_oss.ARCH)
-    writer.add_type(gguf.GGUFType.MODEL)
-    writer.add_name("Gpt Oss Tiny Trained")
-    writer.add_basename("Gpt-Oss")
-    writer.add_finetune("trained")
-    writer.add_size_label(preset.size_label)
-    writer.add_license("apache-2.0")
-    writer.add_description(
+    description = (
         "Tiny gpt-oss trained on synthetic harmony agent conversations (devkit/train_tiny): "
         "real architecture and o200k_harmony vocabulary; it copies, it does not know things."
     )
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_MXFP4_MOE)
-    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    build.add_general_metadata(
+        writer, "Gpt Oss Tiny Trained", "trained", preset.size_label, description
+    )
     build.add_hparams(writer, preset)
     vocab.add_vocab(writer)
     for name, data, qtype in tensors(params):

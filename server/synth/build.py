@@ -53,19 +53,18 @@ def weight_scale(spec: TensorSpec) -> tuple[float, float]:
     return spec.shape[0] ** -0.5, 0.0
 
 
-def add_general_metadata(writer: gguf.GGUFWriter, preset_name: str, seed: int) -> None:
-    """general.* keys, as the converter writes them (plus a note that this is synthetic)."""
-    preset = PRESETS[preset_name]
+def add_general_metadata(
+    writer: gguf.GGUFWriter, name: str, finetune: str, size_label: str, description: str
+) -> None:
+    """general.* keys, as the converter writes them, with what this file is in name, finetune
+    and description."""
     writer.add_type(gguf.GGUFType.MODEL)
-    writer.add_name(f"Gpt Oss {preset.size_label} Synthetic")
+    writer.add_name(name)
     writer.add_basename("Gpt-Oss")
-    writer.add_finetune("synthetic")
-    writer.add_size_label(preset.size_label)
+    writer.add_finetune(finetune)
+    writer.add_size_label(size_label)
     writer.add_license("apache-2.0")
-    writer.add_description(
-        f"Synthetic gpt-oss ({preset_name} preset, seed {seed}): random weights, real "
-        "o200k_harmony vocabulary and gpt-oss architecture metadata."
-    )
+    writer.add_description(description)
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_MXFP4_MOE)
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
@@ -138,7 +137,12 @@ def _write_file(preset_name: str, path: Path, seed: int) -> None:
     preset = PRESETS[preset_name]
     specs = tensor_specs(preset)
     writer = gguf.GGUFWriter(path, gpt_oss.ARCH)
-    add_general_metadata(writer, preset_name, seed)
+    description = (
+        f"Synthetic gpt-oss ({preset_name} preset, seed {seed}): random weights, real "
+        "o200k_harmony vocabulary and gpt-oss architecture metadata."
+    )
+    label = preset.size_label
+    add_general_metadata(writer, f"Gpt Oss {label} Synthetic", "synthetic", label, description)
     add_hparams(writer, preset)
     add_vocab(writer)
     for spec in specs:
