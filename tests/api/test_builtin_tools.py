@@ -12,11 +12,8 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from fastapi.testclient import TestClient
@@ -26,6 +23,7 @@ from devkit.forced import ForcedScript
 from server.harmony.render import tool_message_tokens
 from server.ops.runtime import Runtime
 from server.tools.python.sandbox import SandboxUnavailable, configure
+from tests.support.local_site import serve_site
 from tests.support.responses import MODEL, create, responses_client, stream
 from tests.support.scripts import answer, reasoning
 
@@ -45,51 +43,13 @@ def browser_call(function: str, arguments: dict[str, Any]) -> str:
     return f"{header}<|message|>{json.dumps(arguments)}<|call|>"
 
 
-class _Site(BaseHTTPRequestHandler):
-    """A page and a SearXNG-compatible JSON search endpoint on 127.0.0.1."""
-
-    def do_GET(self) -> None:
-        parts = urlsplit(self.path)
-        port = self.server.server_port  # type: ignore[attr-defined]
-        if parts.path == "/search":
-            query = parse_qs(parts.query)
-            assert query["format"] == ["json"]
-            results = [
-                {
-                    "title": "Tides of the Moon",
-                    "url": f"http://127.0.0.1:{port}/tides.html",
-                    "content": "Why the tide rises twice a day.",
-                }
-            ]
-            self._send("application/json", json.dumps({"query": query["q"][0], "results": results}))
-        elif parts.path == "/tides.html":
-            self._send("text/html; charset=utf-8", PAGE)
-        else:
-            self.send_response(404)
-            self.end_headers()
-
-    def _send(self, kind: str, body: str) -> None:
-        data = body.encode("utf-8")
-        self.send_response(200)
-        self.send_header("Content-Type", kind)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture(scope="module")
 def site() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Site)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_port}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    """A page and a SearXNG-compatible JSON search endpoint on 127.0.0.1."""
+    result = {"title": "Tides of the Moon", "url": "/tides.html"}
+    result["content"] = "Why the tide rises twice a day."
+    with serve_site({"/tides.html": ("text/html; charset=utf-8", PAGE)}, [result]) as root:
+        yield root
 
 
 @pytest.fixture(scope="module")

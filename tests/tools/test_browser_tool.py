@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 from collections.abc import Awaitable, Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
@@ -16,6 +13,7 @@ from server.tools.base import ServerTool, ToolContext
 from server.tools.browser.fetch import PageFetcher, address_refused
 from server.tools.browser.search import SearxngSearch
 from server.tools.browser.tool import BrowserTool
+from tests.support.local_site import serve_site
 
 ARTICLE = """<html><head><title>Tides of the Moon</title><style>p{color:red}</style></head>
 <body><h1>Tides</h1>
@@ -28,63 +26,27 @@ ARTICLE = """<html><head><title>Tides of the Moon</title><style>p{color:red}</st
 </body></html>""" % ("filler words " * 200)
 
 
-class Handler(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        parts = urlsplit(self.path)
-        port = self.server.server_port  # type: ignore[attr-defined]
-        if parts.path == "/search":
-            query = parse_qs(parts.query)
-            assert query["format"] == ["json"]
-            body = json.dumps(
-                {
-                    "query": query["q"][0],
-                    "results": [
-                        {
-                            "title": "Tides of the Moon",
-                            "url": f"http://127.0.0.1:{port}/tides.html",
-                            "content": "Why the tide rises twice a day.",
-                        },
-                        {"title": "Moon", "url": f"http://127.0.0.1:{port}/moon.html"},
-                        {"title": "not a web page", "url": "file:///etc/passwd"},
-                    ],
-                }
-            )
-            self._send(200, "application/json", body)
-        elif parts.path == "/tides.html":
-            self._send(200, "text/html; charset=utf-8", ARTICLE)
-        elif parts.path == "/moon.html":
-            self._send(200, "text/html", "<title>Moon</title><p>The Moon orbits the Earth.</p>")
-        elif parts.path == "/moved":
-            self.send_response(302)
-            self.send_header("Location", "/moon.html")
-            self.end_headers()
-        elif parts.path == "/plain.txt":
-            self._send(200, "text/plain", "line one\nline two")
-        elif parts.path == "/image.png":
-            self._send(200, "image/png", "PNG")
-        else:
-            self._send(404, "text/plain", "no")
-
-    def _send(self, status: int, kind: str, body: str) -> None:
-        data = body.encode("utf-8")
-        self.send_response(status)
-        self.send_header("Content-Type", kind)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: object) -> None:
-        pass
+PAGES = {
+    "/tides.html": ("text/html; charset=utf-8", ARTICLE),
+    "/moon.html": ("text/html", "<title>Moon</title><p>The Moon orbits the Earth.</p>"),
+    "/plain.txt": ("text/plain", "line one\nline two"),
+    "/image.png": ("image/png", "PNG"),
+}
+RESULTS = [
+    {
+        "title": "Tides of the Moon",
+        "url": "/tides.html",
+        "content": "Why the tide rises twice a day.",
+    },
+    {"title": "Moon", "url": "/moon.html"},
+    {"title": "not a web page", "url": "file:///etc/passwd"},
+]
 
 
 @pytest.fixture(scope="module")
 def site() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with serve_site(PAGES, RESULTS, redirects={"/moved": "/moon.html"}) as root:
+        yield root
 
 
 def run_with(
