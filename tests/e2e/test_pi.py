@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +28,7 @@ from server.engine.llama import LlamaEngine
 from server.ops.runtime import Runtime
 from server.ops.settings import Settings
 from tests.support.anthropic import Exchange, ExchangeRecorder
-from tests.support.npm_cli import pinned_client
+from tests.support.npm_cli import pinned_client, run_json_lines
 from tests.support.responses import served
 
 pytestmark = pytest.mark.slow  # the real pi CLI (installed from npm once per machine)
@@ -138,18 +137,8 @@ def run_pi(binary: Path, server: Server, workdir: Path, prompt: str) -> PiRun:
         "--no-session",
         prompt,
     ]
-    result = subprocess.run(
-        command,
-        cwd=workdir,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    events = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
-    return PiRun(result.returncode, events, result.stderr, server.recorder.exchanges[before:])
+    returncode, events, stderr = run_json_lines(command, workdir, env)
+    return PiRun(returncode, events, stderr, server.recorder.exchanges[before:])
 
 
 def check_requests(run: PiRun) -> list[Exchange]:

@@ -3,9 +3,7 @@ the binary (a module fixture), the server it talks to, and one headless `claude 
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +17,7 @@ from tests.support.anthropic import (
     ExchangeRecorder,
     check_messages_sse,
 )
-from tests.support.npm_cli import pinned_client
+from tests.support.npm_cli import pinned_client, run_json_lines
 
 N_CTX = 32768  # Claude Code's first prompt (system prompt and 12 tools) is long
 SMALL_N_CTX = 8192  # smaller than that prompt (≈10k tokens)
@@ -90,16 +88,6 @@ def run_claude(binary: Path, server: Server, workdir: Path, home: Path, prompt: 
         "--allowedTools",
         "Bash",
     ]
-    result = subprocess.run(
-        command,
-        cwd=workdir,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    events = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    returncode, events, stderr = run_json_lines(command, workdir, env)
     exchanges = server.recorder.exchanges[before:]
-    return ClaudeRun(result.returncode, events, result.stderr, exchanges)
+    return ClaudeRun(returncode, events, stderr, exchanges)

@@ -7,11 +7,13 @@ Where npm is missing the test is skipped with the reason, except under GPT_OSS_R
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -76,3 +78,23 @@ def pinned_client(client: NpmClient) -> Path:
     """The client's binary at its pinned version (or the version its environment names),
     installed if absent."""
     return pinned(client.package, client.version, client.binary, client.directory())
+
+
+def run_json_lines(
+    command: list[str], cwd: Path, env: dict[str, str], timeout_s: float = 300
+) -> tuple[int, list[dict[str, Any]], str]:
+    """A client run headless (stdin closed): its exit status, the JSON objects it printed one
+    per line on stdout, and its stderr."""
+    result = subprocess.run(
+        command,
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+    lines = result.stdout.splitlines()
+    events = [json.loads(line) for line in lines if line.startswith("{")]
+    return result.returncode, events, result.stderr
