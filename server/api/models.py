@@ -35,7 +35,8 @@ async def health(request: Request) -> dict[str, Any] | JSONResponse:
     return {"status": "ok", "model": runtime.model_name, "model_state": state}
 
 
-@health_router.api_route("/api/hello", methods=["GET", "HEAD"])
+@health_router.get("/api/hello")
+@health_router.head("/api/hello", include_in_schema=False)  # one operation in the schema
 async def hello() -> dict[str, str]:
     """Anthropic's reachability probe: Claude Code sends HEAD at start (a preconnect) and `claude
     doctor` a GET, and takes 200 for "connected". No key, nothing about the server."""

@@ -103,3 +103,16 @@ def test_no_request_from_the_schema_gets_a_5xx(
     print(f"schemathesis {mode.value}: {len(sent)} requests: {sorted(counts.items())}")
     assert len(sent) >= n
     assert all(status < 500 for _, status in sent)
+
+
+def test_each_operation_of_the_schema_has_its_own_id(app_schema: Any) -> None:
+    """Generated clients and schemathesis key operations by operationId: a route serving two
+    methods (GET and HEAD) must not publish the same id twice."""
+    ids = [
+        operation["operationId"]
+        for path in app_schema.raw_schema["paths"].values()
+        for operation in path.values()
+        if isinstance(operation, dict) and "operationId" in operation
+    ]
+    assert ids
+    assert len(ids) == len(set(ids)), sorted(i for i, n in Counter(ids).items() if n > 1)
