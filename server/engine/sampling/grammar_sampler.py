@@ -105,12 +105,29 @@ class _Candidates:
         return ctypes.byref(self.array)
 
 
+# The second byte a lead byte allows where it is not 0x80-0xBF (RFC 3629): E0 and F0 exclude
+# overlong forms, ED the surrogates, F4 what lies past U+10FFFF.
+_SECOND_BYTE = {0xE0: (0xA0, 0xBF), 0xED: (0x80, 0x9F), 0xF0: (0x90, 0xBF), 0xF4: (0x80, 0x8F)}
+
+
+def completable(pending: bytes) -> bool:
+    """Whether an unfinished character's bytes can still become a valid one. Python's
+    incremental decoder holds `ED A0`..`ED BF` (a surrogate's start) without an error, and
+    rejects every byte after it: a text that ends so would allow no next token."""
+    if len(pending) < 2:
+        return True
+    low, high = _SECOND_BYTE.get(pending[0], (0x80, 0xBF))
+    return low <= pending[1] <= high
+
+
 class _Utf8:
     """The constrained text's bytes so far must stay valid UTF-8 across token boundaries.
 
     llama.cpp's grammar reads a byte after an unfinished character as its continuation without
     checking it, so without this a string could hold broken characters (each decoded as U+FFFD,
-    which also breaks a `maxLength`).
+    which also breaks a `maxLength`). A token fits when the text stays valid and an unfinished
+    character at its end can still be finished (`completable`): one that cannot would leave the
+    grammar no token to go on with.
     """
 
     def __init__(self, ctx: SamplingContext) -> None:
@@ -122,11 +139,11 @@ class _Utf8:
         state = self._decoder.getstate()
         try:
             self._decoder.decode(self._piece(token))
+            return completable(self._decoder.getstate()[0])
         except UnicodeDecodeError:
             return False
         finally:
             self._decoder.setstate(state)
-        return True
 
     def accept(self, token: int) -> None:
         try:

@@ -253,6 +253,48 @@ def test_greedy_and_top_k_go_through_llama_cpp_chain(ctx: LlamaContext) -> None:
         top_k.free()
 
 
+ANY_TEXT = "root ::= [^\\x00-\\x1F]*"
+
+
+@pytest.mark.parametrize("walk_limit", [0, grammar_sampler.WALK_LIMIT])
+def test_a_character_left_unfinished_can_always_be_finished(
+    ctx: LlamaContext, monkeypatch: pytest.MonkeyPatch, walk_limit: int
+) -> None:
+    """After a token that ends in ED (a three-byte character's lead), a next byte A0-BF would
+    start a surrogate: Python's incremental decoder holds `ED B8` without an error and rejects
+    every byte after it, so the grammar would allow no token and the generation would fail. The
+    sampler goes on with a byte 80-9F instead, however likely the others are, and the text
+    decodes."""
+    monkeypatch.setattr(grammar_sampler, "WALK_LIMIT", walk_limit)
+    byte = {_piece(ctx, t)[0]: t for t in range(256) if len(_piece(ctx, t)) == 1}
+    ctx.truncate(0, 0)
+    index = ctx.decode([BatchPart(0, [200006, 17360, 200008, 12194], 0, True)])[0]
+    row = ctx.logits(index)  # the buffer the sampler reads, set here step by step
+    params = SamplingParams(max_tokens=3, temperature=1.0, seed=4)
+    constraint = Constrain(banned=SPECIALS - {CALL}, grammar=ANY_TEXT)
+    sampler = GrammarSampler(ctx, params, constraint, np.random.default_rng(params.seed))
+    text = b""
+    try:
+        for favoured in ([0xED], range(0xA0, 0xC0), range(0x80, 0xC0)):
+            row[:] = -30.0
+            row[[byte[b] for b in favoured]] = 30.0
+            text += _piece(ctx, sampler.sample(index))
+    finally:
+        sampler.free()
+    assert text[0] == 0xED, text
+    assert 0x80 <= text[1] <= 0x9F, text
+    assert "\ud000" <= text.decode("utf-8")[0] <= "\ud7ff"  # a whole character, no surrogate
+
+
+def test_completable_knows_each_lead_bytes_second_byte() -> None:
+    assert [grammar_sampler.completable(b) for b in (b"", b"\xed", b"\xed\x9f", b"\xc3\xa9")] == [
+        True
+    ] * 4
+    assert not any(
+        grammar_sampler.completable(b) for b in (b"\xed\xa0", b"\xe0\x9f", b"\xf0\x8f", b"\xf4\x90")
+    )
+
+
 @pytest.mark.parametrize("n_banned", [3, 40])
 @pytest.mark.parametrize("walk_limit", [0, grammar_sampler.WALK_LIMIT])
 def test_banned_tokens_the_grammar_allows_are_never_sampled(
