@@ -34,7 +34,9 @@ edit comes out exact and whose turn then ends with a message, the days the test 
 `run(command)`, or one with a drawn name) among others and ask, in one of the corpus's wordings,
 for a multi-token path (directories, `_`, `-`, `.`, digits, extensions) or a shell command (flags,
 quotes, paths) of held-out words (corpus.agent_tool): path_exact and command_exact count the
-calls of that tool whose argument is exactly the value.
+calls of that tool whose argument is exactly the value; how near the misses come,
+paths_parameter (a call whose arguments are the asked parameter alone) and paths_start (and
+its value's first 8 characters right).
 
 --edits PATH writes each Codex edit (the ask, the file, the model's command and patch) as a
 line of JSON.
@@ -191,9 +193,15 @@ def paths_case(
     choice = client.post("/chat/completions", json=body).json()["choices"][0]
     calls = choice["message"].get("tool_calls") or []
     tally["turn_kind"].append(choice["finish_reason"] == "tool_calls")
+    arguments = arguments_of(calls[0]["function"]["arguments"]) if calls else None
     exact = len(calls) == 1 and calls[0]["function"]["name"] == spec.name
-    exact = exact and arguments_of(calls[0]["function"]["arguments"]) == {param: value}
+    exact = exact and arguments == {param: value}
     tally[f"{kind}_exact"].append(exact)
+    # how near the misses are: a call with the asked parameter alone, its value's start right
+    written = arguments.get(param) if isinstance(arguments, dict) else None
+    shaped = isinstance(arguments, dict) and list(arguments) == [param]
+    tally["paths_parameter"].append(shaped)
+    tally["paths_start"].append(shaped and isinstance(written, str) and written[:8] == value[:8])
     if samples is not None:
         got = calls[0]["function"]["arguments"] if calls else choice["message"].get("content")
         samples.append({"ask": ask, "tool": spec.name, "want": {param: value}, "got": got})
@@ -382,6 +390,8 @@ def main() -> None:
             "test_day_exact",
             "path_exact",
             "command_exact",
+            "paths_parameter",
+            "paths_start",
         )
     }
     if args.n_claude and args.claude is None:
