@@ -30,6 +30,14 @@ edit comes out exact and whose turn then ends with a message, the days the test 
 --n-test-edits N sends it N times from drawn working directories and CODEX_HOMEs on drawn dates
 (test_edit_exact): how much the outcome owes to the place.
 
+--paths N sends N chat requests that offer a generic file or shell tool (`read_file(path)`,
+`run(command)`, or one with a drawn name) among others and ask, in one of the corpus's wordings,
+for a multi-token path (directories, `_`, `-`, `.`, digits, extensions) or a shell command (flags,
+quotes, paths) of held-out words (corpus.agent_tool): path_exact and command_exact count the
+calls of that tool whose argument is exactly the value; how near the misses come,
+paths_parameter (a call whose arguments are the asked parameter alone) and paths_start (and
+its value's first 8 characters right).
+
 --edits PATH writes each Codex edit (the ask, the file, the model's command and patch) as a
 line of JSON.
 """
@@ -60,6 +68,7 @@ from devkit.train_tiny.corpus import (
     GENERIC_TOOLS,
     RECORDED_MODEL,
     Values,
+    agent_tool,
     codex_cwd,
     codex_exec_output,
     codex_head,
@@ -161,6 +170,41 @@ def chat_case(client: httpx.Client, v: Values, tally: dict[str, list[bool]]) -> 
     choice = choice["choices"][0]
     tally["turn_kind"].append(choice["finish_reason"] == "stop")
     tally["quotes_result"].append(result in (choice["message"].get("content") or ""))
+
+
+def paths_case(
+    client: httpx.Client,
+    v: Values,
+    tally: dict[str, list[bool]],
+    samples: list[dict[str, Any]] | None = None,
+) -> None:
+    """A generic file or shell tool among others, asked for a held-out path or command."""
+    kind = v.rng.choice(["path", "command"])
+    spec, param, value, ask = agent_tool(v, kind)
+    chosen = v.rng.sample(GENERIC_TOOLS, v.rng.randint(1, 3))
+    tools = [
+        {"type": "function", "function": {"name": n, "description": d, "parameters": schema_of(p)}}
+        for n, d, p, _ in chosen
+    ]
+    function = {"name": spec.name, "description": spec.description, "parameters": spec.parameters}
+    tools.insert(v.rng.randint(0, len(tools)), {"type": "function", "function": function})
+    body = {"model": MODEL, "max_tokens": MAX_TOKENS, "tools": tools,
+            "messages": [{"role": "user", "content": ask}]}  # fmt: skip
+    choice = client.post("/chat/completions", json=body).json()["choices"][0]
+    calls = choice["message"].get("tool_calls") or []
+    tally["turn_kind"].append(choice["finish_reason"] == "tool_calls")
+    arguments = arguments_of(calls[0]["function"]["arguments"]) if calls else None
+    exact = len(calls) == 1 and calls[0]["function"]["name"] == spec.name
+    exact = exact and arguments == {param: value}
+    tally[f"{kind}_exact"].append(exact)
+    # how near the misses are: a call with the asked parameter alone, its value's start right
+    written = arguments.get(param) if isinstance(arguments, dict) else None
+    shaped = isinstance(arguments, dict) and list(arguments) == [param]
+    tally["paths_parameter"].append(shaped)
+    tally["paths_start"].append(shaped and isinstance(written, str) and written[:8] == value[:8])
+    if samples is not None:
+        got = calls[0]["function"]["arguments"] if calls else choice["message"].get("content")
+        samples.append({"ask": ask, "tool": spec.name, "want": {param: value}, "got": got})
 
 
 def codex_case(
@@ -315,6 +359,10 @@ def main() -> None:
     )
     parser.add_argument("--n-claude", type=int, default=0, help="Claude Code rounds (--claude)")
     parser.add_argument("--claude", type=Path, default=None, help="Claude Code's CLI to capture")
+    parser.add_argument("--paths", type=int, default=0, help="generic path and command calls")
+    parser.add_argument(
+        "--paths-out", type=Path, default=None, help="JSON lines: each --paths case, as written"
+    )
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument(
         "--edits", type=Path, default=None, help="JSON lines: each Codex edit, as written"
@@ -340,6 +388,10 @@ def main() -> None:
             "claude_exact",
             "test_edit_exact",
             "test_day_exact",
+            "path_exact",
+            "command_exact",
+            "paths_parameter",
+            "paths_start",
         )
     }
     if args.n_claude and args.claude is None:
@@ -349,6 +401,7 @@ def main() -> None:
     n_ctx = 32768 if args.n_claude else 16384  # Claude Code's first prompt is long
     with serve(n_ctx) as url, httpx.Client(base_url=url, timeout=600) as client:
         edits: list[dict[str, Any]] = []
+        samples: list[dict[str, Any]] = []
         cases = [chat_case] * args.n_chat
         cases += [functools.partial(codex_case, edits=edits)] * args.n_codex
         cases += [functools.partial(codex_test_case, edits=edits)] * args.n_test_edits
@@ -358,6 +411,7 @@ def main() -> None:
             for i in range(args.test_days)
         ]
         cases += [functools.partial(claude_case, captured=captured)] * args.n_claude
+        cases += [functools.partial(paths_case, samples=samples)] * args.paths
         for i, case in enumerate(cases):
             case(client, v, tally)
             progress = {k: f"{sum(x)}/{len(x)}" for k, x in tally.items()}
@@ -370,6 +424,8 @@ def main() -> None:
     print(text)
     if args.out:
         args.out.write_text(text + "\n")
+    if args.paths_out:
+        args.paths_out.write_text("".join(json.dumps(e) + "\n" for e in samples))
     if args.edits:
         args.edits.write_text("".join(json.dumps(e) + "\n" for e in edits))
 

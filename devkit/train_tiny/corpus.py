@@ -164,6 +164,78 @@ class Values:
             return self.refilled(old)
         return self.line()
 
+    def segment(self) -> str:
+        """One part of a path as projects name them: a word, words joined by `_` or `-`, a
+        word with digits (`cache2`, `v3`)."""
+        r = self.rng.random()
+        if r < 0.45:
+            return self.word()
+        if r < 0.65:
+            return f"{self.word()}_{self.word()}"
+        if r < 0.8:
+            return f"{self.word()}-{self.word()}"
+        if r < 0.9:
+            return f"{self.word()}{self.rng.randint(0, 99)}"
+        return f"{self.word()}_v{self.rng.randint(1, 9)}"
+
+    def agent_path(self) -> str:
+        """A path as agents copy it: zero to three directories (relative, `./`, `~/` or
+        absolute), a file name of one to three parts with an extension (sometimes two, or a
+        hidden file). Every word is drawn, so a path of held-out words never occurs in the
+        training corpus."""
+        dirs = [self.segment() for _ in range(self.rng.choice([0, 1, 1, 2, 2, 3]))]
+        root = self.rng.choices(["", "./", "~/", "/"], weights=[6, 1, 1, 2])[0]
+        r = self.rng.random()
+        if r < 0.1:
+            name = f".{self.word()}"
+        elif r < 0.2:
+            name = f"{self.segment()}.{self.rng.choice(EXTENSIONS)}.{self.rng.choice(EXTENSIONS)}"
+        else:
+            name = f"{self.segment()}.{self.rng.choice(EXTENSIONS)}"
+        return root + "/".join([*dirs, name]) if dirs or root else name
+
+    def identifier(self) -> str:
+        """A name from code: snake_case words, sometimes with digits."""
+        parts = [self.word() for _ in range(self.rng.randint(1, 3))]
+        if self.rng.random() < 0.2:
+            parts.append(str(self.rng.randint(0, 9)))
+        return "_".join(parts)
+
+    def quoted(self) -> str:
+        words = self.phrase(1, 3)
+        return self.rng.choice([f"'{words}'", f'"{words}"', words.replace(" ", "_")])
+
+    def shell_command(self) -> str:
+        """A command as agents run them: a program, flags (short, long, with values), quoted
+        arguments, paths."""
+        path, word, n = self.agent_path(), self.word(), self.rng.randint(1, 200)
+        return self.rng.choice(
+            [
+                f"cat {path}",
+                f"ls -la {path.rsplit('/', 1)[0] if '/' in path else '.'}",
+                f"grep -rn {self.quoted()} {path}",
+                f"head -n {n} {path}",
+                f"tail -{n} {path}",
+                f"wc -l {path}",
+                f"python {path} --{word} {n}",
+                f"python -m {self.identifier()} --{word}={self.word()}",
+                f"pytest {path} -k {self.identifier()} -q",
+                f"git diff {path}",
+                f"git log -n {n} --oneline",
+                f"git commit -m {self.quoted()}",
+                f"mkdir -p {path.rsplit('.', 1)[0]}",
+                f"rm -f {path}",
+                f"cp {path} {self.agent_path()}",
+                f"mv {path} {self.agent_path()}",
+                f"find . -name '*.{self.rng.choice(EXTENSIONS)}'",
+                f"sed -n '{n},{n + self.rng.randint(1, 40)}p' {path}",
+                f"echo {self.quoted()} > {path}",
+                f"npm run {word} -- --{self.word()}",
+                f"make {word} {self.identifier().upper()}={n}",
+                f"cargo test {self.identifier()}",
+            ]
+        )
+
     def output(self) -> str:
         """A command's output: one to three lines of words."""
         return "\n".join(self.phrase(1, 3) for _ in range(self.rng.randint(1, 3))) + "\n"
@@ -405,6 +477,86 @@ def family_call(enc: HarmonyEncoding, v: Values) -> Sequence:
     return b.seq
 
 
+# ----------------------------------------------------------------------------- agent tools
+
+
+# How users ask for a file or a command, {0} the value (the behaviour measure draws from these)
+PATH_ASKS = (
+    "Read the file {0}.",
+    "Please read the file {0}",
+    "What is in {0}?",
+    "Read {0}",
+    "Show me {0}.",
+    "Open {0} and tell me what it says.",
+    "Can you read {0} for me?",
+    "Print the contents of {0}.",
+    "Look at `{0}`.",
+    "I need the contents of {0}, please.",
+)
+COMMAND_ASKS = (
+    "Run `{0}`.",
+    "Run {0}",
+    "Please execute: {0}",
+    "Execute `{0}` and show me the output.",
+    "Can you run `{0}` for me?",
+    "$ {0}",
+    "Run this command: {0}",
+    "What does `{0}` print?",
+)
+# generic file and shell tools: (name, parameter, description)
+PATH_TOOLS = (
+    ("read_file", "path", "Read a file from disk."),
+    ("open_file", "path", "Open a file and return its text."),
+    ("view", "file", "Show a file's contents."),
+    ("read", "filename", "Read a text file."),
+)
+COMMAND_TOOLS = (
+    ("run", "command", "Run a shell command."),
+    ("shell", "command", "Execute a command in a shell."),
+    ("exec", "cmd", "Run a command and return its output."),
+    ("bash", "command", "Run a bash command."),
+)
+
+
+def agent_tool(v: Values, kind: str) -> tuple[ToolSpec, str, str, str]:
+    """A generic file or shell tool (familiar, or with a drawn name and parameter), the value
+    to copy and how the user asks: (spec, parameter, value, ask)."""
+    name, param, desc = v.rng.choice(PATH_TOOLS if kind == "path" else COMMAND_TOOLS)
+    if v.rng.random() < 0.3:
+        name = f"{v.word()}_{v.word()}"
+        param = v.rng.choice(["path", "file", "target"] if kind == "path" else ["command", "cmd"])
+    value = v.agent_path() if kind == "path" else v.shell_command()
+    ask = v.rng.choice(PATH_ASKS if kind == "path" else COMMAND_ASKS)
+    if name not in {t[0] for t in (*PATH_TOOLS, *COMMAND_TOOLS)}:
+        ask = v.rng.choice([ask, f"Call {name} with {param}={{0}}."])
+    schema = {"type": "object", "properties": {param: {"type": "string"}}, "required": [param]}
+    return ToolSpec(name=name, description=desc, parameters=schema), param, value, ask.format(value)
+
+
+def family_agent(enc: HarmonyEncoding, v: Values) -> Sequence:
+    """A generic file or shell tool offered among others; the user asks for a path or a command
+    (multi-token: directories, `_`, `-`, `.`, digits, flags, quotes) in one of many wordings; a
+    call copying it exactly, its result, an answer quoting it."""
+    kind = v.rng.choice(["path", "command"])
+    spec, param, value, user = agent_tool(v, kind)
+    others = [t[0] for t in generic_tools(v, v.rng.randint(0, 3))]
+    if v.rng.random() < 0.3:  # the other kind's tool too
+        others.append(agent_tool(v, "command" if kind == "path" else "path")[0])
+    tools = [spec, *others]
+    v.rng.shuffle(tools)
+    tr = transcript(v, [UserMessage(user)], tools)
+    b = Builder(enc, "agent-" + kind, render(enc, tr), 0, v)
+    b.turn(
+        analysis(v.rng.choice([f"Call {spec.name}.", "Use the tool.", f"I need {spec.name}."]))
+        + call_text(spec.name, args_json({param: value}))
+    )
+    result = v.output()
+    b.tool_output(ToolResult("call_1", result, spec.name))
+    first = result.splitlines()[0]
+    b.turn(analysis("Report the result.") + final(v.rng.choice([first, f"It says: {first}"])))
+    return b.seq
+
+
 # ----------------------------------------------------------------------------- codex
 
 
@@ -604,19 +756,24 @@ def generate(
     n_claude_groups: int = 0,
     split_shortest: int = 2,
     wide_paths: bool = False,
+    agent_weight: float = 0.0,
 ) -> list[Sequence]:
     """n generic conversations, then n_codex_groups groups of CODEX_GROUP Codex ones, then
-    n_claude_groups groups of Claude Code ones (from its captured request `claude`)."""
+    n_claude_groups groups of Claude Code ones (from its captured request `claude`).
+    agent_weight: the agent family's weight beside FAMILIES' (0: none, the draws as before)."""
     v = Values(
         random.Random(seed), words, value_edits, split, same_form, set_edits, split_shortest,
         wide_paths,
     )  # fmt: skip
-    names = list(FAMILIES)
-    weights = [FAMILIES[k] for k in names]
+    families = FAMILIES | ({"agent": agent_weight} if agent_weight > 0 else {})
+    names = list(families)
+    weights = [families[k] for k in names]
     out = []
     for _ in range(n):
         family = v.rng.choices(names, weights)[0]
-        if family == "answer":
+        if family == "agent":
+            out.append(family_agent(enc, v))
+        elif family == "answer":
             out.append(family_answer(enc, v))
         elif family == "call":
             out.append(family_call(enc, v))
@@ -703,6 +860,12 @@ def main() -> None:
         "--wide-paths", action="store_true", help="Values.wide_paths: wide_directory's cwds"
     )
     parser.add_argument(
+        "--agent-calls",
+        type=float,
+        default=0.0,
+        help="the agent family's weight (family_agent; answer 2, call 4, codexlite 3)",
+    )
+    parser.add_argument(
         "--fixed-values", action="store_true", help="trainable_ids: extensions, numbers fixed"
     )
     parser.add_argument(
@@ -719,6 +882,7 @@ def main() -> None:
         "value_edits": args.value_edits, "split": args.split_prefixes,
         "same_form": args.same_form, "set_edits": args.set_edits, "claude": claude,
         "split_shortest": args.split_shortest, "wide_paths": args.wide_paths,
+        "agent_weight": args.agent_calls,
     }  # fmt: skip
     train = generate(
         enc, train_words, args.n, args.codex_groups, args.seed,

@@ -786,16 +786,20 @@ def sampled_loss(
     return (losses * weights).sum() / weights.sum()
 
 
-def from_params(path: str, keys: Keys, attn_factor: float | None = None) -> GptOss:
+def from_params(
+    path: str, keys: Keys, attn_factor: float | None = None, also: np.ndarray | None = None
+) -> GptOss:
     """A model with the exported parameters (params.npz), experts as their MXFP4 values; keys:
     the vocabulary's words and prefixes (the corpus's row_word, row_prefix), used where the
-    parameters were trained with word rows."""
+    parameters were trained with word rows; also: token ids whose rows become trainable too
+    (another corpus's), starting from their fixed rows."""
     import json as _json
 
     data = np.load(path)
     dims = Dims(**_json.loads(str(data["dims"])))
     factor = float(data["attn_factor"]) if attn_factor is None else attn_factor
-    trainable = data["trainable_ids"].astype(np.int64)
+    saved = data["trainable_ids"].astype(np.int64)
+    trainable = saved if also is None else np.union1d(saved, also.astype(np.int64))
     word_rows = bool(data["word_rows"]) if "word_rows" in data.files else False
     model = GptOss(dims, trainable, int(data["seed"]), keys if word_rows else None, factor)
     model.row_prefixes = row_prefixes(data).decode()
@@ -804,7 +808,7 @@ def from_params(path: str, keys: Keys, attn_factor: float | None = None) -> GptO
         return torch.from_numpy(np.asarray(data[key], dtype=np.float32))
 
     with torch.no_grad():
-        model.rows.copy_(t("rows"))
+        model.rows[model.slot[torch.from_numpy(saved)]] = t("rows")
         model.out_norm.copy_(t("output_norm"))
         for i, layer in enumerate(model.layers):
             p = f"blk.{i}."

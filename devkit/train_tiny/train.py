@@ -257,6 +257,8 @@ def initial_model(
         elif args.ov_init:
             model.layers[-1].pass_through()
         return model
+    if args.new_rows:  # the corpus's tokens that the parameters did not train: trained now
+        return from_params(str(args.init), keys, also=trainable)
     model = from_params(str(args.init), keys)
     assert np.array_equal(model.trainable_ids.numpy(), trainable), "another corpus"
     return model
@@ -280,6 +282,11 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--stop-at", type=int, default=-1, help="stop early (the schedule stays)")
     parser.add_argument("--attn-factor", type=float, default=1.0)
     parser.add_argument("--init", type=Path, default=None, help="start from these params.npz")
+    parser.add_argument(
+        "--new-rows",
+        action="store_true",
+        help="with --init, another corpus: its tokens' rows trained too (the union is exported)",
+    )
     parser.add_argument("--batch-short", type=int, default=32, help="conversations of a short step")
     parser.add_argument("--short-len", type=int, default=400, help="tokens of a short conversation")
     parser.add_argument("--short-share", type=float, default=0.5, help="of the generic steps")
@@ -343,7 +350,7 @@ def main() -> None:
     curve_path.parent.mkdir(parents=True, exist_ok=True)
     with curve_path.open("w") as curve:
         summary = train_loop(args, model, train, held, curve)
-        export(model, args.out, model.seed, trainable)
+        export(model, args.out, model.seed, model.trainable_ids.numpy())
         curve.write(json.dumps({"summary": summary}) + "\n")
     print(json.dumps(summary), flush=True)
 

@@ -7,6 +7,7 @@ and reads the edits back from the tokens it wrote.
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -100,3 +101,47 @@ def test_fixed_values_leaves_extensions_and_numbers_to_fixed_rows(
     for template in ("***", " Update", " File", " =", "<|message|>"):
         (token,) = encoding.encode(template, allowed_special="all")
         assert token in learned
+
+
+CALL = re.compile(r"<\|constrain\|>json<\|message\|>(\{.*?\})<\|call\|>")
+USER = re.compile(r"<\|start\|>user<\|message\|>(.*?)<\|end\|>", re.S)
+
+
+def agent_values(
+    encoding: HarmonyEncoding, data: dict[str, np.ndarray], split: str
+) -> list[tuple[str, str]]:
+    """(value, ask) of every agent conversation of a split."""
+    names = [str(x) for x in data[f"{split}_family_names"]]
+    out = []
+    for offset, length, family in zip(
+        data[f"{split}_offsets"], data[f"{split}_lengths"], data[f"{split}_families"],
+        strict=True,
+    ):  # fmt: skip
+        if names[family].startswith("agent-"):
+            tokens = data[f"{split}_tokens"][offset : offset + length]
+            text = encoding.decode([int(t) for t in tokens])
+            (arguments,) = CALL.findall(text)
+            (value,) = json.loads(arguments).values()
+            (ask,) = USER.findall(text)
+            out.append((value, ask))
+    return out
+
+
+def test_agent_calls_copy_multi_token_paths_and_commands_never_in_the_training_split(
+    encoding: HarmonyEncoding, tmp_path: Path
+) -> None:
+    """--agent-calls: a generic file or shell tool asked for a path or a command of several
+    tokens; the call's argument is the value as the user wrote it, and no held-out value occurs
+    anywhere in the training split (its words are the held-out pool's)."""
+    data = corpus(tmp_path, "--agent-calls", "50", "--n-eval", "40")
+    train, held = agent_values(encoding, data, "train"), agent_values(encoding, data, "eval")
+    assert len(train) >= 20
+    assert len(held) >= 10
+    for value, ask in train + held:
+        assert value in ask
+        assert len(encoding.encode(value)) >= 2
+    training_text = encoding.decode([int(t) for t in data["train_tokens"]])
+    for value, _ in held:
+        assert value not in training_text
+    assert any("/" in v for v, _ in held)
+    assert any(" -" in v for v, _ in held)
