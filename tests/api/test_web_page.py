@@ -12,7 +12,16 @@ from server.app import create_app
 from server.ops.runtime import Runtime
 from server.ops.settings import Settings
 
-STATIC = ("app.js", "api.js", "dialog.js", "dom.js", "markdown.js", "messages.js", "server.js")
+STATIC = (
+    "app.js",
+    "api.js",
+    "dialog.js",
+    "dom.js",
+    "markdown.js",
+    "messages.js",
+    "server.js",
+    "tools.js",
+)
 
 
 def test_root_serves_the_page_under_a_strict_policy(client: TestClient) -> None:
