@@ -5,12 +5,13 @@ search endpoint served on 127.0.0.1, reachable through the explicit `browser_all
 setting, for these tests only) and an MCP server over stdio written with the `mcp` SDK
 (tests/support/mcp_server.py). Forced scripts make the model call the tools and then answer; the
 page sends the turn to /v1/responses and shows each call and its output inline in the thinking
-panel, before the answer.
+panel, before the answer. A screenshot of the tool view goes to artifacts/web-ui-tools.png.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 import time
@@ -27,6 +28,7 @@ from selenium.webdriver.remote.webelement import WebElement
 
 from server.engine.llama import LlamaEngine
 from server.ops.runtime import Runtime
+from server.tools.python.sandbox import SandboxUnavailable, configure
 from tests.e2e import test_web_ui as web_ui
 from tests.e2e.test_web_ui import (
     GatedScript,
@@ -39,7 +41,7 @@ from tests.e2e.test_web_ui import (
     serve,
     text_of,
 )
-from tests.support.browser import wait_until
+from tests.support.browser import ARTIFACTS, wait_until
 from tests.support.local_site import serve_site
 from tests.support.mcp_server import ROOT
 from tests.support.scripts import answer, reasoning
@@ -65,6 +67,11 @@ def browser_call(function: str, arguments: dict[str, Any]) -> str:
     """A browser call as gpt-oss writes it: from the analysis channel."""
     header = f"<|channel|>analysis to=browser.{function} code"
     return f"{header}<|message|>{json.dumps(arguments)}<|call|>"
+
+
+def python_call(code: str) -> str:
+    """A python call as gpt-oss writes it: from the analysis channel, content type `code`."""
+    return f"<|channel|>analysis to=python code<|message|>{code}<|call|>"
 
 
 def mcp_call(label: str, tool: str, arguments: str) -> str:
@@ -218,6 +225,8 @@ def test_web_search_runs_inline_in_the_thinking_panel_then_the_answer(
     # The thinking panel opens on a click and shows the calls; reload keeps them.
     done.find_element(By.CSS_SELECTOR, ".thinking summary").click()
     assert done.find_element(By.CSS_SELECTOR, ".tool-call .tool-input").is_displayed()
+    ARTIFACTS.mkdir(exist_ok=True)
+    browser.save_screenshot(str(ARTIFACTS / "web-ui-tools.png"))
     open_page(browser, tools_root, fresh=False)
     assert [c["input"] for c in tool_calls(assistants(browser)[0])] == ["tides", calls[1]["input"]]
 
@@ -273,6 +282,37 @@ def test_mcp_calls_and_hostile_tool_text_render_as_text(
     with pytest.raises(NoAlertPresentException):
         browser.switch_to.alert.text  # noqa: B018
     assert text_of(done, ".answer") == "It failed."
+
+
+def test_python_code_and_what_it_printed_show_inline(
+    browser: WebDriver, runtime: Runtime, script: GatedScript
+) -> None:
+    try:
+        configure()
+    except SandboxUnavailable as exc:
+        if os.environ.get("GPT_OSS_REQUIRE_SANDBOX") == "1":
+            pytest.fail(f"{exc} (GPT_OSS_REQUIRE_SANDBOX=1)")
+        pytest.skip(str(exc))
+    for url in serve(runtime, python_tool=True, python_tool_timeout_s=20, tool_timeout_s=60):
+        open_page(browser, url)
+        assert switches(browser) == {"code_interpreter": "false"}
+        switch(browser, "code_interpreter")
+        record_requests(browser)
+        script.push(reasoning("Compute it.") + python_call("x = 6 * 7\nprint(x)"))
+        script.push(answer("6 * 7 = 42."))
+        say(browser, "What is 6 * 7?")
+        done = last_answer(browser)
+        body = browser.execute_script("return window.__bodies[0];")
+        assert body["tools"] == [{"type": "code_interpreter", "container": {"type": "auto"}}]
+        [call] = tool_calls(done)
+        assert (call["type"], call["name"], call["status"]) == (
+            "code_interpreter_call",
+            "Python",
+            "completed",
+        )
+        assert call["input"] == "x = 6 * 7\nprint(x)"
+        assert call["output"] == "42\n"
+        assert text_of(done, ".answer") == "6 * 7 = 42."
 
 
 def test_stop_aborts_a_response_with_tools(
