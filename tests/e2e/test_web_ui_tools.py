@@ -335,3 +335,23 @@ def test_stop_aborts_a_response_with_tools(
         r'gpt_oss_generations_total\{reason="cancelled"\} [1-9]',
         httpx.get(f"{tools_root}/metrics").text,
     )
+
+    # Stop while a call runs (an MCP tool that never answers): the call ends "not run".
+    open_page(browser, tools_root)
+    switch(browser, "mcp:calc")
+    script.push(mcp_call("calc", "hang", "{}"))
+    script.push(answer("Never reached."))
+    say(browser, "Hang")
+    waiting = last_answer(browser, state="thinking")
+    wait_until(lambda: [c["status"] for c in tool_calls(waiting)] == ["in_progress"])
+    assert text_of(waiting, ".tool-status") == "running…"
+    browser.find_element(By.ID, "stop").click()
+    stopped = last_answer(browser, state="stopped")
+    [hung] = tool_calls(stopped)
+    assert (hung["name"], hung["status"]) == ("calc · hang", "incomplete")
+    assert text_of(stopped, ".tool-status") == "not run"
+    script.clear()
+    script.push(answer("Still here."))
+    switch(browser, "mcp:calc")
+    say(browser, "Are you there?")
+    assert text_of(last_answer(browser, count=2), ".answer") == "Still here."

@@ -9,7 +9,7 @@ import { AssistantView, userView } from './messages.js';
 import { ServerView } from './server.js';
 import { Store, exportConversation } from './store.js';
 import { ask } from './dialog.js';
-import { applyEvent, offeredTools, renderSwitches, responsesBody } from './tools.js';
+import { applyEvent, offeredTools, renderSwitches, responsesBody, settleCalls } from './tools.js';
 
 const DEFAULTS = 'gpt-oss-server.defaults';
 const store = new Store();
@@ -284,6 +284,7 @@ async function generate(conversation, message, view) {
       if (error.status === 401) askKey();
     }
   } finally {
+    settleCalls(message);
     message.elapsedMs = performance.now() - started;
     if (page.controller === controller) {
       page.controller = null;

@@ -183,6 +183,15 @@ export function applyEvent(event, message, started) {
   else if (message.reasoning || running || message.trace.length) message.state = 'thinking';
 }
 
+/** A response that ended (stopped, failed, the page closed) leaves no call "running". */
+export function settleCalls(message) {
+  for (const entry of message.trace || []) {
+    if (entry.kind === 'tool' && !['completed', 'failed', 'incomplete'].includes(entry.status)) {
+      entry.status = 'incomplete';
+    }
+  }
+}
+
 const NAMES = {
   code_interpreter_call: () => 'Python',
   web_search_call: (entry) => ({ open_page: 'Open page', find_in_page: 'Find in page' }[entry.action] || 'Web search'),
