@@ -1,5 +1,9 @@
 """/health, /api/hello, /v1/models and /v1/server (the facts the chat page shows about this server).
 
+/v1/server also names the server-run tools the operator turned on (`tools`: the python tool, the
+browser, the MCP servers by label only; never their commands, URLs or headers), so the chat page
+offers a switch for each.
+
 Each says whether the model is in memory (`model_state`: loaded, unloading, unloaded, loading;
 see server.ops.residency); /v1/models lists the model under its name and its aliases (the names
 Codex's --oss asks LM Studio for).
@@ -15,6 +19,7 @@ from fastapi.responses import JSONResponse
 from server import __version__
 from server.ops.runtime import Runtime
 from server.ops.settings import Settings
+from server.tools.mcp import McpServers
 
 router = APIRouter()
 health_router = APIRouter()
@@ -100,4 +105,18 @@ async def server_facts(request: Request) -> dict[str, Any]:
         "reasoning_visibility": settings.reasoning_visibility,
         "reasoning_effort": settings.reasoning_effort,
         "temperature": settings.temperature,
+        "tools": _server_tools(request),
+    }
+
+
+def _server_tools(request: Request) -> dict[str, Any]:
+    """The server-run tools a /v1/responses request may name: `code_interpreter` (the python
+    tool), `web_search` (the browser) and the operator's MCP servers by label."""
+    state = request.app.state
+    enabled = state.server_tools.tools
+    servers: McpServers = state.mcp
+    return {
+        "code_interpreter": "python" in enabled,
+        "web_search": "browser" in enabled,
+        "mcp": sorted(servers.servers),
     }

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from fastapi.testclient import TestClient
 
@@ -9,7 +12,16 @@ from server.app import create_app
 from server.ops.runtime import Runtime
 from server.ops.settings import Settings
 
-STATIC = ("app.js", "api.js", "dialog.js", "dom.js", "markdown.js", "messages.js", "server.js")
+STATIC = (
+    "app.js",
+    "api.js",
+    "dialog.js",
+    "dom.js",
+    "markdown.js",
+    "messages.js",
+    "server.js",
+    "tools.js",
+)
 
 
 def test_root_serves_the_page_under_a_strict_policy(client: TestClient) -> None:
@@ -75,6 +87,28 @@ def test_server_facts(client: TestClient, runtime: Runtime) -> None:
     assert facts["reasoning_effort"] == "medium"
     assert facts["temperature"] == 1.0
     assert facts["placement"] is None  # the test runtime was not placed by `serve`
+    assert facts["tools"] == {"code_interpreter": False, "web_search": False, "mcp": []}
+
+
+def test_server_facts_name_the_enabled_tools_and_mcp_servers_by_label_only(
+    runtime: Runtime, tmp_path: Path
+) -> None:
+    config = tmp_path / "mcp.json"
+    secret_url = "http://127.0.0.1:9/mcp?token=hidden-token"
+    servers = {
+        "notes": {"command": "/usr/bin/secret-notes-server", "args": ["--token", "hidden-token"]},
+        "docs": {"type": "http", "url": secret_url, "headers": {"Authorization": "Bearer hidden"}},
+    }
+    config.write_text(json.dumps({"mcpServers": servers}))
+    settings = Settings(mcp_config=config, browser_tool=True)  # type: ignore[call-arg]
+    with TestClient(create_app(settings, runtime)) as client:
+        response = client.get("/v1/server")
+    assert response.status_code == 200
+    tools = response.json()["tools"]
+    assert tools == {"code_interpreter": False, "web_search": True, "mcp": ["docs", "notes"]}
+    assert "hidden" not in response.text
+    assert "secret-notes-server" not in response.text
+    assert "127.0.0.1:9" not in response.text
 
 
 def test_with_a_key_the_page_is_open_and_the_api_is_not(runtime: Runtime) -> None:

@@ -1,5 +1,6 @@
 // The server's HTTP API as the page uses it: the API key of this tab (sessionStorage), JSON GETs,
-// and the streamed /v1/chat/completions read from fetch's body as server-sent events.
+// and the streamed /v1/chat/completions and /v1/responses read from fetch's body as server-sent
+// events.
 
 const KEY = 'gpt-oss-server.api-key';
 
@@ -47,9 +48,10 @@ export async function getText(path) {
   return response.text();
 }
 
-/** The chunks of a streamed chat completion, as parsed JSON objects, until `[DONE]`. */
-export async function* streamChat(body, signal) {
-  const response = await window.fetch('/v1/chat/completions', {
+/** The `data:` payloads of a server-sent event stream POSTed to `path`, parsed, until `[DONE]`
+ * or the end of the body. */
+async function* streamEvents(path, body, signal) {
+  const response = await window.fetch(path, {
     method: 'POST',
     headers: headers({ 'Content-Type': 'application/json' }),
     body: JSON.stringify(body),
@@ -70,9 +72,25 @@ export async function* streamChat(body, signal) {
         .map((l) => l.slice(5).replace(/^ /, '')).join('\n');
       if (!data) continue;
       if (data === '[DONE]') return;
-      const chunk = JSON.parse(data);
-      if (chunk.error) throw new ApiError(500, chunk.error.message || 'generation failed', chunk.error.code);
-      yield chunk;
+      yield JSON.parse(data);
     }
+  }
+}
+
+/** The chunks of a streamed chat completion, as parsed JSON objects, until `[DONE]`. */
+export async function* streamChat(body, signal) {
+  for await (const chunk of streamEvents('/v1/chat/completions', body, signal)) {
+    if (chunk.error) throw new ApiError(500, chunk.error.message || 'generation failed', chunk.error.code);
+    yield chunk;
+  }
+}
+
+/** The events of a streamed /v1/responses response (OpenAI's Responses events), until its end. */
+export async function* streamResponse(body, signal) {
+  for await (const event of streamEvents('/v1/responses', body, signal)) {
+    if (event.type === 'error') {
+      throw new ApiError(500, event.message || 'generation failed', event.code);
+    }
+    yield event;
   }
 }

@@ -1,13 +1,15 @@
 // The chat page: conversations in the sidebar, the selected one in the middle, a composer that
-// streams /v1/chat/completions, a Stop button that aborts the request (the server then frees
-// the sequence), settings and the server view in side drawers.
+// streams /v1/chat/completions (or /v1/responses while a server-run tool is switched on), a Stop
+// button that aborts the request (the server then frees the sequence), settings and the server
+// view in side drawers.
 
 import { $, h } from './dom.js';
-import { apiKey, getJson, streamChat } from './api.js';
+import { apiKey, streamChat, streamResponse } from './api.js';
 import { AssistantView, userView } from './messages.js';
 import { ServerView } from './server.js';
 import { Store, exportConversation } from './store.js';
 import { ask } from './dialog.js';
+import { applyEvent, offeredTools, renderSwitches, responsesBody, settleCalls } from './tools.js';
 
 const DEFAULTS = 'gpt-oss-server.defaults';
 const store = new Store();
@@ -25,6 +27,7 @@ function defaults() {
     instructions: '',
     effort: (page.facts && page.facts.reasoning_effort) || 'medium',
     temperature: page.facts ? page.facts.temperature : 1,
+    tools: [],
   };
   try {
     return { ...base, ...JSON.parse(localStorage.getItem(DEFAULTS) || '{}') };
@@ -62,6 +65,7 @@ async function loadFacts() {
     page.facts = await page.server.loadFacts();
     page.server.setStatus('ok');
     $('model-name').textContent = page.facts.model;
+    renderTools();
   } catch (error) {
     page.server.setStatus(error.status === 401 ? 'locked' : 'down');
     if (error.status === 401) await askKey();
@@ -99,6 +103,7 @@ function select(conversation) {
   $('instructions').value = s.instructions;
   $('temperature').value = s.temperature;
   $('temperature-value').textContent = Number(s.temperature).toFixed(2);
+  renderTools();
   $('chat-title').textContent = conversation ? conversation.title : 'New chat';
   for (const id of ['rename', 'export', 'delete']) $(id).disabled = !conversation;
   const views = (conversation ? conversation.messages : []).map((m) => (m.role === 'user'
@@ -114,6 +119,21 @@ function emptyState() {
 
 function reasoningLabel() {
   return page.facts && page.facts.reasoning_visibility === 'summary' ? 'Reasoning summary' : 'Thinking';
+}
+
+/** The tools switched on that this server offers: what the next request sends. */
+function activeTools() {
+  const active = settings().tools || [];
+  return offeredTools(page.facts).filter((t) => active.includes(t.key));
+}
+
+function renderTools() {
+  const offered = offeredTools(page.facts);
+  renderSwitches($('tools'), offered, activeTools().map((t) => t.key), (key, on) => {
+    const others = (settings().tools || []).filter((k) => k !== key);
+    changeSetting('tools', on ? [...others, key] : others);
+    renderTools();
+  });
 }
 
 function changeSetting(name, value) {
@@ -151,7 +171,9 @@ function requestBody(conversation) {
   if (s.instructions.trim()) messages.push({ role: 'system', content: s.instructions });
   for (const m of conversation.messages.slice(0, -1)) {
     if (m.role === 'user') messages.push({ role: 'user', content: m.content });
-    else if (m.content) {
+    else if (m.content && m.trace) {
+      messages.push({ role: 'assistant', content: m.content });  // its reasoning was split by tool calls
+    } else if (m.content) {
       // The reasoning goes back with the answer: the server replays the exact tokens it
       // sampled, so the conversation's KV cache is reused.
       messages.push(m.reasoning ? { role: 'assistant', content: m.content, reasoning: m.reasoning }
@@ -233,12 +255,24 @@ async function generate(conversation, message, view) {
   page.controller = controller;
   streaming(true);
   const started = performance.now();
+  const tools = activeTools().map((t) => t.tool);
   try {
-    for await (const chunk of streamChat(requestBody(conversation), controller.signal)) {
-      const wasNearBottom = nearBottom();
-      apply(chunk, message, started);
-      view.update(message);
-      follow(wasNearBottom);
+    if (tools.length) {
+      message.trace = [];
+      const body = responsesBody(conversation, tools, page.facts);
+      for await (const event of streamResponse(body, controller.signal)) {
+        const wasNearBottom = nearBottom();
+        applyEvent(event, message, started);
+        view.update(message);
+        follow(wasNearBottom);
+      }
+    } else {
+      for await (const chunk of streamChat(requestBody(conversation), controller.signal)) {
+        const wasNearBottom = nearBottom();
+        apply(chunk, message, started);
+        view.update(message);
+        follow(wasNearBottom);
+      }
     }
     message.state = 'done';
   } catch (error) {
@@ -250,6 +284,7 @@ async function generate(conversation, message, view) {
       if (error.status === 401) askKey();
     }
   } finally {
+    settleCalls(message);
     message.elapsedMs = performance.now() - started;
     if (page.controller === controller) {
       page.controller = null;

@@ -1,9 +1,11 @@
 // One message on the page: the user's text, or the assistant's thinking panel (live reasoning,
-// collapsed once the answer starts), its Markdown answer and a line of numbers from the
-// response's usage and timings.
+// collapsed once the answer starts; with server-run tools the calls and their output inline
+// between the reasoning), its Markdown answer and a line of numbers from the response's usage
+// and timings.
 
 import { count, duration, h } from './dom.js';
 import { renderMarkdown } from './markdown.js';
+import { ToolCallView } from './tools.js';
 
 /** The element of a user message. */
 export function userView(message) {
@@ -27,6 +29,7 @@ export class AssistantView {
       h('div', { class: 'avatar', 'aria-hidden': 'true' }),
       h('div', { class: 'body' }, this.thinking, this.answer, this.error, this.stats));
     this.collapsed = false;
+    this.parts = null;  // with a trace: one view per entry (reasoning text, tool call)
     this.rendered = null;
     this.frame = null;
     this.update(message, { live: false });
@@ -53,8 +56,10 @@ export class AssistantView {
 
   updateThinking(message, state, live) {
     const reasoning = message.reasoning || '';
-    this.thinking.hidden = !reasoning;
-    if (this.thinkingText.textContent !== reasoning) this.thinkingText.textContent = reasoning;
+    const trace = message.trace || [];
+    this.thinking.hidden = !reasoning && !trace.length;
+    if (trace.length) this.renderTrace(trace);
+    else if (this.thinkingText.textContent !== reasoning) this.thinkingText.textContent = reasoning;
     const thinking = state === 'thinking' || (state === 'waiting' && reasoning);
     this.thinking.classList.toggle('live', Boolean(thinking));
     if (!live && !this.collapsed) {  // a stored message: closed
@@ -67,6 +72,24 @@ export class AssistantView {
       this.collapsed = true;
     }
     this.label.textContent = thinking ? `${this.reasoningLabel}…` : thoughtLabel(message, this.reasoningLabel);
+  }
+
+  /** The reasoning and the tool calls in the order they came, each part updated in place. */
+  renderTrace(trace) {
+    if (this.parts === null) {
+      this.parts = [];
+      this.thinkingText.replaceChildren();
+    }
+    trace.forEach((entry, index) => {
+      let part = this.parts[index];
+      if (!part) {
+        part = entry.kind === 'tool' ? new ToolCallView() : { root: h('div', { class: 'thinking-part' }) };
+        this.parts.push(part);
+        this.thinkingText.append(part.root);
+      }
+      if (part instanceof ToolCallView) part.update(entry);
+      else if (part.root.textContent !== entry.text) part.root.textContent = entry.text;
+    });
   }
 
   renderAnswer(message) {

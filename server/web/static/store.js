@@ -1,7 +1,10 @@
 // Conversations kept in this browser (localStorage): a list of plain objects, saved whole.
-//   {id, title, created, updated, settings: {instructions, effort, temperature},
+//   {id, title, created, updated, settings: {instructions, effort, temperature, tools},
 //    messages: [{role: 'user', content} | {role: 'assistant', content, reasoning, stats,
-//                state: 'done' | 'stopped' | 'error', error}]}
+//                state: 'done' | 'stopped' | 'error', error, trace}]}
+//   (`trace`, for a turn sent with server-run tools: its reasoning and tool calls in order)
+
+import { settleCalls } from './tools.js';
 
 const KEY = 'gpt-oss-server.conversations.v1';
 const CURRENT = 'gpt-oss-server.current';
@@ -63,7 +66,10 @@ function load() {
     const conversations = list.filter((c) => c && c.id && Array.isArray(c.messages));
     for (const message of conversations.flatMap((c) => c.messages)) {
       // A page closed mid-stream left its answer unfinished.
-      if (['waiting', 'thinking', 'answering'].includes(message.state)) message.state = 'stopped';
+      if (['waiting', 'thinking', 'answering'].includes(message.state)) {
+        message.state = 'stopped';
+        settleCalls(message);
+      }
     }
     return conversations;
   } catch {
