@@ -1,6 +1,6 @@
 """The prompt cache on disk across a real restart of `gpt-oss-server serve` (tiny GGUF).
 
-A Codex-shaped first request (the developer prompt, tools and environment of a real Codex 0.169
+A Codex-shaped first request (the developer prompt, tools and environment of a real Codex 0.171
 request, ≈7k tokens) is served, the server gets SIGTERM and exits; a second server on the same
 cache directory serves a new conversation with the same start: its usage reports the shared
 prefix as cached, only the new user message is evaluated, and /metrics counts the disk hit.

@@ -1,4 +1,4 @@
-"""Golden tests: request bodies captured from Codex CLI 0.169 -> adapter -> harmony prompt."""
+"""Golden tests: request bodies captured from Codex CLI 0.171 -> adapter -> harmony prompt."""
 
 from __future__ import annotations
 
