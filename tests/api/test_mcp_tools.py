@@ -309,7 +309,11 @@ def test_a_hanging_tool_ends_its_call_with_an_error(
     forced: ForcedScript,
 ) -> None:
     with responses_client(
-        runtime, tmp_path_factory.mktemp("store"), mcp_config=config, tool_timeout_s=2
+        runtime,
+        tmp_path_factory.mktemp("store"),
+        mcp_config=config,
+        tool_timeout_s=2,
+        responses_keepalive_s=0.25,
     ) as short:
         forced.push(mcp_call("web", "hang", "{}"))
         forced.push(answer("Timed out."))
@@ -320,6 +324,13 @@ def test_a_hanging_tool_ends_its_call_with_an_error(
     assert call["status"] == "failed"
     assert "did not answer within 2 s" in call["error"]["message"]
     assert checked.response.status == "completed"
+    # while the call ran the stream was not silent: its running event, repeated
+    types = checked.types()
+    running = types[
+        types.index("response.mcp_call_arguments.done") : types.index("response.mcp_call.failed")
+    ]
+    assert running.count("response.mcp_call.in_progress") >= 2, running
+    assert checked.keepalives >= 2
 
 
 def test_after_the_last_allowed_call_the_model_is_steered_away_from_tools(

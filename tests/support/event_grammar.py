@@ -8,15 +8,17 @@
                  reasoning_summary_text.done reasoning_summary_part.done
     call      := output_item.added delta* call.done output_item.done  (function / custom tool)
     mcp_call  := output_item.added mcp_call.in_progress mcp_call_arguments.delta*
-                 mcp_call_arguments.done (mcp_call.completed | mcp_call.failed)? output_item.done
+                 mcp_call_arguments.done mcp_call.in_progress* (mcp_call.completed |
+                 mcp_call.failed)? output_item.done
+                 (a running call's event repeated is a keepalive, as between items)
     listing   := output_item.added mcp_list_tools.in_progress
                  (mcp_list_tools.completed | mcp_list_tools.failed) output_item.done
     approval  := output_item.added output_item.done                   (mcp_approval_request)
     code      := output_item.added code_interpreter_call.in_progress
                  code_interpreter_call_code.delta* code_interpreter_call_code.done
-                 code_interpreter_call.interpreting code_interpreter_call.completed?
+                 code_interpreter_call.interpreting+ code_interpreter_call.completed?
                  output_item.done                                     (code_interpreter_call)
-    search    := output_item.added web_search_call.in_progress web_search_call.searching
+    search    := output_item.added web_search_call.in_progress web_search_call.searching+
                  web_search_call.completed? output_item.done          (web_search_call)
 
 plus: every event validates against the openai SDK's own `ResponseStreamEvent` types;
@@ -211,7 +213,7 @@ class _Checker:
         if item.item["type"] in BUILTIN_STEPS:
             return self._builtin_step(item, event)
         if item.item["type"] == "mcp_call" and kind.startswith("response.mcp_call."):
-            _mcp_call_step(item, kind)
+            self.checked.keepalives += _mcp_call_step(item, kind)
             return item
         text_step = "part" if rules.part else "added"
         if kind.startswith("response.reasoning_summary_"):
@@ -289,6 +291,9 @@ class _Checker:
         steps = BUILTIN_STEPS[added["type"]]
         assert kind in steps, f"{kind} inside a {added['type']} item"
         before, after = steps[kind]
+        if after == "running" and item.step == "running":  # the running event again: a keepalive
+            self.checked.keepalives += 1
+            return item
         assert item.step == before, f"{kind} out of place (at {item.step})"
         if kind.endswith("_code.delta"):
             item.text += event["delta"]
@@ -298,15 +303,19 @@ class _Checker:
         return item
 
 
-def _mcp_call_step(item: _Open, kind: str) -> None:
-    """mcp_call.in_progress right after added; completed / failed after the arguments."""
+def _mcp_call_step(item: _Open, kind: str) -> int:
+    """mcp_call.in_progress right after added, and again as a keepalive while the call runs
+    (after its arguments; returns 1 for a keepalive); completed / failed after the arguments."""
     if kind == "response.mcp_call.in_progress":
+        if item.step == "text_done":
+            return 1
         assert item.step == "added", "mcp_call.in_progress out of place"
         item.step = "calling"
-        return
+        return 0
     assert kind in ("response.mcp_call.completed", "response.mcp_call.failed"), kind
     assert item.step == "text_done", f"{kind} before the arguments are done"
     item.step = "ran_failed" if kind.endswith("failed") else "ran"
+    return 0
 
 
 def _summary_step(item: _Open, event: dict[str, Any]) -> None:

@@ -29,6 +29,7 @@ from server.api.responses.items import (
     ready_item_events,
     server_call_opened,
     server_call_result,
+    server_call_running,
     summary_done,
     summary_part_added,
     summary_text_delta,
@@ -139,10 +140,16 @@ class ResponsesEmitter:
         return events
 
     def keepalive(self) -> list[StreamEvent]:
-        """A real event for idle stretches (long prefill), only between items."""
-        if self._open is not None or self.terminal is not None:
+        """A real event for idle stretches: `response.in_progress` between items (a long
+        prefill), a running server-run call's own running event while it runs (a slow tool)."""
+        item = self._open
+        if self.terminal is not None:
             return []
-        return [ResponseInProgress(sequence_number=self._next(), response=self._snapshot())]
+        if item is None:
+            return [ResponseInProgress(sequence_number=self._next(), response=self._snapshot())]
+        if item.kind in SERVER_RUN and item.ended is not None:
+            return server_call_running(item, self._next)
+        return []
 
     def feed(self, event: GenerationEvent) -> list[StreamEvent]:
         if self.terminal is not None:

@@ -427,6 +427,19 @@ def server_call_opened(item: OpenItem, next_sequence: NextSequence) -> list[Stre
     return []
 
 
+def server_call_running(item: OpenItem, next_sequence: NextSequence) -> list[StreamEvent]:
+    """A keepalive while a server-run call runs: its running event again (`mcp_call.in_progress`,
+    `.interpreting`, `.searching`), so a client's idle timer sees the stream alive."""
+    ids = {"item_id": item.id, "output_index": item.output_index}
+    if item.kind == "mcp_call":
+        return [McpCallInProgress(sequence_number=next_sequence(), **ids)]
+    if item.kind == "code_interpreter_call":
+        return [CodeInterpreterCallInterpreting(sequence_number=next_sequence(), **ids)]
+    if item.kind == "web_search_call":
+        return [WebSearchCallSearching(sequence_number=next_sequence(), **ids)]
+    return []
+
+
 def server_call_result(item: OpenItem, next_sequence: NextSequence) -> list[StreamEvent]:
     """The event of a server-run call's result, once it ran: an MCP call's `.completed` or
     `.failed`; a built-in's `.completed` (OpenAI's API has no `.failed` event for them: a failed
