@@ -8,6 +8,7 @@ $GPT_OSS_TEST_CACHE) by a hash of what decides their bytes, safe under concurren
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -61,26 +62,36 @@ def _lock_path(path: Path) -> Path:
     return path.parent / f".{path.name}.lock"
 
 
+def _use_marker(path: Path) -> Path:
+    return path.parent / f".{path.name}.used"
+
+
 def _use(path: Path) -> bool:
-    """Mark a cached build as used now (its mtime: what pruning reads); False if it is gone.
-    Under a shared lock on its lock file, which pruning takes exclusively, so a build in use
-    is either marked before pruning looks at it or found gone here."""
+    """Mark a cached build as used now (a marker file's mtime: what pruning reads); False if
+    it is gone. The model file itself is never touched: its mtime is part of the identity of
+    the KV states a server saves for it (prompt cache), so marking it would make every server
+    that runs meanwhile miss the states saved before. Under a shared lock on the build's lock
+    file, which pruning takes exclusively, so a build in use is either marked before pruning
+    looks at it or found gone here."""
     with open(_lock_path(path), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_SH)
-        try:
-            os.utime(path)
-        except FileNotFoundError:
+        if not path.exists():
             return False
-        except OSError:  # a read-only cache: the file is there, just not ours to touch
-            return path.exists()
+        with contextlib.suppress(OSError):  # a read-only cache: there, just not ours to mark
+            _use_marker(path).touch()
     return True
 
 
 def _last_used(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except FileNotFoundError:  # removed meanwhile by another process's pruning
-        return 0.0
+    """When the build was last used: its marker's mtime, or the build's own where later (a
+    build not yet used again since it was written)."""
+    times = []
+    for candidate in (path, _use_marker(path)):
+        try:
+            times.append(candidate.stat().st_mtime)
+        except FileNotFoundError:  # never marked, or removed by another process's pruning
+            continue
+    return max(times, default=0.0)
 
 
 def prune_builds(directory: Path, family: str, keep: Path, now: float | None = None) -> list[Path]:
@@ -101,6 +112,7 @@ def prune_builds(directory: Path, family: str, keep: Path, now: float | None = N
                 continue
             old.unlink(missing_ok=True)  # (another process's pruning may have been first)
             removed.append(old)
+            _use_marker(old).unlink(missing_ok=True)
             lock_path.unlink(missing_ok=True)
     if removed:
         logger.info("removed %d unused synthetic model build(s): %s", len(removed),

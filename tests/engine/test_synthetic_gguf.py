@@ -20,6 +20,8 @@ import pytest
 
 from devkit import models
 from server.contracts.vocabulary import N_VOCAB
+from server.engine.base import EngineConfig
+from server.engine.disk_cache import prompt_cache
 from server.engine.loading import gpt_oss
 from server.synth import build
 from server.synth import vocab as synth_vocab
@@ -243,9 +245,14 @@ def test_recently_used_or_locked_builds_stay(tmp_path: Path) -> None:
     assert all(p.exists() for p in (keep, newest, recent, in_use))
 
 
-def test_a_cache_hit_marks_the_build_used(tmp_path: Path) -> None:
-    """What pruning reads: a build a test session picks up again is not stale."""
+def test_a_cache_hit_marks_the_build_used_and_leaves_the_file_alone(tmp_path: Path) -> None:
+    """What pruning reads: a build a test session picks up again is not stale. The model
+    file's mtime stays as it was: it is part of the prompt cache's identity of the states saved
+    for it, so a server restarted while another test session starts still finds them."""
     path = models.cached_gguf("tiny", cache_dir=tmp_path)
     os.utime(path, (1.0, 1.0))
+    identity = prompt_cache.identity(EngineConfig(model_path=str(path)), 4096)
     assert models.cached_gguf("tiny", cache_dir=tmp_path) == path
-    assert time.time() - path.stat().st_mtime < 60
+    assert time.time() - models._last_used(path) < 60
+    assert path.stat().st_mtime == 1.0
+    assert prompt_cache.identity(EngineConfig(model_path=str(path)), 4096) == identity
