@@ -25,14 +25,8 @@ from openai_harmony import HarmonyEncoding
 
 from devkit.client_pins import CLINE
 from devkit.forced import ForcedScript
-from server.app import create_app
-from server.engine.base import EngineConfig
-from server.engine.llama import LlamaEngine
-from server.ops.runtime import Runtime
-from server.ops.settings import Settings
-from tests.support.anthropic import Exchange, ExchangeRecorder
-from tests.support.npm_cli import pinned_client, run_json_lines
-from tests.support.responses import served
+from tests.support.anthropic import Exchange
+from tests.support.npm_cli import RecordedServer, pinned_client, recorded_server, run_json_lines
 
 pytestmark = pytest.mark.slow  # the real Cline CLI (installed from npm once per machine)
 
@@ -71,23 +65,12 @@ def script(encoding: HarmonyEncoding) -> ForcedScript:
     return ForcedScript(encoding)
 
 
-@dataclass
-class Server:
-    url: str  # the /v1 base URL
-    recorder: ExchangeRecorder
-
-
 @pytest.fixture(scope="module")
-def server(tiny_gguf: Path, script: ForcedScript, encoding: HarmonyEncoding) -> Iterator[Server]:
-    config = EngineConfig(model_path=str(tiny_gguf), n_ctx=N_CTX, n_threads=2)
-    engine = LlamaEngine(config, sampling_hook=script)
-    runtime = Runtime(engine=engine, encoding=encoding, model_name=MODEL)
-    recorder = ExchangeRecorder(create_app(Settings(api_key=TOKEN), runtime))
-    try:
-        with served(recorder) as url:
-            yield Server(url, recorder)
-    finally:
-        engine.close()
+def server(
+    tiny_gguf: Path, script: ForcedScript, encoding: HarmonyEncoding
+) -> Iterator[RecordedServer]:
+    with recorded_server(tiny_gguf, script, encoding, n_ctx=N_CTX, name=MODEL, key=TOKEN) as up:
+        yield up
 
 
 @dataclass
@@ -106,7 +89,7 @@ class ClineRun:
         return [e for e in events if e.get("type") == kind]
 
 
-def run_cline(binary: Path, server: Server, workdir: Path, prompt: str) -> ClineRun:
+def run_cline(binary: Path, server: RecordedServer, workdir: Path, prompt: str) -> ClineRun:
     home = workdir.parent / f"{workdir.name}-home"
     home.mkdir()
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "NO_COLOR": "1"}
@@ -153,7 +136,7 @@ def _assistant_turns(chat: Exchange) -> list[dict[str, Any]]:
 
 
 def test_a_prompt_is_answered_and_the_reasoning_sent_back_apart(
-    cline_binary: Path, server: Server, script: ForcedScript, tmp_path: Path
+    cline_binary: Path, server: RecordedServer, script: ForcedScript, tmp_path: Path
 ) -> None:
     script.push(ANSWER)
     script.push(SUBMIT)
@@ -174,7 +157,7 @@ def test_a_prompt_is_answered_and_the_reasoning_sent_back_apart(
 
 
 def test_a_run_commands_round(
-    cline_binary: Path, server: Server, script: ForcedScript, tmp_path: Path
+    cline_binary: Path, server: RecordedServer, script: ForcedScript, tmp_path: Path
 ) -> None:
     script.push(RUN)
     script.push(SUBMIT)

@@ -22,14 +22,8 @@ from openai_harmony import HarmonyEncoding
 
 from devkit.client_pins import PI
 from devkit.forced import ForcedScript
-from server.app import create_app
-from server.engine.base import EngineConfig
-from server.engine.llama import LlamaEngine
-from server.ops.runtime import Runtime
-from server.ops.settings import Settings
-from tests.support.anthropic import Exchange, ExchangeRecorder
-from tests.support.npm_cli import pinned_client, run_json_lines
-from tests.support.responses import served
+from tests.support.anthropic import Exchange
+from tests.support.npm_cli import RecordedServer, pinned_client, recorded_server, run_json_lines
 
 pytestmark = pytest.mark.slow  # the real pi CLI (installed from npm once per machine)
 
@@ -63,23 +57,12 @@ def script(encoding: HarmonyEncoding) -> ForcedScript:
     return ForcedScript(encoding)
 
 
-@dataclass
-class Server:
-    url: str  # the /v1 base URL
-    recorder: ExchangeRecorder
-
-
 @pytest.fixture(scope="module")
-def server(tiny_gguf: Path, script: ForcedScript, encoding: HarmonyEncoding) -> Iterator[Server]:
-    config = EngineConfig(model_path=str(tiny_gguf), n_ctx=N_CTX, n_threads=2)
-    engine = LlamaEngine(config, sampling_hook=script)
-    runtime = Runtime(engine=engine, encoding=encoding, model_name=MODEL)
-    recorder = ExchangeRecorder(create_app(Settings(api_key=TOKEN), runtime))
-    try:
-        with served(recorder) as url:
-            yield Server(url, recorder)
-    finally:
-        engine.close()
+def server(
+    tiny_gguf: Path, script: ForcedScript, encoding: HarmonyEncoding
+) -> Iterator[RecordedServer]:
+    with recorded_server(tiny_gguf, script, encoding, n_ctx=N_CTX, name=MODEL, key=TOKEN) as up:
+        yield up
 
 
 def pi_models(url: str) -> dict[str, Any]:
@@ -114,7 +97,7 @@ class PiRun:
         return [b for m in self.assistant_messages() for b in m["content"] if b["type"] == kind]
 
 
-def run_pi(binary: Path, server: Server, workdir: Path, prompt: str) -> PiRun:
+def run_pi(binary: Path, server: RecordedServer, workdir: Path, prompt: str) -> PiRun:
     agent_dir = workdir.parent / f"{workdir.name}-pi"
     agent_dir.mkdir()
     (agent_dir / "models.json").write_text(json.dumps(pi_models(server.url)))
@@ -154,7 +137,7 @@ def check_requests(run: PiRun) -> list[Exchange]:
 
 
 def test_a_prompt_is_answered_with_the_reasoning_apart(
-    pi_binary: Path, server: Server, script: ForcedScript, tmp_path: Path
+    pi_binary: Path, server: RecordedServer, script: ForcedScript, tmp_path: Path
 ) -> None:
     script.push(ANSWER)
     run = run_pi(pi_binary, server, tmp_path, "Say done.")
@@ -169,7 +152,7 @@ def test_a_prompt_is_answered_with_the_reasoning_apart(
 
 
 def test_a_bash_tool_round(
-    pi_binary: Path, server: Server, script: ForcedScript, tmp_path: Path
+    pi_binary: Path, server: RecordedServer, script: ForcedScript, tmp_path: Path
 ) -> None:
     script.push(BASH_CALL)
     script.push(BASH_ANSWER)

@@ -12,13 +12,24 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from openai_harmony import HarmonyEncoding
 
 from devkit.client_pins import NpmClient
-from server.ops.settings import default_cache_dir
+from devkit.forced import ForcedScript
+from server.app import create_app
+from server.engine.base import EngineConfig
+from server.engine.llama import LlamaEngine
+from server.ops.runtime import Runtime
+from server.ops.settings import Settings, default_cache_dir
+from tests.support.anthropic import ExchangeRecorder
+from tests.support.responses import served
 
 REQUIRE_ENV = "GPT_OSS_REQUIRE_CLIENTS"
 
@@ -98,3 +109,27 @@ def run_json_lines(
     lines = result.stdout.splitlines()
     events = [json.loads(line) for line in lines if line.startswith("{")]
     return result.returncode, events, result.stderr
+
+
+@dataclass
+class RecordedServer:
+    url: str  # the /v1 base URL
+    recorder: ExchangeRecorder  # every request the client made, and each answer
+
+
+@contextmanager
+def recorded_server(
+    model: Path, script: ForcedScript, encoding: HarmonyEncoding, *, n_ctx: int, name: str, key: str
+) -> Iterator[RecordedServer]:
+    """The server a client CLI runs against: the tiny engine with forced scripts, served on
+    127.0.0.1 under the model name `name` with the API key `key`, every exchange recorded."""
+    engine = LlamaEngine(
+        EngineConfig(model_path=str(model), n_ctx=n_ctx, n_threads=2), sampling_hook=script
+    )
+    runtime = Runtime(engine=engine, encoding=encoding, model_name=name)
+    recorder = ExchangeRecorder(create_app(Settings(api_key=key), runtime))
+    try:
+        with served(recorder) as url:
+            yield RecordedServer(url, recorder)
+    finally:
+        engine.close()

@@ -415,29 +415,33 @@ def _web_search_item(item: OpenItem, status: ItemStatus, text: str, _: bool) -> 
     return WebSearchCallItem(id=item.id, action=dict(action), status=_ran_status(item, status))
 
 
+# A server-run call's events before its result: (opened, running). `opened` follows its
+# `output_item.added`; `running` follows the written call (code_interpreter_call's is part of
+# `_code_done`, web_search_call's is `_searching`) and comes again as a keepalive while it runs.
+_CALL_PROGRESS: dict[str, tuple[type[Any], type[Any]]] = {
+    "mcp_call": (McpCallInProgress, McpCallInProgress),
+    "code_interpreter_call": (CodeInterpreterCallInProgress, CodeInterpreterCallInterpreting),
+    "web_search_call": (WebSearchCallInProgress, WebSearchCallSearching),
+}
+
+
+def _call_progress(item: OpenItem, next_sequence: NextSequence, running: bool) -> list[StreamEvent]:
+    events = _CALL_PROGRESS.get(item.kind)
+    if events is None:
+        return []
+    ids = {"item_id": item.id, "output_index": item.output_index}
+    return [events[running](sequence_number=next_sequence(), **ids)]
+
+
 def server_call_opened(item: OpenItem, next_sequence: NextSequence) -> list[StreamEvent]:
     """The `.in_progress` event right after a server-run call's `output_item.added`."""
-    ids = {"item_id": item.id, "output_index": item.output_index}
-    if item.kind == "mcp_call":
-        return [McpCallInProgress(sequence_number=next_sequence(), **ids)]
-    if item.kind == "code_interpreter_call":
-        return [CodeInterpreterCallInProgress(sequence_number=next_sequence(), **ids)]
-    if item.kind == "web_search_call":
-        return [WebSearchCallInProgress(sequence_number=next_sequence(), **ids)]
-    return []
+    return _call_progress(item, next_sequence, running=False)
 
 
 def server_call_running(item: OpenItem, next_sequence: NextSequence) -> list[StreamEvent]:
     """A keepalive while a server-run call runs: its running event again (`mcp_call.in_progress`,
     `.interpreting`, `.searching`), so a client's idle timer sees the stream alive."""
-    ids = {"item_id": item.id, "output_index": item.output_index}
-    if item.kind == "mcp_call":
-        return [McpCallInProgress(sequence_number=next_sequence(), **ids)]
-    if item.kind == "code_interpreter_call":
-        return [CodeInterpreterCallInterpreting(sequence_number=next_sequence(), **ids)]
-    if item.kind == "web_search_call":
-        return [WebSearchCallSearching(sequence_number=next_sequence(), **ids)]
-    return []
+    return _call_progress(item, next_sequence, running=True)
 
 
 def server_call_result(item: OpenItem, next_sequence: NextSequence) -> list[StreamEvent]:
