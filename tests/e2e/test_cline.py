@@ -27,6 +27,7 @@ from devkit.client_pins import CLINE
 from devkit.forced import ForcedScript
 from tests.support.anthropic import Exchange
 from tests.support.npm_cli import RecordedServer, pinned_client, recorded_server, run_json_lines
+from tests.support.scripts import reason_then_answer, reason_then_call
 
 pytestmark = pytest.mark.slow  # the real Cline CLI (installed from npm once per machine)
 
@@ -35,24 +36,17 @@ MODEL = "gpt-oss-20b"
 TOKEN = "cline-token"
 
 
-def _call(name: str, arguments: dict[str, Any], thought: str) -> str:
-    return (
-        f"<|channel|>analysis<|message|>{thought}<|end|>"
-        f"<|start|>assistant<|channel|>commentary to=functions.{name} <|constrain|>json"
-        f"<|message|>{json.dumps(arguments)}<|call|>"
-    )
-
-
-ANSWER = (
-    "<|channel|>analysis<|message|>CLINE-THOUGHT: a short answer will do.<|end|>"
-    "<|start|>assistant<|channel|>final<|message|>Done by cline.<|return|>"
-)
-SUBMIT = _call(
-    "submit_and_exit",
-    {"summary": "Answered the request.", "verified": True},
+ANSWER = reason_then_answer("CLINE-THOUGHT: a short answer will do.", "Done by cline.")
+SUBMIT = reason_then_call(
     "CLINE-THOUGHT-SUBMIT: it is answered.",
+    "submit_and_exit",
+    json.dumps({"summary": "Answered the request.", "verified": True}),
 )
-RUN = _call("run_commands", {"commands": ["echo hello-from-cline"]}, "CLINE-THOUGHT-RUN: run it.")
+RUN = reason_then_call(
+    "CLINE-THOUGHT-RUN: run it.",
+    "run_commands",
+    json.dumps({"commands": ["echo hello-from-cline"]}),
+)
 
 
 @pytest.fixture(scope="module")

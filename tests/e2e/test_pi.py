@@ -24,6 +24,7 @@ from devkit.client_pins import PI
 from devkit.forced import ForcedScript
 from tests.support.anthropic import Exchange
 from tests.support.npm_cli import RecordedServer, pinned_client, recorded_server, run_json_lines
+from tests.support.scripts import reason_then_answer, reason_then_call
 
 pytestmark = pytest.mark.slow  # the real pi CLI (installed from npm once per machine)
 
@@ -32,19 +33,9 @@ MODEL = "gpt-oss-20b"
 TOKEN = "local-token"
 PROVIDER = "gpt-oss-server"
 
-ANSWER = (
-    "<|channel|>analysis<|message|>PI-THOUGHT: a short answer will do.<|end|>"
-    "<|start|>assistant<|channel|>final<|message|>Done by pi.<|return|>"
-)
-BASH_CALL = (
-    "<|channel|>analysis<|message|>PI-THOUGHT-ONE: run it.<|end|>"
-    "<|start|>assistant<|channel|>commentary to=functions.bash <|constrain|>json"
-    '<|message|>{"command":"echo hello-from-pi"}<|call|>'
-)
-BASH_ANSWER = (
-    "<|channel|>analysis<|message|>PI-THOUGHT-TWO: it printed.<|end|>"
-    "<|start|>assistant<|channel|>final<|message|>It printed hello-from-pi.<|return|>"
-)
+ANSWER = reason_then_answer("PI-THOUGHT: a short answer will do.", "Done by pi.")
+BASH_CALL = reason_then_call("PI-THOUGHT-ONE: run it.", "bash", '{"command":"echo hello-from-pi"}')
+BASH_ANSWER = reason_then_answer("PI-THOUGHT-TWO: it printed.", "It printed hello-from-pi.")
 
 
 @pytest.fixture(scope="module")
