@@ -26,8 +26,15 @@ from openai_harmony import HarmonyEncoding
 from devkit.client_pins import CLINE
 from devkit.forced import ForcedScript
 from tests.support.anthropic import Exchange
-from tests.support.npm_cli import RecordedServer, pinned_client, recorded_server, run_json_lines
+from tests.support.npm_cli import (
+    RecordedServer,
+    pinned_client,
+    recorded_server,
+    run_json_lines,
+    streamed_chats,
+)
 from tests.support.scripts import reason_then_answer, reason_then_call
+from tests.support.sse import parse_sse
 
 pytestmark = pytest.mark.slow  # the real Cline CLI (installed from npm once per machine)
 
@@ -105,22 +112,9 @@ def run_cline(binary: Path, server: RecordedServer, workdir: Path, prompt: str) 
     return ClineRun(returncode, events, stderr, server.recorder.exchanges[before:])
 
 
-def check_requests(run: ClineRun) -> list[Exchange]:
-    """Every request answered 200; the chat requests streamed, with the key. Returns them."""
-    assert [(e.method, e.path, e.status) for e in run.exchanges if e.status != 200] == []
-    chats = [e for e in run.exchanges if e.path == "/v1/chat/completions"]
-    assert chats, [e.path for e in run.exchanges]
-    for chat in chats:
-        assert chat.headers["authorization"] == f"Bearer {TOKEN}"
-        assert chat.json()["stream"] is True
-        assert chat.content_type.startswith("text/event-stream")
-        assert chat.response.rstrip().endswith(b"data: [DONE]")
-    return chats
-
-
 def _usage(chat: Exchange) -> dict[str, Any]:
-    lines = chat.response.decode().splitlines()
-    chunks = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+    events = parse_sse(chat.response.decode().splitlines())
+    chunks = [event.json() for event in events if event.data != "[DONE]"]
     (usage,) = [c["usage"] for c in chunks if c.get("usage")]
     return usage  # type: ignore[no-any-return]
 
@@ -136,7 +130,7 @@ def test_a_prompt_is_answered_and_the_reasoning_sent_back_apart(
     script.push(SUBMIT)
     run = run_cline(cline_binary, server, tmp_path, "Say done.")
     assert run.returncode == 0, (run.stderr[-3000:], run.events[-5:])
-    first, second = check_requests(run)
+    first, second = streamed_chats(run.exchanges, TOKEN)
     assert script.pending == 0
     assert run.result()["finishReason"] == "completed", run.result()
     reasoning = "".join(e.get("reasoning", "") for e in run.agent_events("content_start"))
@@ -157,7 +151,7 @@ def test_a_run_commands_round(
     script.push(SUBMIT)
     run = run_cline(cline_binary, server, tmp_path, "Run echo hello-from-cline.")
     assert run.returncode == 0, (run.stderr[-3000:], run.events[-5:])
-    first, second = check_requests(run)
+    first, second = streamed_chats(run.exchanges, TOKEN)
     assert script.pending == 0
     assert run.result()["finishReason"] == "completed", run.result()
     (call_turn,) = _assistant_turns(second)

@@ -23,7 +23,13 @@ from openai_harmony import HarmonyEncoding
 from devkit.client_pins import PI
 from devkit.forced import ForcedScript
 from tests.support.anthropic import Exchange
-from tests.support.npm_cli import RecordedServer, pinned_client, recorded_server, run_json_lines
+from tests.support.npm_cli import (
+    RecordedServer,
+    pinned_client,
+    recorded_server,
+    run_json_lines,
+    streamed_chats,
+)
 from tests.support.scripts import reason_then_answer, reason_then_call
 
 pytestmark = pytest.mark.slow  # the real pi CLI (installed from npm once per machine)
@@ -115,26 +121,13 @@ def run_pi(binary: Path, server: RecordedServer, workdir: Path, prompt: str) -> 
     return PiRun(returncode, events, stderr, server.recorder.exchanges[before:])
 
 
-def check_requests(run: PiRun) -> list[Exchange]:
-    """Every request answered 200; the chat requests streamed. Returns the chat requests."""
-    assert [(e.method, e.path, e.status) for e in run.exchanges if e.status != 200] == []
-    chats = [e for e in run.exchanges if e.path == "/v1/chat/completions"]
-    assert chats, [e.path for e in run.exchanges]
-    for chat in chats:
-        assert chat.json()["stream"] is True
-        assert chat.content_type.startswith("text/event-stream")
-        assert chat.response.rstrip().endswith(b"data: [DONE]")
-    return chats
-
-
 def test_a_prompt_is_answered_with_the_reasoning_apart(
     pi_binary: Path, server: RecordedServer, script: ForcedScript, tmp_path: Path
 ) -> None:
     script.push(ANSWER)
     run = run_pi(pi_binary, server, tmp_path, "Say done.")
     assert run.returncode == 0, run.stderr[-4000:]
-    (chat,) = check_requests(run)
-    assert chat.headers["authorization"] == f"Bearer {TOKEN}"
+    (_chat,) = streamed_chats(run.exchanges, TOKEN)  # one request, sent with the key
     assert script.pending == 0
     texts = [b["text"] for b in run.blocks("text")]
     assert texts == ["Done by pi."], run.assistant_messages()
@@ -149,7 +142,7 @@ def test_a_bash_tool_round(
     script.push(BASH_ANSWER)
     run = run_pi(pi_binary, server, tmp_path, "Run echo hello-from-pi.")
     assert run.returncode == 0, run.stderr[-4000:]
-    _, second = check_requests(run)
+    _, second = streamed_chats(run.exchanges, TOKEN)
     assert script.pending == 0
     (call,) = run.blocks("toolCall")
     assert call["name"] == "bash"

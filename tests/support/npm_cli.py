@@ -28,7 +28,7 @@ from server.engine.base import EngineConfig
 from server.engine.llama import LlamaEngine
 from server.ops.runtime import Runtime
 from server.ops.settings import Settings, default_cache_dir
-from tests.support.anthropic import ExchangeRecorder
+from tests.support.anthropic import Exchange, ExchangeRecorder
 from tests.support.responses import served
 
 REQUIRE_ENV = "GPT_OSS_REQUIRE_CLIENTS"
@@ -133,3 +133,17 @@ def recorded_server(
             yield RecordedServer(url, recorder)
     finally:
         engine.close()
+
+
+def streamed_chats(exchanges: list[Exchange], key: str) -> list[Exchange]:
+    """A client's run: every request answered 200; its chat requests sent with `key`, streamed,
+    and each stream ended with `[DONE]`. Returns the chat requests."""
+    assert [(e.method, e.path, e.status) for e in exchanges if e.status != 200] == []
+    chats = [e for e in exchanges if e.path == "/v1/chat/completions"]
+    assert chats, [e.path for e in exchanges]
+    for chat in chats:
+        assert chat.headers["authorization"] == f"Bearer {key}"
+        assert chat.json()["stream"] is True
+        assert chat.content_type.startswith("text/event-stream")
+        assert chat.response.rstrip().endswith(b"data: [DONE]")
+    return chats
