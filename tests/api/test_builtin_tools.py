@@ -10,7 +10,6 @@ openai SDK's types.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -25,22 +24,12 @@ from server.ops.runtime import Runtime
 from server.tools.python.sandbox import SandboxUnavailable, configure
 from tests.support.local_site import serve_site
 from tests.support.responses import MODEL, create, responses_client, stream
-from tests.support.scripts import answer, reasoning
+from tests.support.scripts import answer, browser_call, python_call, reasoning
 
 PAGE = (
     "<html><head><title>Tides of the Moon</title></head><body><h1>Tides</h1>"
     "<p>The tide rises twice a day, pulled by the Moon.</p></body></html>"
 )
-
-
-def python_call(code: str) -> str:
-    """A python call as gpt-oss writes it: from the analysis channel, content type `code`."""
-    return f"<|channel|>analysis to=python code<|message|>{code}<|call|>"
-
-
-def browser_call(function: str, arguments: dict[str, Any]) -> str:
-    header = f"<|channel|>analysis to=browser.{function} code"
-    return f"{header}<|message|>{json.dumps(arguments)}<|call|>"
 
 
 @pytest.fixture(scope="module")

@@ -22,15 +22,9 @@ from server.harmony.render import tool_message_tokens
 from server.ops.runtime import Runtime
 from tests.support.mcp_server import HUGE_CHARS, X_TEST, http_server, write_config
 from tests.support.responses import MODEL, create, responses_client, stream
-from tests.support.scripts import answer, reasoning
+from tests.support.scripts import answer, mcp_call, reasoning
 
 MAX_OUTPUT_CHARS = 2000
-
-
-def mcp_call(label: str, tool: str, arguments: str) -> str:
-    """A call of an MCP server's tool: the namespace is the server's label."""
-    header = f"<|channel|>commentary to={label}.{tool} <|constrain|>json"
-    return f"{header}<|message|>{arguments}<|call|>"
 
 
 @pytest.fixture(scope="module")

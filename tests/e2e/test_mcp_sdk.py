@@ -25,12 +25,7 @@ from server.ops.runtime import Runtime
 from server.ops.settings import Settings
 from tests.support.mcp_server import http_server, write_config
 from tests.support.responses import MODEL, served
-from tests.support.scripts import answer
-
-
-def mcp_call(label: str, tool: str, arguments: str) -> str:
-    header = f"<|channel|>commentary to={label}.{tool} <|constrain|>json"
-    return f"{header}<|message|>{arguments}<|call|>"
+from tests.support.scripts import answer, mcp_call
 
 
 @pytest.fixture(scope="module")

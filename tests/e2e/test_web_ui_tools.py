@@ -17,7 +17,6 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -44,7 +43,7 @@ from tests.e2e.test_web_ui import (
 from tests.support.browser import ARTIFACTS, wait_until
 from tests.support.local_site import serve_site
 from tests.support.mcp_server import ROOT
-from tests.support.scripts import answer, reasoning
+from tests.support.scripts import answer, browser_call, mcp_call, python_call, reasoning
 
 pytestmark = pytest.mark.slow  # a real browser (Debian's chromium)
 
@@ -61,22 +60,6 @@ PAGE = (
 )
 HOSTILE = '<img src=x onerror="window.__pwned = 7"><script>window.__pwned = 8</script>'
 HOSTILE_PATH = '/<img src=x onerror="window.__pwned = 9">'  # a search result's address
-
-
-def browser_call(function: str, arguments: dict[str, Any]) -> str:
-    """A browser call as gpt-oss writes it: from the analysis channel."""
-    header = f"<|channel|>analysis to=browser.{function} code"
-    return f"{header}<|message|>{json.dumps(arguments)}<|call|>"
-
-
-def python_call(code: str) -> str:
-    """A python call as gpt-oss writes it: from the analysis channel, content type `code`."""
-    return f"<|channel|>analysis to=python code<|message|>{code}<|call|>"
-
-
-def mcp_call(label: str, tool: str, arguments: str) -> str:
-    header = f"<|channel|>commentary to={label}.{tool} <|constrain|>json"
-    return f"{header}<|message|>{arguments}<|call|>"
 
 
 @pytest.fixture(scope="module")

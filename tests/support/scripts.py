@@ -8,6 +8,9 @@ modules script alike.
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 
 def reasoning(text: str) -> str:
     """An analysis message and the start of the next message's header."""
@@ -34,6 +37,23 @@ def call(tool: str, arguments: str) -> str:
 def reason_then_call(thought: str, tool: str, arguments: str) -> str:
     """Reasoning, then a function call."""
     return reasoning(thought) + call(tool, arguments)
+
+
+def mcp_call(label: str, tool: str, arguments: str) -> str:
+    """A call of an MCP server's tool: the namespace is the server's label."""
+    header = f"<|channel|>commentary to={label}.{tool} <|constrain|>json"
+    return f"{header}<|message|>{arguments}<|call|>"
+
+
+def python_call(code: str) -> str:
+    """A python call as gpt-oss writes it: from the analysis channel, content type `code`."""
+    return f"<|channel|>analysis to=python code<|message|>{code}<|call|>"
+
+
+def browser_call(function: str, arguments: dict[str, Any]) -> str:
+    """A browser call as gpt-oss writes it: from the analysis channel."""
+    header = f"<|channel|>analysis to=browser.{function} code"
+    return f"{header}<|message|>{json.dumps(arguments)}<|call|>"
 
 
 GREETING = reason_then_answer("User greets. Reply briefly.", "Hello! 👋 How can I help?")
