@@ -23,6 +23,7 @@ import argparse
 import json
 import math
 import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TextIO
 
@@ -283,6 +284,11 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--attn-factor", type=float, default=1.0)
     parser.add_argument("--init", type=Path, default=None, help="start from these params.npz")
     parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="go on from --out's checkpoint.pt (written at every export) when there is one",
+    )
+    parser.add_argument(
         "--new-rows",
         action="store_true",
         help="with --init, another corpus: its tokens' rows trained too (the union is exported)",
@@ -348,7 +354,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     curve_path = args.curve or Path("artifacts/train_tiny/curve.jsonl")
     curve_path.parent.mkdir(parents=True, exist_ok=True)
-    with curve_path.open("w") as curve:
+    resuming = args.resume and (args.out / CHECKPOINT).exists()
+    with curve_path.open("a" if resuming else "w") as curve:
         summary = train_loop(args, model, train, held, curve)
         export(model, args.out, model.seed, model.trainable_ids.numpy())
         curve.write(json.dumps({"summary": summary}) + "\n")
@@ -381,22 +388,77 @@ class Batches:
         return "lite", [int(i) for i in rng.choice(self.lite, args.batch, replace=False)], 0
 
 
+CHECKPOINT = "checkpoint.pt"
+
+
+@dataclass
+class Progress:
+    """What a run has done: with the model and optimizer, what a resumed run goes on from."""
+
+    step: int = 0
+    seconds: float = 0.0  # of training before this process, towards --minutes
+    cpu: float = 0.0  # CPU-seconds of training (evaluations left out) before this process
+    ema: dict[str, float] = field(default_factory=dict)
+
+
+def save_checkpoint(
+    out: Path,
+    *,
+    model: GptOss,
+    opt: torch.optim.Optimizer,
+    gen: torch.Generator,
+    rng: np.random.Generator,
+    progress: Progress,
+) -> None:
+    """Everything the next step depends on, written whole or not at all."""
+    state = {
+        "model": model.state_dict(),
+        "opt": opt.state_dict(),
+        "gen": gen.get_state(),
+        "rng": rng.bit_generator.state,
+        "progress": asdict(progress),
+    }
+    partial = out / (CHECKPOINT + ".partial")
+    torch.save(state, partial)
+    partial.replace(out / CHECKPOINT)
+
+
+def load_checkpoint(
+    out: Path,
+    model: GptOss,
+    opt: torch.optim.Optimizer,
+    gen: torch.Generator,
+    rng: np.random.Generator,
+) -> Progress:
+    state = torch.load(out / CHECKPOINT, weights_only=False)
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["opt"])
+    gen.set_state(state["gen"])
+    rng.bit_generator.state = state["rng"]
+    return Progress(**state["progress"])
+
+
 def train_loop(
     args: argparse.Namespace, model: GptOss, train: Corpus, held: Corpus, curve: TextIO
 ) -> dict[str, object]:
-    """Steps until the time budget (or --max-steps) is spent; one curve row per step."""
+    """Steps until the time budget (or --max-steps) is spent; one curve row per step. With
+    --resume, from the last export's checkpoint: the same steps as a run never stopped."""
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.98))
     gen = torch.Generator().manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
+    progress = Progress()
+    if args.resume and (args.out / CHECKPOINT).exists():
+        progress = load_checkpoint(args.out, model, opt, gen, rng)
+        print(json.dumps({"resumed_at_step": progress.step}), flush=True)
     batches = Batches(args, train, rng)
     evaluated = [i for i in range(len(held.lengths)) if held.heads[i] == 0][: args.eval_n]
     novel = ~torch.isin(torch.arange(N_VOCAB), torch.from_numpy(np.unique(train.tokens)))
     trainable = model.trainable_ids.numpy()
     budget = args.minutes * 60
-    start = time.monotonic()
-    step = 0
-    eval_cpu = 0.0
-    ema: dict[str, float] = {}
+    start = time.monotonic() - progress.seconds
+    step = progress.step
+    eval_cpu = time.process_time() - progress.cpu
+    ema = progress.ema
     while True:
         elapsed = time.monotonic() - start
         if elapsed > budget or (args.max_steps and step >= args.max_steps) or step == args.stop_at:
@@ -437,6 +499,10 @@ def train_loop(
             print(json.dumps({**row, "ema": {k: round(v, 3) for k, v in ema.items()}}), flush=True)
         if step % args.export_every == 0:
             export(model, args.out, model.seed, trainable)
+            progress = Progress(
+                step, time.monotonic() - start, time.process_time() - eval_cpu, dict(ema)
+            )
+            save_checkpoint(args.out, model=model, opt=opt, gen=gen, rng=rng, progress=progress)
     return {
         "steps": step,
         "train_seconds": round(time.monotonic() - start, 1),
