@@ -75,7 +75,7 @@ class EngineConfig:
     """How to load the model and size the context."""
 
     model_path: str
-    n_ctx: int = 32768  # shared by all sequences (a unified KV cache)
+    n_ctx: int = 32768  # shared by all sequences (a unified KV cache; batch-invariant: split)
     n_slots: int = 4  # sequences: conversations kept in the cache / generated in parallel
     prefill_chunk: int = 512  # prompt tokens per step while other sequences are generating
     max_waiting: int = 64  # requests queued beyond the running ones before new ones are refused
@@ -95,7 +95,8 @@ class EngineConfig:
     speculative: str = "auto"  # auto (drafts weighed by the measured verify cost) | on | off
     draft_max: int = 16  # the most drafted tokens verified in one step
     # a request's tokens depend on it alone (scheduler.py): its own decodes, fixed prefill
-    # chunks, no prefix computed by another request, drafts weighed by its own acceptance
+    # chunks, no prefix computed by another request, drafts weighed by its own acceptance,
+    # KV cells of its own (n_ctx / n_slots each)
     batch_invariant: bool = False
     # prompt cache on disk (see disk_cache/prompt_cache.py); None: off
     prompt_cache_dir: str | None = None

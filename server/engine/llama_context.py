@@ -65,7 +65,8 @@ class LoadAborted(RuntimeError):
 
 
 class LlamaContext:
-    """One model, one context with `n_seq` sequences sharing a unified KV cache."""
+    """One model, one context with `n_seq` sequences: sharing a unified KV cache, or — in the
+    batch-invariant mode — each in cells of its own (`n_ctx` is then what one sequence holds)."""
 
     def __init__(self, config: EngineConfig, abort: Callable[[], bool] | None = None) -> None:
         lc.llama_log_set(_route_llama_log, ctypes.c_void_p(0))
@@ -74,7 +75,7 @@ class LlamaContext:
         self._ctx = self._new_context(config)
         self._vocab = lc.llama_model_get_vocab(self._model)
         self._memory = lc.llama_get_memory(self._ctx)
-        self.n_ctx = int(lc.llama_n_ctx(self._ctx))
+        self.n_ctx = int(lc.llama_n_ctx_seq(self._ctx))  # what one sequence can hold
         self.n_batch = int(lc.llama_n_batch(self._ctx))
         self.n_ubatch = int(lc.llama_n_ubatch(self._ctx))  # tokens per graph a decode splits into
         self.n_seq = int(lc.llama_n_seq_max(self._ctx))
@@ -104,7 +105,10 @@ class LlamaContext:
         params.n_batch = config.n_batch
         params.n_ubatch = min(config.n_ubatch, config.n_batch)
         params.n_seq_max = config.n_slots
-        params.kv_unified = True  # sequences share the cells: one conversation may use them all
+        # Sequences share the cells, so one conversation may use them all. In the batch-invariant
+        # mode each has its own: a sequence's cells then stay in the order of its positions,
+        # whatever else runs or is rolled back, and attention sums over them in that order.
+        params.kv_unified = not config.batch_invariant
         params.n_threads = config.n_threads or default_threads()
         params.n_threads_batch = config.n_threads_batch or params.n_threads
         params.flash_attn_type = _FLASH_ATTN[config.flash_attn]

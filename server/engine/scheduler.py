@@ -29,7 +29,10 @@ In the batch-invariant mode (EngineConfig.batch_invariant) a request's tokens de
 request alone: llama.cpp's kernels round differently by batch shape, so each sequence's part of
 a step is its own llama_decode; a prompt is evaluated in chunks of `prefill_chunk` tokens from
 its first one (chunk boundaries at multiples of it), from the start, reusing no prefix another
-request (or an earlier turn) computed, and its drafts depend on its own acceptance.
+request (or an earlier turn) computed, and its drafts depend on its own acceptance. Each
+sequence has KV cells of its own (LlamaContext), so its cells stay in the order of its positions
+whatever other requests take or its rollbacks give back: attention sums over them in the same
+order, and a run with speculation gives exactly the tokens of one without.
 """
 
 from __future__ import annotations

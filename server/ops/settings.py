@@ -303,8 +303,9 @@ class Settings(BaseSettings):
         description="A request's tokens depend on the request alone, not on what else the "
         "server runs (reproducible evaluations): each sequence is evaluated in llama_decode calls "
         "of its own, its prompt in fixed chunks from the first token, reusing no prefix another "
-        "request computed, its drafts weighed by its own acceptance. Costs throughput under "
-        "concurrency and every prompt's full prefill (docs/speculative.md#batch-invariant-mode).",
+        "request computed, its drafts weighed by its own acceptance, its KV cells its own (each "
+        "sequence holds n_ctx / n_slots tokens). Costs throughput under concurrency and every "
+        "prompt's full prefill (docs/speculative.md#batch-invariant-mode).",
     )
     temperature: float = Field(1.0, ge=0.0, le=2.0, description="Default sampling temperature.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Default nucleus sampling threshold.")

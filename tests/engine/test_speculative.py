@@ -471,3 +471,33 @@ def test_rejected_drafts_beside_long_prefills_keep_the_sliding_window(
         assert score is not None
         margin = score.top[0][1] - score.top[1][1]
         assert margin < NEAR_TIE, f"token {part}: {on[part]} != {off[part]} at {margin:.3f} nats"
+
+
+@pytest.mark.slow
+def test_batch_invariant_speculation_beside_long_prefills_is_exact(
+    tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same run in the batch-invariant mode: the sequence's steps and verifies are decodes of
+    its own, so its tokens are exactly those of the run without speculation — no near-tie
+    excepted — although every draft was rejected and rolled back beside the prefills."""
+    monkeypatch.setattr(SequenceDrafter, "propose", always_rejected)
+    prompt = [5, *tokens(1, 150)]
+    runs = {}
+    for mode in ("on", "off"):
+        config = EngineConfig(
+            model_path=str(tiny_gguf),
+            n_ctx=3 * 2560,  # each sequence's own cells: 2560
+            n_slots=3,
+            n_threads=1,
+            speculative=mode,
+            batch_invariant=True,
+        )
+        engine = LlamaEngine(config)
+        try:
+            runs[mode] = beside_long_prefills(engine, prompt, 240)
+        finally:
+            engine.close()
+    (on, _, result), (off, _, _) = runs["on"], runs["off"]
+    assert result.error is None
+    assert result.timings.draft_n > 1000
+    assert on == off
