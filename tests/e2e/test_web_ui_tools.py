@@ -28,8 +28,9 @@ from selenium.webdriver.remote.webelement import WebElement
 from server.engine.llama import LlamaEngine
 from server.ops.runtime import Runtime
 from server.tools.python.sandbox import SandboxUnavailable, configure
-from tests.e2e import test_web_ui as web_ui
-from tests.e2e.test_web_ui import (
+from tests.support import chat_page
+from tests.support.browser import ARTIFACTS, wait_until
+from tests.support.chat_page import (
     GatedScript,
     assistants,
     console_errors,
@@ -40,7 +41,6 @@ from tests.e2e.test_web_ui import (
     serve,
     text_of,
 )
-from tests.support.browser import ARTIFACTS, wait_until
 from tests.support.local_site import serve_site
 from tests.support.mcp_server import ROOT
 from tests.support.scripts import answer, browser_call, mcp_call, python_call, reasoning
@@ -48,11 +48,11 @@ from tests.support.scripts import answer, browser_call, mcp_call, python_call, r
 pytestmark = pytest.mark.slow  # a real browser (Debian's chromium)
 
 # the chat page tests' fixtures: the engine and its forced script, the runtime, the browser
-script = web_ui.script
-engine = web_ui.engine
-runtime = web_ui.runtime
-browser = web_ui.browser
-_release_gate = web_ui._release_gate
+script = chat_page.script
+engine = chat_page.engine
+runtime = chat_page.runtime
+browser = chat_page.browser
+_release_gate = chat_page._release_gate
 
 PAGE = (
     "<html><head><title>Tides of the Moon</title></head><body><h1>Tides</h1>"

@@ -144,3 +144,26 @@ def test_unit_tests_mirror_the_packages() -> None:
     } | {"devkit"}
     stray = sorted(f for f in folders if f not in packages and f.split("/")[0] != "devkit")
     assert not stray, f"tests/unit folders that mirror no package: {stray}"
+
+
+def imported_modules(tree: ast.AST) -> list[str]:
+    """Every module an `import` or `from ... import` names (`from a import b`: a and a.b)."""
+    names: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names += [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+    return names
+
+
+def test_no_test_module_imports_another() -> None:
+    """Tests share through tests/support (or devkit), never through another test module or a
+    conftest: a test module is not a library, and pytest loads conftests by itself."""
+    offenders = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        for name in sorted(set(imported_modules(ast.parse(path.read_text(encoding="utf-8"))))):
+            last = name.split(".")[-1]
+            if name.startswith("tests.") and (last.startswith("test_") or last == "conftest"):
+                offenders.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert not offenders, "\n".join(offenders)
