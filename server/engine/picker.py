@@ -30,6 +30,13 @@ from server.engine.sampling.llama_chain import LlamaSamplerChain, chain_seed
 from server.engine.sampling.numpy_sampler import NumpySampler
 
 
+class _Unread:
+    """No directive read ahead yet."""
+
+
+_UNREAD = _Unread()
+
+
 class TokenPicker:
     """One generation's sampling state; lives on the engine thread.
 
@@ -51,6 +58,7 @@ class TokenPicker:
         self.choices = 0
         self.overrides = 0
         self.last: Directive = None  # the last pick's directive (drafts go only in content)
+        self._ahead: Directive | _Unread = _UNREAD  # the steering's next directive, once read
         self._grammars: dict[Constrain, GrammarSampler] = {}
         self._rng = np.random.default_rng(params.seed)
         self._sampler = NumpySampler(ctx.workspace, params, self._rng)
@@ -62,9 +70,34 @@ class TokenPicker:
         """The last tokens were forced by steering (nothing was sampled)."""
         return isinstance(self.last, Force)
 
+    def forced_ahead(self) -> tuple[int, ...]:
+        """The next tokens when the steering leaves no choice (a Force, or an Allow of one
+        token), emitted without the logits of their position — so they go into the same step
+        as the tokens before them; () when the next token is the model's to choose. The test
+        hook sees an allowed token as it sees a sampled one."""
+        directive = self._directive()
+        if isinstance(directive, Allow) and len(directive.tokens) == 1:
+            token = directive.tokens[0]
+            tokens: tuple[int, ...] = (self._chooser(token) if self._chooser else token,)
+        elif isinstance(directive, Force):
+            tokens = directive.tokens
+        else:
+            return ()
+        self._ahead = _UNREAD
+        self.last = Force(tokens)
+        return tokens
+
+    def _directive(self) -> Directive:
+        """The steering's directive for the next token, read once (reading may change the
+        steering: a reasoning budget is spent when its Force is read)."""
+        if isinstance(self._ahead, _Unread):
+            self._ahead = self._steering.next() if self._steering is not None else None
+        return self._ahead
+
     def next_tokens(self, index: int) -> tuple[int, ...]:
         """The forced tokens, or one token picked from the logits at batch position `index`."""
-        directive = self._steering.next() if self._steering is not None else None
+        directive = self._directive()
+        self._ahead = _UNREAD
         self.last = directive
         if isinstance(directive, Force):
             return directive.tokens

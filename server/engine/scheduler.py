@@ -67,6 +67,7 @@ log = logging.getLogger(__name__)
 
 NO_ROOM = 1  # llama_decode: no KV cells left for the batch
 PROMPT_LOGPROBS_CHUNK = 64  # prompt tokens per step when each keeps its logits (n_vocab floats)
+FORCED_AHEAD_MAX = 16  # tokens the steering forces, emitted ahead into one step
 SHUTDOWN_SAVE_S = 30.0  # at most this long, in all, for the saves at shutdown to find room
 
 
@@ -511,8 +512,28 @@ class Scheduler:
             if self._ctx.reusable_prefix(job.slot.seq_id, n_keep) != n_keep:
                 self._forget(job.slot)  # its window lost cells: nothing in it can be trusted
                 raise RuntimeError("a rejected draft's cells took the sliding window with them")
-        if not ended:
-            job.pending = tuple(emitted[keep:])
+        ahead = None if ended else self._forced_ahead(job)
+        if ahead is not None:
+            job.pending = (*emitted[keep:], *ahead)
+
+    def _forced_ahead(self, job: Job) -> list[int] | None:
+        """The tokens the steering leaves no choice about after the picked ones (most of a
+        harmony header: `<|message|>` after a channel, `<|start|>assistant<|channel|>` after
+        `<|end|>`), emitted now, so the next step evaluates them with the picked token instead
+        of one step each; None when one of them ended the generation."""
+        assert job.picker is not None
+        assert job.slot is not None
+        ahead: list[int] = []
+        room = min(FORCED_AHEAD_MAX, self._ctx.n_ctx - 2 - len(job.slot.tokens))
+        while len(ahead) < room and not job.channel.cancelled:
+            tokens = job.picker.forced_ahead()
+            if not tokens:
+                break
+            for token in tokens:
+                ahead.append(token)
+                if self._emit(job, token):  # a stop token, max_tokens
+                    return None
+        return ahead
 
     def _emit(self, job: Job, token: int, score: TokenLogprob | None = None) -> bool:
         """Hand one token to the client; True when the generation ended with it."""

@@ -6,6 +6,7 @@ import asyncio
 import random
 from collections.abc import AsyncIterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from openai_harmony import HarmonyEncoding
@@ -13,8 +14,11 @@ from openai_harmony import HarmonyEncoding
 from devkit.forced import ForcedScript
 from server.contracts.directives import Allow, Directive, SteeringStats
 from server.contracts.errors import EngineUnavailable
+from server.contracts.transcript import ToolChoice
 from server.engine.base import EngineConfig, EngineResult, SamplingParams, StopReason
 from server.engine.llama import LlamaEngine
+from server.engine.llama_context import BatchPart, LlamaContext
+from server.harmony.steering import plan_steering
 from tests.support.engine_runs import GREEDY, STOPS, run, unique_prompt
 
 
@@ -237,3 +241,40 @@ def test_a_closed_engine_refuses_work_with_a_clear_error(tiny_gguf: Path) -> Non
 
 async def _tokens(stream: AsyncIterable[Sequence[int]]) -> list[int]:
     return [t async for chunk in stream for t in chunk]
+
+
+def test_tokens_the_steering_forces_share_the_step_of_the_token_before(
+    tiny_gguf: Path, encoding: HarmonyEncoding, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under harmony's steering the header tokens that follow from the one before (`<|message|>`
+    after a channel; `<|start|>assistant<|channel|>` after `<|end|>`) are emitted with it and
+    evaluated in its step: a reasoning-then-answer turn takes five steps fewer than its tokens,
+    and gives the same tokens, the same way, as one step per token would."""
+    steps: list[int] = []
+    decode = LlamaContext.decode
+
+    def counted(self: LlamaContext, parts: Sequence[BatchPart], abort: Any = None) -> list[int]:
+        steps.append(sum(len(part.tokens) for part in parts))
+        return decode(self, parts, abort)
+
+    monkeypatch.setattr(LlamaContext, "decode", counted)
+    script = ForcedScript(encoding)
+    config = EngineConfig(model_path=str(tiny_gguf), n_ctx=2048, n_threads=1, speculative="off")
+    engine = LlamaEngine(config, sampling_hook=script)
+    try:
+        turn = script.push(
+            "<|channel|>analysis<|message|>Plain.<|end|><|start|>assistant<|channel|>final"
+            "<|message|>Done.<|return|>"
+        )
+        prompt = unique_prompt(encoding, "forced ahead")
+        plan = plan_steering(encoding, [], ToolChoice())
+        params = SamplingParams(max_tokens=64, temperature=0.0, stop_tokens=STOPS)
+        tokens, result = run(engine, prompt, params, plan.start())
+        assert tokens == turn
+        assert result.steering.choices == 3  # <|channel|>, analysis, final: the model's picks
+        generated = steps[1:]  # after the prompt's one step
+        assert sum(generated) == len(turn) - 1  # every token but <|return|> evaluated once
+        assert len(generated) == len(turn) - 1 - 5
+        assert max(generated) == 4  # <|end|><|start|>assistant<|channel|> in one step
+    finally:
+        engine.close()
