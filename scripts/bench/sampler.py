@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from devkit.models import TRAINED, cached_gguf
-from scripts.bench.trained_workloads import trained_cases
+from devkit.trained.workloads import trained_cases
 from server.bench.report import print_json
 from server.contracts.directives import Constrain
 from server.engine.base import EngineConfig, SamplingParams

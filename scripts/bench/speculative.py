@@ -41,8 +41,8 @@ from pathlib import Path
 from typing import Any
 
 from devkit.models import cached_gguf
+from devkit.trained.workloads import trained_cases
 from scripts.bench.llama_peers import SPEC_MODES, LlamaServers, llama_bench_tg, peer_plan
-from scripts.bench.trained_workloads import trained_cases
 from server.bench.machine import load_average
 from server.bench.plan import Plan
 from server.bench.report import print_json

@@ -103,6 +103,7 @@ class Job:
     pending: tuple[int, ...] = ()  # emitted tokens not evaluated yet
     drafter: SequenceDrafter | None = None  # with speculation on: what it drafts, and counts
     draft: tuple[int, ...] = ()  # the tokens drafted after `pending` in this step's batch
+    guessed: bool = False  # the draft is the batch-invariant mode's one-token guess (_guess)
     cached: int = 0
     evaluated: int = 0
     completed: int = 0
@@ -331,11 +332,17 @@ class Scheduler:
             # decoded alone, a job's draft has the ubatch to itself
             room = self._ctx.n_ubatch - len(job.pending) if self._invariant else shared_room
             job.draft = self._draft(job, room) if room > 0 else ()
+            job.guessed = self._invariant and not job.draft and len(job.pending) == 1
+            if job.guessed:
+                job.draft = self._guess(job)
             shared_room -= len(job.draft)
             budget -= len(job.draft)
             tokens = (*job.pending, *job.draft) if job.draft else job.pending
             start = len(job.slot.tokens)
-            parts.append(BatchPart(job.slot.seq_id, tokens, start, True, 1 + len(job.draft)))
+            outputs = 1 + len(job.draft)
+            if self._invariant:  # two rows at least: see _guess
+                outputs = min(len(tokens), max(2, outputs))
+            parts.append(BatchPart(job.slot.seq_id, tokens, start, True, outputs))
             owners.append(job)
         if any(job.draft for job in generating) and not self._invariant:
             budget = min(budget, self._ctx.n_ubatch - sum(len(part.tokens) for part in parts))
@@ -356,6 +363,21 @@ class Scheduler:
             parts.append(BatchPart(prefill.slot.seq_id, chunk, start, last, all_logits=scored))
             owners.append(prefill)
         return parts, owners
+
+    def _guess(self, job: Job) -> tuple[int, ...]:
+        """The batch-invariant mode's one-token draft, when a step would evaluate one token.
+
+        llama.cpp's CPU kernels compute a row alike in any batch of two rows or more, but take
+        another path for one row (a matrix-vector product; measured on the trained tiny model:
+        logits up to 0.15 apart), and the model's last layer runs on the rows whose logits are
+        kept. So every step of a generation keeps two rows at least: one token alone is followed
+        by a guess (its own repeat), verified as any draft — kept when the model picks it — and
+        otherwise rolled back. With speculation on or off, every token is then computed the same
+        way, and the two give the same tokens. None at the end of the context."""
+        assert job.slot is not None
+        if len(job.slot.tokens) + len(job.pending) + 1 >= self._ctx.n_ctx:
+            return ()
+        return job.pending[-1:]
 
     def _draft_room(self, pending: int, prefilling: bool) -> int:
         """How many drafted tokens this step's batch may carry: the batch stays within one
@@ -499,7 +521,7 @@ class Scheduler:
                     ended = True
                     break
         accepted = common_prefix_length(emitted, draft)
-        if draft and job.drafter is not None:
+        if draft and job.drafter is not None and not job.guessed:
             job.drafter.settle(len(draft), accepted)
         keep = min(accepted, len(emitted) - 1)  # the last emitted token is not evaluated yet
         dropped = rejected_cells(len(draft), keep)
