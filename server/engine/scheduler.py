@@ -375,7 +375,7 @@ class Scheduler:
         kept. So every step of a generation keeps two rows at least: one token alone is followed
         by a guess (its own repeat), verified as any draft — kept when the model picks it — and
         otherwise rolled back. With speculation on or off, every token is then computed the same
-        way, and the two give the same tokens. None at the end of the context."""
+        way, and the two give the same tokens. No guess at the end of the context."""
         assert job.slot is not None
         if len(job.slot.tokens) + len(job.pending) + 1 >= self._ctx.n_ctx:
             return ()
@@ -536,11 +536,11 @@ class Scheduler:
             if self._ctx.reusable_prefix(job.slot.seq_id, n_keep) != n_keep:
                 self._forget(job.slot)  # its window lost cells: nothing in it can be trusted
                 raise RuntimeError("a rejected draft's cells took the sliding window with them")
-        ahead = None if ended else self._forced_ahead(job)
+        ahead = None if ended else self._forced_ahead(job, len(emitted) - keep)
         if ahead is not None:
             job.pending = (*emitted[keep:], *ahead)
 
-    def _forced_ahead(self, job: Job) -> list[int] | None:
+    def _forced_ahead(self, job: Job, pending: int) -> list[int] | None:
         """The tokens the steering leaves no choice about after the picked ones (most of a
         harmony header: `<|message|>` after a channel, `<|start|>assistant<|channel|>` after
         `<|end|>`), emitted now, so the next step evaluates them with the picked token instead
@@ -548,7 +548,7 @@ class Scheduler:
         assert job.picker is not None
         assert job.slot is not None
         ahead: list[int] = []
-        room = min(FORCED_AHEAD_MAX, self._ctx.n_ctx - 2 - len(job.slot.tokens))
+        room = min(FORCED_AHEAD_MAX, self._ctx.n_ctx - 1 - len(job.slot.tokens) - pending)
         while len(ahead) < room and not job.channel.cancelled:
             tokens = job.picker.forced_ahead()
             if not tokens:
