@@ -53,7 +53,8 @@ CARRY = ROOT / ".gpu-check" / "carry"
 WORK = ROOT / ".gpu-check" / "work"
 ARCHIVE = "llama-cpp-python.tar.xz"
 TARGETS = ("llama", "mtmd", "llama-bench", "llama-server")
-PHASES = ("setup", "build", "models", "doctor", "bench", "concurrency", "speculation", "tests")
+PHASES = ("setup", "build", "models", "doctor", "bench", "concurrency", "speculation", "tests",
+          "sampling")  # fmt: skip
 # Where a driver's unversioned libcuda.so may be (CMake links the VMM pool against it).
 LIBCUDA_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/local/nvidia/lib64")
 REPORT_RESERVE_S = 15.0  # kept at the end for the table and the tarball
@@ -73,6 +74,7 @@ class Mode:
     streams: tuple[int, ...]
     speculation: str
     trained: str
+    sampling: str
 
 
 GPU = Mode(
@@ -89,6 +91,7 @@ GPU = Mode(
         "concurrency": 110,
         "speculation": 110,
         "tests": 120,
+        "sampling": 60,
     },
     preset="20b",
     ngl="-1",
@@ -97,6 +100,7 @@ GPU = Mode(
     streams=(4, 8),
     speculation="--rounds 2 --cost-rounds 3 --tokens 128",
     trained="--rounds 2",
+    sampling="--prompt 512 --gen 128 --rounds 3",
 )
 CPU = Mode(
     gpu=False,
@@ -109,6 +113,7 @@ CPU = Mode(
         "concurrency": 180,
         "speculation": 420,
         "tests": 120,
+        "sampling": 120,
     },
     preset="tiny",
     ngl="0",
@@ -117,6 +122,7 @@ CPU = Mode(
     streams=(4,),
     speculation="--rounds 1 --cost-rounds 2 --tokens 64 --only apply_patch no_copy",
     trained="--rounds 1",
+    sampling="--prompt 64 --gen 32 --rounds 2",
 )
 
 
@@ -384,6 +390,27 @@ class Check:
             if out.is_file():
                 result.detail[key] = speculation_summary(json.loads(out.read_text()))
 
+    def sampling(self, result: PhaseResult) -> None:
+        """llama.cpp's backend sampling against the server's host sampler (sampled), and both
+        greedy, which must agree token for token."""
+        outs = {key: self.results_dir / f"sampling-{key}.json" for key in ("sampled", "greedy")}
+        for out in outs.values():
+            out.unlink(missing_ok=True)
+        base = [sys.executable, "-m", "scripts.bench.backend_sampling", "--n-gpu-layers"]
+        base += [self.mode.ngl, "--model", self.model_paths["main"]]
+        base += ["--threads", str(os.cpu_count() if self.mode.gpu else 2)]
+        commands = [
+            [*base, *self.mode.sampling.split(), "--out", str(outs["sampled"])],
+            [*base, "--prompt", "64", "--gen", "32", "--rounds", "1", "--temperature", "0",
+             "--out", str(outs["greedy"])],
+        ]  # fmt: skip
+        self.run("sampling", commands, result)
+        for key, out in outs.items():
+            if out.is_file():
+                report = json.loads(out.read_text())
+                keys = ("median_tokens_per_s", "backend_vs_host", "greedy_identical")
+                result.detail[key] = {k: report[k] for k in keys if k in report}
+
     def tests(self, result: PhaseResult) -> None:
         junit = self.results_dir / "gpu-tests.xml"
         junit.unlink(missing_ok=True)
@@ -424,6 +451,8 @@ class Check:
                     self.phase(name, body)
         if "tests" in want:
             self.phase("tests", self.tests)
+        if self.model_paths and "sampling" in want:
+            self.phase("sampling", self.sampling)
         self.save(final=True)
         not_ok = [r.name for r in self.phases.values() if r.status != "ok"]
         print(self.markdown(), flush=True)
@@ -679,6 +708,24 @@ def readable(value: float | None) -> str:
     return f"{value:.2f}"
 
 
+# phases whose table section is their results as JSON lines: (heading, the detail's keys)
+JSON_SECTIONS = {
+    "speculation": ("speculation", ("synthetic", "trained")),
+    "sampling": ("sampling: llama.cpp's backend against the host", ("sampled", "greedy")),
+}
+
+
+def json_sections(by_name: dict[str, PhaseResult]) -> list[str]:
+    lines: list[str] = []
+    for phase, (heading, keys) in JSON_SECTIONS.items():
+        result = by_name.get(phase)
+        if result and result.detail:
+            lines += ["", f"## {heading}", ""]
+            found = [k for k in keys if k in result.detail]
+            lines += [f"- {k}: `{json.dumps(result.detail[k])}`" for k in found]
+    return lines
+
+
 def render_markdown(gpu: bool, machine: dict[str, Any], phases: list[PhaseResult],
                     wall_s: float) -> str:  # fmt: skip
     device = "; ".join(machine.get("gpus") or []) or "no GPU"
@@ -723,12 +770,7 @@ def render_markdown(gpu: bool, machine: dict[str, Any], phases: list[PhaseResult
                              f"{readable(path['single_tokens_per_s'])} | "
                              f"{readable(path['aggregate_tokens_per_s'])} | "
                              f"{readable(path['speedup'])} |")  # fmt: skip
-    spec = by_name.get("speculation")
-    if spec and spec.detail:
-        lines += ["", "## speculation", ""]
-        for key in ("synthetic", "trained"):
-            if key in spec.detail:
-                lines.append(f"- {key}: `{json.dumps(spec.detail[key])}`")
+    lines += json_sections(by_name)
     tests = by_name.get("tests")
     if tests and "tests" in tests.detail:
         d = tests.detail

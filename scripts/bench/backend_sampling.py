@@ -1,0 +1,170 @@
+"""Sampling on llama.cpp's backend against sampling on the host, one decode loop each.
+
+    python -m scripts.bench.backend_sampling [--model PATH] [--threads 2] [--n-gpu-layers 0]
+        [--prompt 512] [--gen 128] [--rounds 3] [--temperature 1.0] [--out FILE]
+
+The server samples on the host: each token, llama.cpp hands over the whole row of logits
+(201,088 floats; from a GPU, a copy to host memory) and the server's own sampler draws from it
+(server/engine/sampling/numpy_sampler.py). The llama.h that llama-cpp-python binds also has
+llama.cpp's backend sampling (experimental: `llama_set_sampler`, `llama_get_sampled_token_ith`):
+a sampler chain evaluated in the model's graph, on the device that holds the logits, so only the
+token comes back. This measures both on one model file, in turns, round by round: a context
+whose sequence has a backend chain (temperature, then the seeded draw) against a context that
+keeps its logits for the server's sampler at the same temperature. Decode tokens/s of each
+(medians of the rounds; and the median of each round's own ratio, since a shared machine's speed
+moves whole rounds). At temperature 0 both are greedy and must agree token for token (reported
+as `greedy_identical`; the check of the wiring). Prints JSON; no engine, no HTTP.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import logging
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import llama_cpp as lc
+import numpy as np
+
+from devkit.models import cached_gguf
+from server.engine.base import SamplingParams
+from server.engine.sampling.numpy_sampler import NumpySampler, Workspace
+from server.engine.sampling.temperature import is_greedy
+
+
+_QUIET = lc.llama_log_callback(lambda *_: None)  # kept alive: llama.cpp calls it until exit
+
+
+class Loop:
+    """One context of one sequence and its decode loop: backend sampling, or the host's."""
+
+    def __init__(self, model: Any, args: argparse.Namespace, backend: bool) -> None:
+        params = lc.llama_context_default_params()
+        params.n_ctx = args.prompt + args.gen + 64
+        params.n_batch = params.n_ubatch = max(args.prompt, 1)
+        params.n_seq_max = 1
+        params.n_threads = params.n_threads_batch = args.threads
+        params.no_perf = True
+        self.ctx = lc.llama_init_from_model(model, params)
+        if not self.ctx:
+            raise RuntimeError("llama.cpp could not create a context")
+        self.backend = backend
+        self.n_vocab = int(lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(model)))
+        self.chain = None
+        if backend:
+            self.chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
+            if is_greedy(args.temperature):
+                lc.llama_sampler_chain_add(self.chain, lc.llama_sampler_init_greedy())
+            else:
+                lc.llama_sampler_chain_add(self.chain, lc.llama_sampler_init_temp(args.temperature))
+                lc.llama_sampler_chain_add(self.chain, lc.llama_sampler_init_dist(args.seed))
+            if not lc.llama_set_sampler(self.ctx, 0, self.chain):
+                raise RuntimeError("this build cannot sample on the backend")
+        self.batch = lc.llama_batch_init(params.n_batch, 0, 1)
+        self.workspace = Workspace(self.n_vocab)
+
+    def _decode(self, tokens: list[int], start: int) -> None:
+        batch = self.batch
+        batch.n_tokens = len(tokens)
+        for i, token in enumerate(tokens):
+            batch.token[i] = token
+            batch.pos[i] = start + i
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = 0
+            batch.logits[i] = i == len(tokens) - 1
+        if lc.llama_decode(self.ctx, batch) != 0:
+            raise RuntimeError("llama_decode failed")
+
+    def run(self, prompt: list[int], args: argparse.Namespace) -> tuple[float, list[int]]:
+        """(decode tokens/s after the prompt, the tokens)."""
+        lc.llama_memory_clear(lc.llama_get_memory(self.ctx), True)
+        params = SamplingParams(max_tokens=args.gen, temperature=args.temperature)
+        sampler = NumpySampler(self.workspace, params, np.random.default_rng(args.seed))
+        self._decode(prompt, 0)
+        out: list[int] = []
+        started = time.perf_counter()
+        for position in range(len(prompt), len(prompt) + args.gen):
+            if self.backend:
+                token = int(lc.llama_get_sampled_token_ith(self.ctx, -1))
+            else:
+                pointer = lc.llama_get_logits_ith(self.ctx, -1)
+                logits = np.ctypeslib.as_array(pointer, (self.n_vocab,))
+                token = sampler.sample(logits)
+            out.append(token)
+            self._decode([token], position)
+        return (args.gen - 1) / (time.perf_counter() - started), out
+
+    def close(self) -> None:
+        lc.llama_batch_free(self.batch)
+        lc.llama_free(self.ctx)
+        if self.chain is not None:
+            lc.llama_sampler_free(self.chain)
+
+
+def arguments(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--model", type=Path, default=None, help="default: the tiny synthetic")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--n-gpu-layers", type=int, default=0, help="-1: every layer")
+    parser.add_argument("--prompt", type=int, default=512)
+    parser.add_argument("--gen", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--out", type=Path, default=None)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = arguments(argv)
+    logging.disable(logging.WARNING)
+    lc.llama_log_set(_QUIET, ctypes.c_void_p(0))
+    lc.llama_backend_init()
+    path = args.model or cached_gguf("tiny")
+    model_params = lc.llama_model_default_params()
+    model_params.n_gpu_layers = args.n_gpu_layers if args.n_gpu_layers >= 0 else 10_000
+    model = lc.llama_model_load_from_file(str(path).encode(), model_params)
+    if not model:
+        raise RuntimeError(f"llama.cpp could not load {path}")
+    loops = {"host": Loop(model, args, backend=False), "backend": Loop(model, args, backend=True)}
+    rng = np.random.default_rng(0)
+    rates: dict[str, list[float]] = {name: [] for name in loops}
+    outputs: dict[str, list[list[int]]] = {name: [] for name in loops}
+    try:
+        for r in range(args.rounds):
+            prompt = [int(t) for t in rng.integers(100, 199_000, args.prompt)]
+            order = list(loops) if r % 2 == 0 else list(loops)[::-1]
+            for name in order:
+                rate, out = loops[name].run(prompt, args)
+                rates[name].append(rate)
+                outputs[name].append(out)
+    finally:
+        for loop in loops.values():
+            loop.close()
+        lc.llama_model_free(model)
+    ratios = [b / h for b, h in zip(rates["backend"], rates["host"], strict=True)]
+    report: dict[str, Any] = {
+        "model": str(path),
+        "threads": args.threads,
+        "n_gpu_layers": args.n_gpu_layers,
+        "temperature": args.temperature,
+        "test": f"tg{args.gen} after pp{args.prompt}",
+        "tokens_per_s": {name: [round(x, 1) for x in v] for name, v in rates.items()},
+        "median_tokens_per_s": {name: round(statistics.median(v), 1) for name, v in rates.items()},
+        "backend_vs_host": round(statistics.median(ratios), 3),
+    }
+    if is_greedy(args.temperature):
+        report["greedy_identical"] = outputs["backend"] == outputs["host"]
+    text = json.dumps(report, indent=2)
+    if args.out is not None:
+        args.out.write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
