@@ -35,7 +35,6 @@ from server.engine.base import SamplingParams
 from server.engine.sampling.numpy_sampler import NumpySampler, Workspace
 from server.engine.sampling.temperature import is_greedy
 
-
 _QUIET = lc.llama_log_callback(lambda *_: None)  # kept alive: llama.cpp calls it until exit
 
 
