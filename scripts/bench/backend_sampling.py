@@ -31,7 +31,8 @@ import llama_cpp as lc
 import numpy as np
 
 from devkit.models import cached_gguf
-from server.engine.base import SamplingParams
+from server.engine.base import BatchPart, SamplingParams
+from server.engine.batch import Batch
 from server.engine.sampling.numpy_sampler import NumpySampler, Workspace
 from server.engine.sampling.temperature import is_greedy
 
@@ -63,19 +64,12 @@ class Loop:
                 lc.llama_sampler_chain_add(self.chain, lc.llama_sampler_init_dist(args.seed))
             if not lc.llama_set_sampler(self.ctx, 0, self.chain):
                 raise RuntimeError("this build cannot sample on the backend")
-        self.batch = lc.llama_batch_init(params.n_batch, 0, 1)
+        self.batch = Batch(params.n_batch)
         self.workspace = Workspace(self.n_vocab)
 
     def _decode(self, tokens: list[int], start: int) -> None:
-        batch = self.batch
-        batch.n_tokens = len(tokens)
-        for i, token in enumerate(tokens):
-            batch.token[i] = token
-            batch.pos[i] = start + i
-            batch.n_seq_id[i] = 1
-            batch.seq_id[i][0] = 0
-            batch.logits[i] = i == len(tokens) - 1
-        if lc.llama_decode(self.ctx, batch) != 0:
+        self.batch.fill([BatchPart(0, tokens, start, True)])
+        if lc.llama_decode(self.ctx, self.batch.struct) != 0:
             raise RuntimeError("llama_decode failed")
 
     def run(self, prompt: list[int], args: argparse.Namespace) -> tuple[float, list[int]]:
@@ -98,7 +92,6 @@ class Loop:
         return (args.gen - 1) / (time.perf_counter() - started), out
 
     def close(self) -> None:
-        lc.llama_batch_free(self.batch)
         lc.llama_free(self.ctx)
         if self.chain is not None:
             lc.llama_sampler_free(self.chain)
