@@ -8,6 +8,7 @@ speculation and without.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,9 +19,9 @@ from devkit.models import cached_gguf
 from devkit.trained.workloads import trained_cases
 from server.engine.base import EngineConfig, EngineResult, SamplingParams
 from server.engine.llama import LlamaEngine
+from tests.support.engine_runs import STOPS, run, with_speculation_on_and_off
 
 GREEDY = SamplingParams(max_tokens=120, temperature=0.0)
-TURN_ENDS = frozenset({200012, 200002})  # <|call|>, <|return|>
 
 
 def tokens(seed: int, n: int) -> list[int]:
@@ -28,16 +29,10 @@ def tokens(seed: int, n: int) -> list[int]:
     return [rng.randrange(1000, 100000) for _ in range(n)]
 
 
-async def generate_with(
-    engine: LlamaEngine, prompt: Sequence[int], params: SamplingParams
-) -> tuple[list[int], EngineResult]:
-    stream = engine.submit(prompt, params)
+async def generate(engine: LlamaEngine, prompt: Sequence[int]) -> tuple[list[int], EngineResult]:
+    stream = engine.submit(prompt, GREEDY)
     out = [token async for chunk in stream for token in chunk]
     return out, stream.result
-
-
-async def generate(engine: LlamaEngine, prompt: Sequence[int]) -> tuple[list[int], EngineResult]:
-    return await generate_with(engine, prompt, GREEDY)
 
 
 async def together(
@@ -80,31 +75,23 @@ def test_speculation_gives_the_tokens_of_no_speculation_on_the_trained_model() -
     another way than a verify of several (its logits up to 0.15 apart), and its Codex patch
     turns, sampled, parted between speculation on and off at tokens 38 and 43. In this mode
     every step keeps two rows at least (Scheduler._guess), and the turns are the same."""
-    trained_gguf = cached_gguf("trained")
     prompts = trained_cases(4)["trained_codex_patch"]
-    runs: dict[str, list[list[int]]] = {}
-    drafted = 0
-    for mode in ("off", "on"):
-        config = EngineConfig(
-            model_path=str(trained_gguf),
-            n_ctx=16384,
-            n_slots=1,
-            n_threads=2,
-            speculative=mode,
-            batch_invariant=True,
-        )
-        engine = LlamaEngine(config)
-        try:
-            runs[mode] = []
-            for seed, prompt in enumerate(prompts):
-                params = SamplingParams(
-                    max_tokens=120, temperature=1.0, seed=seed, stop_tokens=TURN_ENDS
-                )
-                out, result = asyncio.run(generate_with(engine, prompt, params))
-                assert result.error is None
-                runs[mode].append(out)
-                drafted += result.timings.draft_n
-        finally:
-            engine.close()
-    assert drafted > 0
-    assert runs["on"] == runs["off"]
+    config = EngineConfig(
+        model_path=str(cached_gguf("trained")),
+        n_ctx=16384,
+        n_slots=1,
+        n_threads=2,
+        batch_invariant=True,
+    )
+
+    def turns(engine: LlamaEngine) -> list[tuple[list[int], EngineResult]]:
+        sampled = SamplingParams(max_tokens=120, temperature=1.0, stop_tokens=STOPS)
+        return [
+            run(engine, prompt, dataclasses.replace(sampled, seed=seed))
+            for seed, prompt in enumerate(prompts)
+        ]
+
+    runs = with_speculation_on_and_off(config, turns)
+    assert all(result.error is None for mode in runs.values() for _, result in mode)
+    assert sum(result.timings.draft_n for _, result in runs["on"]) > 0
+    assert [out for out, _ in runs["on"]] == [out for out, _ in runs["off"]]

@@ -33,7 +33,7 @@ from server.engine.speculative.verify_cost import measure_verify_cost, start_spe
 from server.harmony.render import render
 from server.harmony.steering import plan_steering
 from tests.support.chi_square import homogeneity
-from tests.support.engine_runs import STOPS, run
+from tests.support.engine_runs import STOPS, run, with_speculation_on_and_off
 
 
 def tokens(seed: int, n: int) -> list[int]:
@@ -450,16 +450,8 @@ def test_rejected_drafts_beside_long_prefills_keep_the_sliding_window(
 
     monkeypatch.setattr(Scheduler, "_pick", checked)
     prompt = [5, *tokens(1, 150)]
-    runs = {}
-    for mode in ("on", "off"):
-        config = EngineConfig(
-            model_path=str(tiny_gguf), n_ctx=4096, n_slots=3, n_threads=1, speculative=mode
-        )
-        engine = LlamaEngine(config)
-        try:
-            runs[mode] = beside_long_prefills(engine, prompt, 240)
-        finally:
-            engine.close()
+    config = EngineConfig(model_path=str(tiny_gguf), n_ctx=4096, n_slots=3, n_threads=1)
+    runs = with_speculation_on_and_off(config, lambda e: beside_long_prefills(e, prompt, 240))
     (on, _, result), (off, scores, _) = runs["on"], runs["off"]
     assert result.error is None
     assert result.timings.draft_n > 2000  # every step drafted, and rolled back
@@ -482,21 +474,14 @@ def test_batch_invariant_speculation_beside_long_prefills_is_exact(
     excepted — although every draft was rejected and rolled back beside the prefills."""
     monkeypatch.setattr(SequenceDrafter, "propose", always_rejected)
     prompt = [5, *tokens(1, 150)]
-    runs = {}
-    for mode in ("on", "off"):
-        config = EngineConfig(
-            model_path=str(tiny_gguf),
-            n_ctx=3 * 2560,  # each sequence's own cells: 2560
-            n_slots=3,
-            n_threads=1,
-            speculative=mode,
-            batch_invariant=True,
-        )
-        engine = LlamaEngine(config)
-        try:
-            runs[mode] = beside_long_prefills(engine, prompt, 240)
-        finally:
-            engine.close()
+    config = EngineConfig(
+        model_path=str(tiny_gguf),
+        n_ctx=3 * 2560,  # each sequence's own cells: 2560
+        n_slots=3,
+        n_threads=1,
+        batch_invariant=True,
+    )
+    runs = with_speculation_on_and_off(config, lambda e: beside_long_prefills(e, prompt, 240))
     (on, _, result), (off, _, _) = runs["on"], runs["off"]
     assert result.error is None
     assert result.timings.draft_n > 1000

@@ -4,16 +4,20 @@ tokens and the result out; prompts no other test has cached; the stop tokens of 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from openai_harmony import HarmonyEncoding
 
 from server.contracts.directives import Steering
 from server.contracts.transcript import Transcript, UserMessage
-from server.engine.base import EngineResult, SamplingParams
+from server.engine.base import EngineConfig, EngineResult, SamplingParams
 from server.engine.llama import LlamaEngine
 from server.harmony.render import render
+
+T = TypeVar("T")
 
 STOPS = frozenset({200002, 200012})
 GREEDY = SamplingParams(max_tokens=16, temperature=0.0, stop_tokens=STOPS)
@@ -31,6 +35,21 @@ def run(
         return tokens, stream.result
 
     return asyncio.run(collect())
+
+
+def with_speculation_on_and_off(
+    config: EngineConfig, work: Callable[[LlamaEngine], T]
+) -> dict[str, T]:
+    """`work` on an engine of `config` with speculation on, then on one with it off (each
+    engine closed after its run): {"on": ..., "off": ...}."""
+    done: dict[str, T] = {}
+    for mode in ("on", "off"):
+        engine = LlamaEngine(dataclasses.replace(config, speculative=mode))
+        try:
+            done[mode] = work(engine)
+        finally:
+            engine.close()
+    return done
 
 
 def unique_prompt(encoding: HarmonyEncoding, text: str) -> list[int]:
