@@ -18,6 +18,7 @@ from server.contracts.events import (
     Finished,
     FinishReason,
     GenerationEvent,
+    SegmentDelta,
     SegmentEnd,
     SegmentStart,
     ToolOutput,
@@ -176,8 +177,12 @@ class Prepared:
             async for chunk in stream.paced(self.generator.stream_interval_s):
                 if sampled is not None:
                     sampled.extend(chunk)
+                shown = False
                 for event in client.feed(chunk, chunk.logprobs):
+                    shown = shown or isinstance(event, SegmentDelta)
                     yield event
+                if not shown:  # header tokens: the first text is not held to the interval
+                    stream.unpace()
                 if client.stopped:
                     break
             consumed = True

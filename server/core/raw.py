@@ -173,6 +173,8 @@ class RawGeneration:
                 delta = text.feed(chunk, chunk.logprobs)
                 if delta is not None:
                     yield delta
+                else:  # held back (a stop string may begin): the next chunk at once
+                    stream.unpace()
                 if text.matched is not None:
                     break
             consumed = True

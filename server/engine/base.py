@@ -178,6 +178,11 @@ class TokenStream(Protocol):
 
     def cancel(self) -> None: ...
 
+    def unpace(self) -> None:
+        """The chunk just taken showed the client nothing (hidden header tokens): `paced` hands
+        over the next one as soon as it comes."""
+        ...
+
     def on_close(self, callback: Callable[[EngineResult], object]) -> None:
         """Call `callback(result)` on the consumer's event loop once the engine is done."""
         ...

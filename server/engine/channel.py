@@ -5,7 +5,9 @@ looked, so a slow consumer gets larger chunks instead of a growing backlog of wa
 is woken at most once per drained chunk, and not at all while the consumer is busy or pacing:
 a paced consumer takes at most one chunk per interval while tokens come faster than that, so
 each chunk (one decoder pass, one network write downstream) carries several tokens. The first
-token and the end of the generation are never held back. A token's logprob (when the request
+token and the end of the generation are never held back, nor is the chunk after one that the
+consumer says reached its client as nothing (`unpace`: harmony's header tokens, before the first
+visible text). A token's logprob (when the request
 asked for them) travels with it, in the chunk's `logprobs`.
 """
 
@@ -29,6 +31,7 @@ class TokenChannel:
         self._tokens = TokenChunk()
         self._result: EngineResult | None = None
         self._wake_pending = False
+        self._unpaced = False  # the consumer showed nothing of the last chunk
         self._ready = asyncio.Event()
         self._cancelled = threading.Event()
         self._on_close: list[Callable[[EngineResult], object]] = []
@@ -72,6 +75,11 @@ class TokenChannel:
     def cancel(self) -> None:
         self._cancelled.set()
 
+    def unpace(self) -> None:
+        """The chunk just taken reached the client as nothing it shows: the next one is handed
+        over as soon as it comes, not held to the pacing interval."""
+        self._unpaced = True
+
     def on_close(self, callback: Callable[[EngineResult], object]) -> None:
         """Call `callback(result)` on the consumer's loop once the engine is done."""
         with self._lock:
@@ -103,12 +111,13 @@ class TokenChannel:
                     self._wake_pending = False
             if chunk:
                 due = loop.time() + interval_s
+                self._unpaced = False
                 yield chunk
             if done:
                 return
             if not chunk:
                 await self._ready.wait()
-            elif interval_s > 0 and loop.time() < due:
+            elif interval_s > 0 and not self._unpaced and loop.time() < due:
                 await self._pause(due)
 
     async def _pause(self, due: float) -> None:

@@ -464,6 +464,10 @@ class PendingStream:
         else:
             self._end(StopReason.CANCELLED, None)
 
+    def unpace(self) -> None:
+        if self._inner is not None:
+            self._inner.unpace()
+
     def on_close(self, callback: Callable[[EngineResult], object]) -> None:
         if self._inner is not None:
             self._inner.on_close(lambda result: callback(self._with_wait(result)))

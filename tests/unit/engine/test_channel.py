@@ -102,3 +102,43 @@ def test_a_consumer_that_waits_for_the_next_token_is_woken_by_it() -> None:
         return got
 
     assert asyncio.run(main()) == [[7]]
+
+
+def test_after_a_chunk_the_consumer_unpaces_the_next_comes_at_once() -> None:
+    """Harmony's header tokens show the client nothing: the consumer says so (`unpace`), and the
+    first text that follows is handed over when it comes, not a pacing interval later; the
+    chunk after a shown one is paced again."""
+
+    async def main() -> tuple[list[list[int]], float]:
+        channel = TokenChannel(asyncio.get_running_loop())
+        got: list[list[int]] = []
+        taken = [threading.Event(), threading.Event()]
+
+        def engine() -> None:
+            try:
+                channel.push(1)  # a header token
+                if taken[0].wait(LONG):
+                    channel.push(2)  # the first text: not held back
+                if taken[1].wait(LONG):
+                    channel.push(3)  # paced again: it comes with the end
+            finally:
+                channel.close(result())
+
+        thread = threading.Thread(target=engine)
+        started = time.perf_counter()
+        thread.start()
+        second_after = LONG
+        async for chunk in channel.paced(LONG):
+            got.append(chunk)
+            if chunk == [1]:
+                channel.unpace()
+            elif chunk == [2]:
+                second_after = time.perf_counter() - started
+            if len(got) <= len(taken):
+                taken[len(got) - 1].set()
+        thread.join()
+        return got, second_after
+
+    got, second_after = asyncio.run(main())
+    assert got == [[1], [2], [3]]
+    assert second_after < LONG / 2
