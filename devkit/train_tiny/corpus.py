@@ -741,6 +741,14 @@ FAMILIES = {"answer": 2, "call": 4, "codexlite": 3}
 CODEX_GROUP = 4
 
 
+def call_weight_keeping_share(agent_weight: float) -> float:
+    """The call family's weight that keeps its FAMILIES share beside an agent family of
+    `agent_weight`: c / (c + others + agent) = call / total."""
+    call, total = FAMILIES["call"], sum(FAMILIES.values())
+    share = call / total
+    return share * (total - call + agent_weight) / (1 - share)
+
+
 def generate(
     enc: HarmonyEncoding,
     words: list[str],
@@ -757,15 +765,20 @@ def generate(
     split_shortest: int = 2,
     wide_paths: bool = False,
     agent_weight: float = 0.0,
+    keep_call_share: bool = False,
 ) -> list[Sequence]:
     """n generic conversations, then n_codex_groups groups of CODEX_GROUP Codex ones, then
     n_claude_groups groups of Claude Code ones (from its captured request `claude`).
-    agent_weight: the agent family's weight beside FAMILIES' (0: none, the draws as before)."""
+    agent_weight: the agent family's weight beside FAMILIES' (0: none, the draws as before);
+    keep_call_share: the call family's weight raised so that its share of the generic
+    conversations stays FAMILIES' when the agent family comes in."""
     v = Values(
         random.Random(seed), words, value_edits, split, same_form, set_edits, split_shortest,
         wide_paths,
     )  # fmt: skip
     families = FAMILIES | ({"agent": agent_weight} if agent_weight > 0 else {})
+    if keep_call_share:
+        families["call"] = call_weight_keeping_share(agent_weight)
     names = list(families)
     weights = [families[k] for k in names]
     out = []
@@ -866,6 +879,11 @@ def main() -> None:
         help="the agent family's weight (family_agent; answer 2, call 4, codexlite 3)",
     )
     parser.add_argument(
+        "--keep-call-share",
+        action="store_true",
+        help="raise the call family's weight so that its share stays 4/9 beside --agent-calls",
+    )
+    parser.add_argument(
         "--fixed-values", action="store_true", help="trainable_ids: extensions, numbers fixed"
     )
     parser.add_argument(
@@ -882,7 +900,7 @@ def main() -> None:
         "value_edits": args.value_edits, "split": args.split_prefixes,
         "same_form": args.same_form, "set_edits": args.set_edits, "claude": claude,
         "split_shortest": args.split_shortest, "wide_paths": args.wide_paths,
-        "agent_weight": args.agent_calls,
+        "agent_weight": args.agent_calls, "keep_call_share": args.keep_call_share,
     }  # fmt: skip
     train = generate(
         enc, train_words, args.n, args.codex_groups, args.seed,

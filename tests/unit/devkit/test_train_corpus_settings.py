@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 from openai_harmony import HarmonyEncoding
 
+from devkit.train_tiny.corpus import FAMILIES, call_weight_keeping_share, generate, word_pool
+
 ROOT = Path(__file__).resolve().parents[3]
 ASK = re.compile(
     r"<\|start\|>user<\|message\|>(?:In \S+, set (\w+) to (\w+)\.|Set (\w+) to (\w+) in \S+\."
@@ -145,3 +147,16 @@ def test_agent_calls_copy_multi_token_paths_and_commands_never_in_the_training_s
         assert value not in training_text
     assert any("/" in v for v, _ in held)
     assert any(" -" in v for v, _ in held)
+
+
+def test_keep_call_share_keeps_the_call_familys_share_beside_the_agent_family(
+    encoding: HarmonyEncoding,
+) -> None:
+    """--agent-calls alone dilutes the call family (4 of 9 parts to 4 of 13); with
+    --keep-call-share its weight grows so that it keeps 4 of 9 of the generic conversations."""
+    assert call_weight_keeping_share(0.0) == FAMILIES["call"]
+    train_words, _ = word_pool(encoding)
+    for keep, share in ((False, 4 / 13), (True, 4 / 9)):
+        drawn = generate(encoding, train_words, 450, 0, 3, agent_weight=4, keep_call_share=keep)
+        calls = sum(s.family.startswith("call") for s in drawn)
+        assert abs(calls / len(drawn) - share) < 0.05, (keep, calls)
