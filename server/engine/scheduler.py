@@ -103,6 +103,8 @@ class Job:
     picker: TokenPicker | None = None
     next_prompt: int = 0  # index of the next prompt token to evaluate
     pending: tuple[int, ...] = ()  # emitted tokens not evaluated yet
+    lead: tuple[int, ...] = ()  # forced before the model's first choice (_lead)
+    lead_in_chunk: bool = False  # the lead is evaluated with the prompt's last chunk
     drafter: SequenceDrafter | None = None  # with speculation on: what it drafts, and counts
     draft: tuple[int, ...] = ()  # the tokens drafted after `pending` in this step's batch
     guessed: bool = False  # the draft is the batch-invariant mode's one-token guess (_guess)
@@ -317,7 +319,27 @@ class Scheduler:
         job.picker = TokenPicker(ctx, job.params, job.steering, chooser)
         if self._speculator is not None and job.params.speculate:
             job.drafter = self._speculator.follow(job.prompt_tokens)
+        if not job.params.prompt_logprobs and job.params.max_tokens > 0:
+            job.lead = self._lead(job)
         self._running.append(job)
+
+    def _lead(self, job: Job) -> tuple[int, ...]:
+        """The tokens the steering forces before the model's first choice (`<|channel|>` after
+        the prompt's `<|start|>assistant`), accepted by the steering now. They are emitted when
+        the prefill ends and, when the prompt's last chunk has room for them, evaluated with it
+        (`_plan`): the model's first choice then comes straight from the prefill's logits, a
+        step earlier. Reading stops at a stop token, and before the end of the context."""
+        assert job.picker is not None
+        lead: list[int] = []
+        room = min(FORCED_AHEAD_MAX, self._ctx.n_ctx - 1 - len(job.prompt_tokens))
+        while len(lead) < room and not set(lead) & job.params.stop_tokens:
+            tokens = job.picker.forced_ahead()
+            if not tokens:
+                break
+            for token in tokens:
+                job.picker.accept(token)
+            lead.extend(tokens)
+        return tuple(lead)
 
     def _plan(self) -> tuple[list[BatchPart], list[Job]]:
         """This step's batch: every generating job's pending tokens (and draft), then a chunk of
@@ -362,6 +384,11 @@ class Scheduler:
                 cap = min(cap, PROMPT_LOGPROBS_CHUNK)
             chunk = prefill.prompt_tokens[start : start + cap]
             last = start + len(chunk) == len(prefill.prompt_tokens)
+            # the lead after the prompt's last chunk, when it fits (a save point at the prompt's
+            # end caps the chunk there: the state saved is the prompt's alone)
+            prefill.lead_in_chunk = last and 0 < len(prefill.lead) <= cap - len(chunk)
+            if prefill.lead_in_chunk:
+                chunk = [*chunk, *prefill.lead]
             parts.append(BatchPart(prefill.slot.seq_id, chunk, start, last, all_logits=scored))
             owners.append(prefill)
         return parts, owners
@@ -438,8 +465,9 @@ class Scheduler:
             assert slot is not None
             start = part.start_pos
             kept = 0
-            if job.prefilling and not part.all_logits:
-                kept = min(max(self._ctx.seq_end(slot.seq_id) - start, 0), len(part.tokens))
+            if job.prefilling and not part.all_logits:  # the prompt's tokens (not the lead)
+                kept = max(self._ctx.seq_end(slot.seq_id) - start, 0)
+                kept = min(kept, len(part.tokens), len(job.prompt_tokens) - start)
             if self._ctx.truncate(slot.seq_id, start + kept) != start + kept:
                 self._forget(slot)
                 continue
@@ -466,12 +494,15 @@ class Scheduler:
         if job.prefilling:
             if part.all_logits:
                 self._score_prompt(job, part, index)
-            job.next_prompt += len(part.tokens)
-            job.evaluated += len(part.tokens)
+            prompt = len(part.tokens) - (len(job.lead) if job.lead_in_chunk else 0)
+            job.next_prompt += prompt
+            job.evaluated += prompt
             if job.next_prompt in job.save_points:
                 self._save(job.slot.seq_id, job.slot.tokens)
             if not job.prefilling:
                 job.prefilled = time.perf_counter()
+                if job.lead and self._emit_lead(job):
+                    return
         else:
             job.pending = ()
         if index < 0 or job.prefilling:  # a prompt chunk whose logits were kept for scoring
@@ -480,6 +511,18 @@ class Scheduler:
             self._finish(job, StopReason.MAX_TOKENS)
             return
         self._pick(job, index)
+
+    def _emit_lead(self, job: Job) -> bool:
+        """At the end of the prefill, hand the lead to the client (the steering accepted it at
+        the start); when the last chunk did not carry it, it is the next step's pending tokens.
+        True when no pick follows now."""
+        for token in job.lead:
+            if self._emit(job, token, accepted=True):
+                return True
+        if not job.lead_in_chunk:
+            job.pending = job.lead
+            return True
+        return False
 
     def _scores(self, job: Job, index: int, tokens: tuple[int, ...]) -> list[TokenLogprob | None]:
         """The logprobs to report with `tokens` (None: not asked for, or forced by steering)."""
@@ -559,10 +602,14 @@ class Scheduler:
                     return None
         return ahead
 
-    def _emit(self, job: Job, token: int, score: TokenLogprob | None = None) -> bool:
-        """Hand one token to the client; True when the generation ended with it."""
+    def _emit(
+        self, job: Job, token: int, score: TokenLogprob | None = None, *, accepted: bool = False
+    ) -> bool:
+        """Hand one token to the client (`accepted`: the steering has taken it already); True
+        when the generation ended with it."""
         assert job.picker is not None
-        job.picker.accept(token)
+        if not accepted:
+            job.picker.accept(token)
         if job.drafter is not None:
             job.drafter.append(token)
         now = time.perf_counter()

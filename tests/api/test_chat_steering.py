@@ -253,10 +253,11 @@ def test_metrics_count_where_steering_overrode_the_model(
     overrides = metric(client, "gpt_oss_steering_overrides_total")
     forced.push(REASON_THEN_ANSWER)
     assert post(client, messages=USER_HI).status_code == 200
-    # the header tokens picked among allowed sets: <|channel|>, analysis, final (a script
-    # replaces the picks, the logits are still the model's); the others follow from the token
-    # before (<|message|>; <|start|> assistant <|channel|> after <|end|>) and are emitted with
-    # it, never sampled; random weights almost never favour an allowed token
-    assert metric(client, "gpt_oss_steering_choices_total") - choices == 3
+    # the header tokens picked among allowed sets: analysis, final (a script replaces the
+    # picks, the logits are still the model's); the others follow from the prompt or the token
+    # before (the first <|channel|>; <|message|>; <|start|> assistant <|channel|> after
+    # <|end|>) and are emitted with it, never sampled; random weights almost never favour an
+    # allowed token
+    assert metric(client, "gpt_oss_steering_choices_total") - choices == 2
     added = metric(client, "gpt_oss_steering_overrides_total") - overrides
-    assert 1 <= added <= 3
+    assert 1 <= added <= 2

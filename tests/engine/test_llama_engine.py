@@ -215,9 +215,14 @@ def test_counts_where_steering_overrode_the_model(
     tokens, agreed = run(engine, prompt, one, AllowFirst((other, top)))
     assert tokens == [top]
     assert agreed.steering == SteeringStats(choices=1, overrides=0)
-    tokens, overruled = run(engine, prompt, one, AllowFirst((other,)))
-    assert tokens == [other]
+    others = (other, other + 1 if other + 1 != top else other + 2)
+    tokens, overruled = run(engine, prompt, one, AllowFirst(others))
+    assert tokens[0] in others
     assert overruled.steering == SteeringStats(choices=1, overrides=1)
+    # one token allowed leaves the model no choice: emitted without its logits, not counted
+    tokens, forced = run(engine, prompt, one, AllowFirst((other,)))
+    assert tokens == [other]
+    assert forced.steering == SteeringStats()
 
 
 def test_a_closed_engine_refuses_work_with_a_clear_error(tiny_gguf: Path) -> None:
@@ -248,8 +253,9 @@ def test_tokens_the_steering_forces_share_the_step_of_the_token_before(
 ) -> None:
     """Under harmony's steering the header tokens that follow from the one before (`<|message|>`
     after a channel; `<|start|>assistant<|channel|>` after `<|end|>`) are emitted with it and
-    evaluated in its step: a reasoning-then-answer turn takes five steps fewer than its tokens,
-    and gives the same tokens, the same way, as one step per token would."""
+    evaluated in its step, and the first `<|channel|>` with the prompt's last chunk: a
+    reasoning-then-answer turn takes six steps fewer than its tokens, and gives the same tokens,
+    the same way, as one step per token would."""
     steps: list[int] = []
     decode = LlamaContext.decode
 
@@ -271,10 +277,11 @@ def test_tokens_the_steering_forces_share_the_step_of_the_token_before(
         params = SamplingParams(max_tokens=64, temperature=0.0, stop_tokens=STOPS)
         tokens, result = run(engine, prompt, params, plan.start())
         assert tokens == turn
-        assert result.steering.choices == 3  # <|channel|>, analysis, final: the model's picks
+        assert result.steering.choices == 2  # analysis, final: the model's picks
+        assert steps[0] == len(prompt) + 1  # the prompt and the first <|channel|>
         generated = steps[1:]  # after the prompt's one step
-        assert sum(generated) == len(turn) - 1  # every token but <|return|> evaluated once
-        assert len(generated) == len(turn) - 1 - 5
+        assert sum(generated) == len(turn) - 2  # every other token but <|return|>, once
+        assert len(generated) == len(turn) - 2 - 5
         assert max(generated) == 4  # <|end|><|start|>assistant<|channel|> in one step
     finally:
         engine.close()
