@@ -4,7 +4,8 @@ Each step's batch holds the pending token(s) of every generating request plus a 
 prompt of the oldest request still being prefilled (a small chunk while others generate, so their
 streams keep flowing). After the decode, each request whose logits came back picks its next
 token(s) with its own sampler and steering; tokens the steering then leaves no choice about (most
-of a harmony header) are emitted at once and evaluated in the same next step (`_forced_ahead`).
+of a harmony header) are emitted at once and evaluated in the same next step (`_forced_ahead`);
+those forced before the model's first choice go with the prompt's last chunk (`_lead`).
 Requests wait when every slot is busy; a prompt goes
 to the slot with the longest cached prefix (see slots.py); when the KV cache is full, the least
 recently used idle conversation is dropped. With the prompt cache on disk (prompt_cache.py), a
