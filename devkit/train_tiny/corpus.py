@@ -741,6 +741,15 @@ FAMILIES = {"answer": 2, "call": 4, "codexlite": 3}
 CODEX_GROUP = 4
 
 
+def family_weights(text: str) -> dict[str, float]:
+    """`answer=4,call=7` as {"answer": 4.0, "call": 7.0}."""
+    weights = {}
+    for item in filter(None, text.split(",")):
+        family, _, weight = item.partition("=")
+        weights[family.strip()] = float(weight)
+    return weights
+
+
 def call_weight_keeping_share(agent_weight: float) -> float:
     """The call family's weight that keeps its FAMILIES share beside an agent family of
     `agent_weight`: c / (c + others + agent) = call / total."""
@@ -766,12 +775,14 @@ def generate(
     wide_paths: bool = False,
     agent_weight: float = 0.0,
     keep_call_share: bool = False,
+    weights: dict[str, float] | None = None,
 ) -> list[Sequence]:
     """n generic conversations, then n_codex_groups groups of CODEX_GROUP Codex ones, then
     n_claude_groups groups of Claude Code ones (from its captured request `claude`).
     agent_weight: the agent family's weight beside FAMILIES' (0: none, the draws as before);
     keep_call_share: the call family's weight raised so that its share of the generic
-    conversations stays FAMILIES' when the agent family comes in."""
+    conversations stays FAMILIES' when the agent family comes in; weights: these families'
+    weights instead (after the two above)."""
     v = Values(
         random.Random(seed), words, value_edits, split, same_form, set_edits, split_shortest,
         wide_paths,
@@ -779,6 +790,10 @@ def generate(
     families = FAMILIES | ({"agent": agent_weight} if agent_weight > 0 else {})
     if keep_call_share:
         families["call"] = call_weight_keeping_share(agent_weight)
+    for family, weight in (weights or {}).items():
+        if family not in families:
+            raise ValueError(f"no family {family!r} among {sorted(families)}")
+        families[family] = weight
     names = list(families)
     weights = [families[k] for k in names]
     out = []
@@ -884,6 +899,13 @@ def main() -> None:
         help="raise the call family's weight so that its share stays 4/9 beside --agent-calls",
     )
     parser.add_argument(
+        "--weights",
+        type=family_weights,
+        default={},
+        help="families' weights instead of the defaults, as answer=4,call=7 (after "
+        "--agent-calls and --keep-call-share)",
+    )
+    parser.add_argument(
         "--fixed-values", action="store_true", help="trainable_ids: extensions, numbers fixed"
     )
     parser.add_argument(
@@ -901,6 +923,7 @@ def main() -> None:
         "same_form": args.same_form, "set_edits": args.set_edits, "claude": claude,
         "split_shortest": args.split_shortest, "wide_paths": args.wide_paths,
         "agent_weight": args.agent_calls, "keep_call_share": args.keep_call_share,
+        "weights": args.weights,
     }  # fmt: skip
     train = generate(
         enc, train_words, args.n, args.codex_groups, args.seed,

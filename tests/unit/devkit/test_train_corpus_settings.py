@@ -14,9 +14,16 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 from openai_harmony import HarmonyEncoding
 
-from devkit.train_tiny.corpus import FAMILIES, call_weight_keeping_share, generate, word_pool
+from devkit.train_tiny.corpus import (
+    FAMILIES,
+    call_weight_keeping_share,
+    family_weights,
+    generate,
+    word_pool,
+)
 
 ROOT = Path(__file__).resolve().parents[3]
 ASK = re.compile(
@@ -160,3 +167,18 @@ def test_keep_call_share_keeps_the_call_familys_share_beside_the_agent_family(
         drawn = generate(encoding, train_words, 450, 0, 3, agent_weight=4, keep_call_share=keep)
         calls = sum(s.family.startswith("call") for s in drawn)
         assert abs(calls / len(drawn) - share) < 0.05, (keep, calls)
+
+
+def test_weights_set_a_familys_share_and_name_only_known_families(
+    encoding: HarmonyEncoding,
+) -> None:
+    """--weights answer=4 doubles the answer family's weight (2 by default) beside the others;
+    a family that does not exist is refused, not ignored."""
+    train_words, _ = word_pool(encoding)
+    weights = family_weights("answer=4")
+    assert weights == {"answer": 4.0}
+    drawn = generate(encoding, train_words, 450, 0, 3, weights=weights)
+    answers = sum(s.family.startswith("answer") for s in drawn)
+    assert abs(answers / len(drawn) - 4 / 11) < 0.05, answers
+    with pytest.raises(ValueError, match="no family 'anwser'"):
+        generate(encoding, train_words, 1, 0, 3, weights=family_weights("anwser=4"))
