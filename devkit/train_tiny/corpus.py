@@ -775,14 +775,14 @@ def generate(
     wide_paths: bool = False,
     agent_weight: float = 0.0,
     keep_call_share: bool = False,
-    weights: dict[str, float] | None = None,
+    chosen_weights: dict[str, float] | None = None,
 ) -> list[Sequence]:
     """n generic conversations, then n_codex_groups groups of CODEX_GROUP Codex ones, then
     n_claude_groups groups of Claude Code ones (from its captured request `claude`).
     agent_weight: the agent family's weight beside FAMILIES' (0: none, the draws as before);
     keep_call_share: the call family's weight raised so that its share of the generic
-    conversations stays FAMILIES' when the agent family comes in; weights: these families'
-    weights instead (after the two above)."""
+    conversations stays FAMILIES' when the agent family comes in; chosen_weights: these
+    families' weights instead (after the two above)."""
     v = Values(
         random.Random(seed), words, value_edits, split, same_form, set_edits, split_shortest,
         wide_paths,
@@ -790,7 +790,7 @@ def generate(
     families = FAMILIES | ({"agent": agent_weight} if agent_weight > 0 else {})
     if keep_call_share:
         families["call"] = call_weight_keeping_share(agent_weight)
-    for family, weight in (weights or {}).items():
+    for family, weight in (chosen_weights or {}).items():
         if family not in families:
             raise ValueError(f"no family {family!r} among {sorted(families)}")
         families[family] = weight
@@ -923,7 +923,7 @@ def main() -> None:
         "same_form": args.same_form, "set_edits": args.set_edits, "claude": claude,
         "split_shortest": args.split_shortest, "wide_paths": args.wide_paths,
         "agent_weight": args.agent_calls, "keep_call_share": args.keep_call_share,
-        "weights": args.weights,
+        "chosen_weights": args.weights,
     }  # fmt: skip
     train = generate(
         enc, train_words, args.n, args.codex_groups, args.seed,

@@ -22,8 +22,8 @@ from devkit.train_tiny.corpus import (
     call_weight_keeping_share,
     family_weights,
     generate,
-    word_pool,
 )
+from devkit.trained.words import word_pool
 
 ROOT = Path(__file__).resolve().parents[3]
 ASK = re.compile(
@@ -177,8 +177,8 @@ def test_weights_set_a_familys_share_and_name_only_known_families(
     train_words, _ = word_pool(encoding)
     weights = family_weights("answer=4")
     assert weights == {"answer": 4.0}
-    drawn = generate(encoding, train_words, 450, 0, 3, weights=weights)
+    drawn = generate(encoding, train_words, 450, 0, 3, chosen_weights=weights)
     answers = sum(s.family.startswith("answer") for s in drawn)
     assert abs(answers / len(drawn) - 4 / 11) < 0.05, answers
     with pytest.raises(ValueError, match="no family 'anwser'"):
-        generate(encoding, train_words, 1, 0, 3, weights=family_weights("anwser=4"))
+        generate(encoding, train_words, 1, 0, 3, chosen_weights=family_weights("anwser=4"))
