@@ -43,8 +43,8 @@ class WrongCommand(Exception):
     strict=True,
     raises=WrongCommand,  # anything else (a crash, an error answer, no call) fails the test
     reason="the committed model, trained with Claude Code rounds, calls Bash behind Claude "
-    "Code's ≈10k-token prompt but not with the asked command (`rules bakomisel thisphase`, "
-    "then more calls): docs/trained-model.md",
+    "Code's ≈10k-token prompt but not with the asked command (`echo` and another word than "
+    "the asked one): docs/trained-model.md",
 )
 def test_claude_code_runs_the_command_the_model_calls(
     claude_binary: Path, server: Server, tmp_path: Path
