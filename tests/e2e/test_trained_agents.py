@@ -14,13 +14,14 @@ import logging
 import random
 import re
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import anthropic
 import pytest
 from openai import OpenAI
 from openai_harmony import HarmonyEncoding
 
+from devkit.train_tiny.behaviour import arguments_of
 from devkit.train_tiny.corpus import Values, agent_tool
 from devkit.trained.words import typed_words, word_pool
 from tests.support.trained import MODEL, TrainedServer, trained_server
@@ -70,6 +71,22 @@ def server(
 @pytest.fixture
 def sdk(server: TrainedServer) -> OpenAI:
     return OpenAI(base_url=server.url, api_key="unused", max_retries=0)
+
+
+@pytest.fixture
+def messages_sdk(server: TrainedServer) -> anthropic.Anthropic:
+    return anthropic.Anthropic(
+        base_url=server.url.removesuffix("/v1"), api_key="unused", max_retries=0
+    )
+
+
+def messages_tool(spec: dict[str, Any]) -> dict[str, Any]:
+    """A function spec as the Messages API's tool."""
+    return {
+        "name": spec["name"],
+        "description": spec["description"],
+        "input_schema": spec["parameters"],
+    }
 
 
 def chat_tool(spec: dict[str, Any]) -> Any:
@@ -199,19 +216,13 @@ def test_named_tool_choice_on_responses(sdk: OpenAI, pool: list[str]) -> None:
     assert isinstance(json.loads(calls[0].arguments)["name"], str)
 
 
-def test_named_tool_choice_on_messages(server: TrainedServer, pool: list[str]) -> None:
+def test_named_tool_choice_on_messages(messages_sdk: anthropic.Anthropic, pool: list[str]) -> None:
     (name,) = held_out_words(pool, 1)
-    client = anthropic.Anthropic(
-        base_url=server.url.removesuffix("/v1"), api_key="unused", max_retries=0
-    )
-    message = client.messages.create(  # type: ignore[call-overload]
+    message = messages_sdk.messages.create(  # type: ignore[call-overload]
         model=MODEL,
         max_tokens=300,
         messages=[{"role": "user", "content": f"Look up the user {name}."}],
-        tools=[
-            {"name": s["name"], "description": s["description"], "input_schema": s["parameters"]}
-            for s in (WEATHER, LOOKUP)
-        ],
+        tools=[messages_tool(s) for s in (WEATHER, LOOKUP)],
         tool_choice={"type": "tool", "name": "lookup_user"},
     )
     assert message.stop_reason == "tool_use"
@@ -224,96 +235,83 @@ PATHS_SEED = 11  # the drawn asks' seed (printed by the test's log; see docs/tra
 PATHS_ASKED = 10  # asks per API
 
 
-def drawn_asks(encoding: HarmonyEncoding, seed: int) -> list[tuple[dict[str, Any], str, str]]:
+class Ask(NamedTuple):
+    tool: dict[str, Any]  # the generic tool, as a function spec
+    text: str  # the user's message
+    expected: dict[str, Any]  # the call's arguments: the value copied exactly
+
+
+def drawn_asks(encoding: HarmonyEncoding, seed: int) -> list[Ask]:
     """Asks for a multi-token path or shell command through a generic tool (read_file, run, or
     a drawn name), in the corpus's wordings, with values drawn from the held-out words (never in
-    the corpus): (tool spec, parameter, value), the ask in the spec's `ask`."""
+    the corpus)."""
     values = Values(random.Random(seed), word_pool(encoding)[1])
     asks = []
     for _ in range(PATHS_ASKED):
-        spec, param, value, ask = agent_tool(values, values.rng.choice(["path", "command"]))
-        tool = {"name": spec.name, "description": spec.description}
-        asks.append(({**tool, "parameters": spec.parameters, "ask": ask}, param, value))
+        spec, param, value, text = agent_tool(values, values.rng.choice(["path", "command"]))
+        tool = {"name": spec.name, "description": spec.description, "parameters": spec.parameters}
+        asks.append(Ask(tool, text, {param: value}))
     return asks
 
 
-def offered(spec: dict[str, Any]) -> list[dict[str, Any]]:
-    """The generic tool among two others, as a function spec each."""
-    tool = {k: v for k, v in spec.items() if k != "ask"}
-    return [WEATHER, tool, LOOKUP]
+def offered(ask: Ask) -> list[dict[str, Any]]:
+    """The generic tool between two others."""
+    return [WEATHER, ask.tool, LOOKUP]
 
 
-def chat_copy(sdk: OpenAI, spec: dict[str, Any]) -> dict[str, Any] | None:
+def chat_copy(sdk: OpenAI, ask: Ask) -> Any:
+    """The arguments of the call to the asked tool (None: no such single call)."""
     answer = sdk.chat.completions.create(
         model=MODEL,
-        messages=[{"role": "user", "content": spec["ask"]}],
-        tools=[chat_tool(t) for t in offered(spec)],
+        messages=[{"role": "user", "content": ask.text}],
+        tools=[chat_tool(t) for t in offered(ask)],
         max_tokens=300,
     )
     calls = answer.choices[0].message.tool_calls or []
-    if len(calls) != 1 or calls[0].type != "function" or calls[0].function.name != spec["name"]:
+    name = ask.tool["name"]
+    if len(calls) != 1 or calls[0].type != "function" or calls[0].function.name != name:
         return None
     return arguments_of(calls[0].function.arguments)
 
 
-def arguments_of(text: str) -> dict[str, Any] | None:
-    """A call's arguments; None when they are no JSON object (a value that ran to the token
-    limit is cut off)."""
-    try:
-        arguments = json.loads(text)
-    except json.JSONDecodeError:
-        return None
-    return arguments if isinstance(arguments, dict) else None
-
-
-def responses_copy(sdk: OpenAI, spec: dict[str, Any]) -> dict[str, Any] | None:
-    tools: list[Any] = [{"type": "function", **t} for t in offered(spec)]
-    response = sdk.responses.create(
-        model=MODEL, input=spec["ask"], tools=tools, max_output_tokens=300
-    )
+def responses_copy(sdk: OpenAI, ask: Ask) -> Any:
+    tools: list[Any] = [{"type": "function", **t} for t in offered(ask)]
+    response = sdk.responses.create(model=MODEL, input=ask.text, tools=tools, max_output_tokens=300)
     calls = [item for item in response.output if item.type == "function_call"]
-    if len(calls) != 1 or calls[0].name != spec["name"]:
+    if len(calls) != 1 or calls[0].name != ask.tool["name"]:
         return None
     return arguments_of(calls[0].arguments)
 
 
-def messages_copy(client: anthropic.Anthropic, spec: dict[str, Any]) -> dict[str, Any] | None:
-    message = client.messages.create(  # type: ignore[call-overload]
+def messages_copy(client: anthropic.Anthropic, ask: Ask) -> Any:
+    tools: list[Any] = [messages_tool(t) for t in offered(ask)]
+    message = client.messages.create(
         model=MODEL,
         max_tokens=300,
-        messages=[{"role": "user", "content": spec["ask"]}],
-        tools=[
-            {"name": t["name"], "description": t["description"], "input_schema": t["parameters"]}
-            for t in offered(spec)
-        ],
+        messages=[{"role": "user", "content": ask.text}],
+        tools=tools,
     )
     uses = [block for block in message.content if block.type == "tool_use"]
-    if len(uses) != 1 or uses[0].name != spec["name"]:
+    if len(uses) != 1 or uses[0].name != ask.tool["name"]:
         return None
-    return dict(uses[0].input)
+    return uses[0].input
 
 
 def test_generic_tools_copy_drawn_paths_and_commands_on_all_three_apis(
-    server: TrainedServer, sdk: OpenAI, encoding: HarmonyEncoding
+    sdk: OpenAI, messages_sdk: anthropic.Anthropic, encoding: HarmonyEncoding
 ) -> None:
     """A generic file or shell tool offered among others and asked, in varied wordings, for a
     held-out multi-token path (directories, `_`, `-`, `.`, digits) or shell command (flags,
     quotes): the call copies it exactly, through each of the three APIs. The committed model,
-    over the seeds 0 to 19: 3 to 7 of 10 on each API (median 5; the same asks on the three APIs came
-    out alike), 5 with this seed; the floor, 3, is the least of those 20 draws."""
-    client = anthropic.Anthropic(
-        base_url=server.url.removesuffix("/v1"), api_key="unused", max_retries=0
-    )
-    copiers: dict[str, Callable[[dict[str, Any]], dict[str, Any] | None]] = {
-        "chat": lambda spec: chat_copy(sdk, spec),
-        "responses": lambda spec: responses_copy(sdk, spec),
-        "messages": lambda spec: messages_copy(client, spec),
+    over the seeds 0 to 19: 3 to 7 of 10 on each API (median 5; the three APIs alike on every
+    draw), 5 with this seed; the floor, 3, is the least of those 20 draws."""
+    copiers: dict[str, Callable[[Ask], Any]] = {
+        "chat": lambda ask: chat_copy(sdk, ask),
+        "responses": lambda ask: responses_copy(sdk, ask),
+        "messages": lambda ask: messages_copy(messages_sdk, ask),
     }
     asks = drawn_asks(encoding, PATHS_SEED)
-    log.info("drawn asks, seed %d: %s", PATHS_SEED, [spec["ask"] for spec, _, _ in asks])
-    copied = {
-        api: sum(copy(spec) == {param: value} for spec, param, value in asks)
-        for api, copy in copiers.items()
-    }
+    log.info("drawn asks, seed %d: %s", PATHS_SEED, [ask.text for ask in asks])
+    copied = {api: sum(copy(ask) == ask.expected for ask in asks) for api, copy in copiers.items()}
     log.info("paths and commands copied exactly, of %d per API: %s", PATHS_ASKED, copied)
     assert all(n >= 3 for n in copied.values()), copied
