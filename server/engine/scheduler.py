@@ -105,7 +105,6 @@ class Job:
     next_prompt: int = 0  # index of the next prompt token to evaluate
     pending: tuple[int, ...] = ()  # emitted tokens not evaluated yet
     lead: tuple[int, ...] = ()  # forced before the model's first choice (_lead)
-    lead_in_chunk: bool = False  # the lead is evaluated with the prompt's last chunk
     drafter: SequenceDrafter | None = None  # with speculation on: what it drafts, and counts
     draft: tuple[int, ...] = ()  # the tokens drafted after `pending` in this step's batch
     guessed: bool = False  # the draft is the batch-invariant mode's one-token guess (_guess)
@@ -387,8 +386,7 @@ class Scheduler:
             last = start + len(chunk) == len(prefill.prompt_tokens)
             # the lead after the prompt's last chunk, when it fits (a save point at the prompt's
             # end caps the chunk there: the state saved is the prompt's alone)
-            prefill.lead_in_chunk = last and 0 < len(prefill.lead) <= cap - len(chunk)
-            if prefill.lead_in_chunk:
+            if last and 0 < len(prefill.lead) <= cap - len(chunk):
                 chunk = [*chunk, *prefill.lead]
             parts.append(BatchPart(prefill.slot.seq_id, chunk, start, last, all_logits=scored))
             owners.append(prefill)
@@ -468,7 +466,7 @@ class Scheduler:
             kept = 0
             if job.prefilling and not part.all_logits:  # the prompt's tokens (not the lead)
                 kept = max(self._ctx.seq_end(slot.seq_id) - start, 0)
-                kept = min(kept, len(part.tokens), len(job.prompt_tokens) - start)
+                kept = min(kept, _prompt_part(job, part))
             if self._ctx.truncate(slot.seq_id, start + kept) != start + kept:
                 self._forget(slot)
                 continue
@@ -495,14 +493,14 @@ class Scheduler:
         if job.prefilling:
             if part.all_logits:
                 self._score_prompt(job, part, index)
-            prompt = len(part.tokens) - (len(job.lead) if job.lead_in_chunk else 0)
+            prompt = _prompt_part(job, part)
             job.next_prompt += prompt
             job.evaluated += prompt
             if job.next_prompt in job.save_points:
                 self._save(job.slot.seq_id, job.slot.tokens)
             if not job.prefilling:
                 job.prefilled = time.perf_counter()
-                if job.lead and self._emit_lead(job):
+                if job.lead and self._emit_lead(job, carried=prompt < len(part.tokens)):
                     return
         else:
             job.pending = ()
@@ -513,14 +511,14 @@ class Scheduler:
             return
         self._pick(job, index)
 
-    def _emit_lead(self, job: Job) -> bool:
+    def _emit_lead(self, job: Job, *, carried: bool) -> bool:
         """At the end of the prefill, hand the lead to the client (the steering accepted it at
         the start); when the last chunk did not carry it, it is the next step's pending tokens.
         True when no pick follows now."""
         for token in job.lead:
             if self._emit(job, token, accepted=True):
                 return True
-        if not job.lead_in_chunk:
+        if not carried:
             job.pending = job.lead
             return True
         return False
@@ -686,6 +684,12 @@ class Scheduler:
             self._evict(victims[0])
         slot.tokens[:] = job.prompt_tokens[: found.n_tokens]
         return found.n_tokens
+
+
+def _prompt_part(job: Job, part: BatchPart) -> int:
+    """How many of a prefill chunk's tokens are the prompt's: the last chunk may carry the
+    lead after them (`Scheduler._plan`)."""
+    return min(len(part.tokens), len(job.prompt_tokens) - part.start_pos)
 
 
 def _undrafted(part: BatchPart, job: Job) -> BatchPart:
