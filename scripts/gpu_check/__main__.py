@@ -10,10 +10,14 @@ On the device, from the carried tree alone (no registry, no network), the phases
 - setup: unpack the source, install the wheels offline into `.gpu-check/work/site`;
 - build: llama.cpp with CUDA for the GPU `nvidia-smi` reports (`90-real` on an H100/H200):
   libllama and libmtmd (llama-cpp-python loads them through `LLAMA_CPP_LIB_PATH`),
-  llama-bench and llama-server from the same source; `--cpu`: the CPU build;
+  llama-bench and llama-server from the same source; `--cpu`: the CPU build. A build is sent
+  back under --out in parts, and a build of the same source carried by the preparation
+  (`--builds`) is unpacked instead of building where the GPUs and the CPU's flags match;
 - models (beside the build): the synthetic gpt-oss-20b (`--cpu`: the tiny one) and the trained
   tiny model;
 - doctor: `gpt-oss-server doctor` on that build;
+- load: the engine's load in child processes, the ways the server loads (load_probe.py); where
+  only `serve`'s crashes, the import after which it does (bisected) and the native backtrace;
 - bench: `gpt-oss-server bench`, every layer on the GPU, the four paths in rounds;
 - concurrency: 4 and 8 streams against one, this server beside llama-server `-np`;
 - speculation: the verify-cost curve k = 0..16 and auto/off on the copy workloads, then the
@@ -53,12 +57,16 @@ CARRY = ROOT / ".gpu-check" / "carry"
 WORK = ROOT / ".gpu-check" / "work"
 ARCHIVE = "llama-cpp-python.tar.xz"
 TARGETS = ("llama", "mtmd", "llama-bench", "llama-server")
-PHASES = ("setup", "build", "models", "doctor", "bench", "concurrency", "speculation", "tests",
-          "sampling")  # fmt: skip
+PHASES = ("setup", "build", "models", "doctor", "load", "bench", "concurrency", "speculation",
+          "tests", "sampling")  # fmt: skip
 # Where a driver's unversioned libcuda.so may be (CMake links the VMM pool against it).
 LIBCUDA_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/local/nvidia/lib64")
 REPORT_RESERVE_S = 15.0  # kept at the end for the table and the tarball
 MIN_PHASE_S = 10.0  # a phase with less time than this left is not started
+BUILD_PART_BYTES = 15 * 1024 * 1024  # the device tool returns files of up to 16 MiB
+# in a build sent back: the CPU flags of the machine that built it (GGML_NATIVE: its CPU
+# backend uses them), which a machine must have to run that build
+CPU_FLAGS = "bin/cpu-flags.txt"
 
 
 @dataclass
@@ -87,6 +95,7 @@ GPU = Mode(
         "build": 330,
         "models": 330,
         "doctor": 40,
+        "load": 150,
         "bench": 170,
         "concurrency": 110,
         "speculation": 110,
@@ -95,7 +104,7 @@ GPU = Mode(
     },
     preset="20b",
     ngl="-1",
-    bench="--prompt-tokens 512 4096 --gen-tokens 128 --repetitions 3 --rounds 2",
+    bench="--prompt-tokens 512,4096 --gen-tokens 128 --repetitions 3 --rounds 2",
     concurrency="--prompt-tokens 64 --gen-tokens 128 --repetitions 1",
     streams=(4, 8),
     speculation="--rounds 2 --cost-rounds 3 --tokens 128",
@@ -109,6 +118,7 @@ CPU = Mode(
         "build": 3000,
         "models": 300,
         "doctor": 60,
+        "load": 120,
         "bench": 240,
         "concurrency": 180,
         "speculation": 420,
@@ -157,6 +167,9 @@ class Check:
         self.build_dir = self.work / ("build-cuda" if mode.gpu else "build-cpu")
         self.lib_dir = self.bin_dir = self.build_dir / "bin"
         self.prebuilt = False
+        self.pack = True  # send a build made here back for the next run to carry
+        self.rebuild = False  # build even where a build of this source is carried
+        self.build_packed: dict[str, Any] = {}
         self.phases: dict[str, PhaseResult] = {}
         self.machine: dict[str, Any] = {}
         self.model_paths: dict[str, str] = {}
@@ -257,6 +270,8 @@ class Check:
                 archive.extractall(self.work / "src", filter="data")
             stamp.write_text(manifest["archive_sha256"])
         result.detail["llama_cpp_python"] = manifest["llama_cpp_python"]
+        if self.mode.gpu and not self.prebuilt and not self.rebuild:
+            self.use_carried_build(manifest, result)
         wheels = sorted(str(p) for p in (self.carry / "wheels").glob("*.whl"))
         pip = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
                "--no-compile", "--disable-pip-version-check"]  # fmt: skip
@@ -270,6 +285,61 @@ class Check:
                        "--only-binary=:all:", *platform_flags(), *wheels]  # fmt: skip
         self.run("setup", [command], result)
         result.detail["wheels"] = len(wheels)
+
+    def build_name(self, manifest: dict[str, Any]) -> str:
+        """The file a build of this source for these GPUs is kept in, between device runs."""
+        arch = (self.cuda_arch or cuda_arch_of(self.machine.get("gpus", []))).replace(";", "+")
+        return f"build-{manifest['archive_sha256'][:12]}-{arch}.tar.xz"
+
+    def use_carried_build(self, manifest: dict[str, Any], result: PhaseResult) -> None:
+        """Unpack a build of this very source for these GPUs that an earlier device run sent
+        back and the preparation carried: the build phase then has nothing to do."""
+        try:
+            name = self.build_name(manifest)
+        except (RuntimeError, IndexError, ValueError):  # no GPU listed: the build phase says so
+            return
+        carried = self.carry / name
+        if not carried.is_file():
+            return
+        with tarfile.open(carried) as archive:
+            try:
+                stored = archive.extractfile(CPU_FLAGS)
+                needed = set(stored.read().decode().split()) if stored else set()
+            except KeyError:
+                needed = set()
+            missing = sorted(needed - cpu_flags())
+            if not needed or missing:  # the CPU backend was built for the machine it ran on
+                result.detail["build"] = f"carried {name} not used: this CPU lacks {missing}"
+                return
+            shutil.rmtree(self.build_dir, ignore_errors=True)
+            self.build_dir.mkdir(parents=True)
+            archive.extractall(self.build_dir, filter="data")
+        self.prebuilt = True
+        result.detail["build"] = f"carried: {name}"
+
+    def pack_build(self) -> None:
+        """Send the build back (under $OUT, in parts the device tool returns) for the next
+        run to carry: `python -m scripts.gpu_check.prepare --builds DIR` takes it."""
+        xz = shutil.which("xz")
+        manifest = json.loads((self.carry / "manifest.json").read_text())
+        if xz is None or not (self.build_dir / "bin").is_dir():
+            return
+        name = self.build_name(manifest)
+        packed = self.work / name
+        started = time.monotonic()
+        (self.build_dir / CPU_FLAGS).write_text(" ".join(sorted(cpu_flags())) + "\n")
+        with packed.open("wb") as sink:
+            tar = subprocess.Popen(["tar", "-C", str(self.build_dir), "-cf", "-", "bin"],
+                                   stdout=subprocess.PIPE)  # fmt: skip
+            subprocess.run([xz, "-T0", "-6"], stdin=tar.stdout, stdout=sink, check=True)
+            tar.wait()
+        data = packed.read_bytes()
+        parts = [data[i : i + BUILD_PART_BYTES] for i in range(0, len(data), BUILD_PART_BYTES)]
+        for index, part in enumerate(parts):
+            (self.out / f"{name}.part{index}").write_bytes(part)
+        packed.unlink()
+        self.build_packed = {"name": name, "bytes": len(data), "parts": len(parts),
+                             "seconds": round(time.monotonic() - started, 1)}  # fmt: skip
 
     def build_commands(self) -> list[list[str]]:
         source = self.work / "src" / "vendor" / "llama.cpp"
@@ -341,6 +411,25 @@ class Check:
         if self.mode.gpu and "CUDA" not in backends:
             result.status = "failed"
             result.detail["error"] = "the build has no CUDA backend"
+
+    def load(self, result: PhaseResult) -> None:
+        """The model loaded the ways the server loads it (scripts/gpu_check/load_probe.py):
+        which variant crashes, if one does, with its stage; the import after which `serve`'s
+        load crashes (bisected); the native backtrace."""
+        out = self.results_dir / "probe"
+        command = [sys.executable, "-m", "scripts.gpu_check.load_probe", self.model_paths["main"],
+                   "--out", str(out), "--timeout", "40", "--gdb", "--bisect"]  # fmt: skip
+        self.run("load", [command], result)
+        report = out / "probe.json"
+        if report.is_file():
+            probe = json.loads(report.read_text())
+            variants = probe.get("variants", {})
+            result.detail["variants"] = {name: [v["returncode"], v["last_stage"]]
+                                         for name, v in variants.items()}  # fmt: skip
+            if "bisect" in probe:
+                result.detail["bisect"] = {k: v for k, v in probe["bisect"].items() if k != "tries"}
+            if any(v["returncode"] != 0 for v in variants.values()):
+                result.status = "failed"
 
     def bench(self, result: PhaseResult) -> None:
         out = self.results_dir / "bench.json"
@@ -443,8 +532,10 @@ class Check:
             self.phase("models", self.models)
         if "build" in self.background:
             self.finish_background("build")
+            if self.mode.gpu and self.phases["build"].status == "ok" and self.pack:
+                self.pack_build()
         if self.model_paths:
-            for name, body in (("doctor", self.doctor), ("bench", self.bench),
+            for name, body in (("doctor", self.doctor), ("load", self.load), ("bench", self.bench),
                                ("concurrency", self.concurrency),
                                ("speculation", self.speculation)):  # fmt: skip
                 if name in want:
@@ -481,6 +572,7 @@ class Check:
         report = {
             "mode": self.mode_name,
             "llama_cpp": "prebuilt: " + str(self.lib_dir) if self.prebuilt else "built here",
+            "build_sent_back": self.build_packed,
             "machine": self.machine,
             "wall_s": round(time.monotonic() - self.started, 1),
             "phases": [vars(r) for r in self.phases.values()],
@@ -560,6 +652,16 @@ def machine_info(gpu: bool) -> dict[str, Any]:
     if gpu:
         info["cuda_library_dirs"] = cuda_library_dirs(root)
     return info
+
+
+def cpu_flags() -> set[str]:
+    """The flags of this machine's CPU (/proc/cpuinfo); empty where there is no such file."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+    return set(line.partition(":")[2].split())
 
 
 def cuda_arch_of(gpus: Sequence[str]) -> str:
@@ -710,6 +812,7 @@ def readable(value: float | None) -> str:
 
 # phases whose table section is their results as JSON lines: (heading, the detail's keys)
 JSON_SECTIONS = {
+    "load": ("load: the server's ways of loading the model", ("variants", "bisect")),
     "speculation": ("speculation", ("synthetic", "trained")),
     "sampling": ("sampling: llama.cpp's backend against the host", ("sampled", "greedy")),
 }
@@ -807,6 +910,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         "for a machine too slow to build or another build's numbers",
     )
     parser.add_argument("--bin-dir", type=Path, help="with --lib-dir: llama-bench, llama-server")
+    parser.add_argument(
+        "--rebuild",
+        action="store_true",
+        help="build even where the carried folder holds a build of this source",
+    )
+    parser.add_argument(
+        "--no-send-build",
+        action="store_true",
+        help="do not write the build under --out for the next run to carry",
+    )
     args = parser.parse_args(argv)
     if not (args.carry / "manifest.json").is_file():
         print("no carried folder: run python -m scripts.gpu_check.prepare first", file=sys.stderr)
@@ -822,6 +935,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         carry=args.carry.resolve(),
         work=args.work.resolve(),
     )
+    check.rebuild = args.rebuild
+    check.pack = not args.no_send_build
     if args.lib_dir:
         check.prebuilt = True
         check.lib_dir = args.lib_dir.resolve()

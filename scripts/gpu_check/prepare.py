@@ -42,9 +42,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CARRY = ROOT / ".gpu-check" / "carry"
+BUILDS = ROOT / ".gpu-check" / "builds"  # builds device runs sent back, kept between sessions
+DEVICE_LIMIT = 64 * 1024 * 1024  # what the device tool moves: the checkout and the carried paths
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gpt-oss-server"
 INDEX = "https://pypi.org/simple/llama-cpp-python/"
 MIB = 1024 * 1024
+BUILD_LIMIT = 32 * MIB  # a carried build (CUDA libraries, llama-bench, llama-server) at most
 # The device tool moves at most 64 MiB of working tree and carried paths together; the carry
 # folder keeps this much of it, the rest is the checkout (a few MiB).
 CARRY_LIMIT = 48 * MIB
@@ -245,6 +248,47 @@ def measure(carry: Path) -> dict[str, int]:
     return sizes
 
 
+def join_sent_builds(folders: list[Path], store: Path = BUILDS) -> list[Path]:
+    """Builds a device run wrote under $OUT (`build-<source>-<arch>.tar.xz.part0`, ...), joined
+    into `store`; returns every build kept there."""
+    store.mkdir(parents=True, exist_ok=True)
+    for folder in folders:
+        for first in sorted(folder.glob("build-*.tar.xz.part0")):
+            name = first.name.removesuffix(".part0")
+            parts = sorted(folder.glob(f"{name}.part*"), key=lambda p: int(p.suffix[5:]))
+            joined = store / f".{name}.joining"
+            with joined.open("wb") as sink:
+                for part in parts:
+                    sink.write(part.read_bytes())
+            joined.replace(store / name)
+            print(f"kept {name} ({len(parts)} parts) in {store}")
+    return sorted(store.glob("build-*.tar.xz"))
+
+
+def carry_builds(carry: Path, archive_sha256: str, folders: list[Path]) -> list[str]:
+    """Carry the kept builds of this source (the check unpacks the one for its GPUs)."""
+    for old in carry.glob("build-*.tar.xz"):
+        old.unlink()
+    carried = []
+    for build in join_sent_builds(folders):
+        if build.name.startswith(f"build-{archive_sha256[:12]}-"):
+            if build.stat().st_size > BUILD_LIMIT:
+                print(f"{build.name} is over {BUILD_LIMIT // MIB} MiB: not carried")
+                continue
+            shutil.copyfile(build, carry / build.name)
+            carried.append(build.name)
+    return carried
+
+
+def checkout_bytes() -> int:
+    """What the device tool sends beside the carried folder: tracked files and untracked ones
+    git does not ignore."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            cwd=ROOT, capture_output=True, check=False).stdout  # fmt: skip
+    paths = (ROOT / name for name in listed.decode().split("\0") if name)
+    return sum(p.stat().st_size for p in paths if p.is_file())
+
+
 def check(carry: Path) -> int:
     if not (carry / "manifest.json").is_file():
         print(f"{carry} is not prepared: python -m scripts.gpu_check.prepare", file=sys.stderr)
@@ -252,8 +296,14 @@ def check(carry: Path) -> int:
     sizes = measure(carry)
     for name, size in sizes.items():
         print(f"{name:40s} {size / MIB:8.2f} MiB")
-    if sizes["total"] > CARRY_LIMIT:
+    builds = sum(size for name, size in sizes.items() if name.startswith("build-"))
+    if sizes["total"] - builds > CARRY_LIMIT:
         print(f"over the {CARRY_LIMIT // MIB} MiB kept for carried files", file=sys.stderr)
+        return 1
+    sent = sizes["total"] + checkout_bytes()
+    print(f"{'with the checkout':40s} {sent / MIB:8.2f} MiB")
+    if sent > DEVICE_LIMIT:
+        print(f"over the device tool's {DEVICE_LIMIT // MIB} MiB", file=sys.stderr)
         return 1
     return 0
 
@@ -262,6 +312,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--carry", type=Path, default=DEFAULT_CARRY)
     parser.add_argument("--check", action="store_true", help="only measure the carry folder")
+    parser.add_argument(
+        "--builds",
+        type=Path,
+        nargs="*",
+        default=[],
+        help="folders holding the build a device run sent back (its $OUT files): kept in "
+        ".gpu-check/builds and carried while the source is the same",
+    )
     args = parser.parse_args(argv)
     carry: Path = args.carry
     if args.check:
@@ -280,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         "archive_sha256": sha256(carry / ARCHIVE),
         **unpacked,
         "wheels": wheels,
+        "builds": carry_builds(carry, sha256(carry / ARCHIVE), args.builds),
     }
     (carry / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     manifest["carry_bytes"] = measure(carry)["total"]

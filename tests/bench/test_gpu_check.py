@@ -44,8 +44,11 @@ def test_the_carried_folder_fits_the_device_tool(carry: Path) -> None:
     manifest = json.loads((carry / "manifest.json").read_text())
     total = sum(p.stat().st_size for p in carry.rglob("*") if p.is_file())
     assert total == manifest["carry_bytes"] or abs(total - manifest["carry_bytes"]) < 4096
-    assert total < 48 * MIB
-    assert sorted(p.name for p in carry.iterdir()) == [
+    # a build an earlier device run sent back (kept in .gpu-check/builds) rides beside the rest
+    builds = sum((carry / name).stat().st_size for name in manifest["builds"])
+    assert builds <= 32 * MIB
+    assert total - builds < 48 * MIB
+    assert sorted(p.name for p in carry.iterdir() if p.name not in manifest["builds"]) == [
         "llama-cpp-python.tar.xz", "manifest.json", "wheels",
     ]  # fmt: skip
     wheels = manifest["wheels"]
