@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args, get_origin
 
 from pydantic import BaseModel, Field, ValidationError
 from pydantic_settings import (
@@ -249,9 +249,41 @@ def print_banner(settings: Settings, runtime: Runtime) -> None:
     log.info("%s", banner(settings, runtime))
 
 
+def list_flags(subcommand: str) -> frozenset[str]:
+    """The flags of `subcommand` whose value is a list (`bench --prompt-tokens`)."""
+    field = Command.model_fields.get(subcommand.replace("-", "_"))
+    model = get_args(field.annotation)[0] if field and get_args(field.annotation) else None
+    return frozenset(
+        "--" + name.replace("_", "-")
+        for name, option in getattr(model, "model_fields", {}).items()
+        if get_origin(option.annotation) is list
+    )
+
+
+def join_list_values(args: list[str], flags: frozenset[str]) -> list[str]:
+    """`--prompt-tokens 512 4096` as `--prompt-tokens 512,4096`: a list flag takes the values
+    that follow it up to the next flag (pydantic-settings reads one value, comma-separated
+    or JSON, or the flag repeated; those forms still work)."""
+    joined: list[str] = []
+    i = 0
+    while i < len(args):
+        joined.append(args[i])
+        if args[i] in flags:
+            values = []
+            while i + 1 < len(args) and not args[i + 1].startswith("--"):
+                values.append(args[i + 1])
+                i += 1
+            if values:
+                joined.append(",".join(values))
+        i += 1
+    return joined
+
+
 def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
     try:
-        CliApp.run(Command, cli_args=sys.argv[1:] if argv is None else argv)
+        flags = list_flags(args[0]) if args else frozenset()
+        CliApp.run(Command, cli_args=join_list_values(args, flags))
     except (StartupError, ValidationError) as exc:  # bad flags, variables or config file
         configure_logging("info")
         log.error("%s", exc)

@@ -1,0 +1,50 @@
+"""The command line: a list flag takes the values that follow it (server/cli.py)."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic_settings import CliApp
+
+from server.bench.options import BenchOptions
+from server.cli import join_list_values, list_flags
+
+
+class Parsed(BenchOptions):
+    """bench's options, parsed as the command line parses them, without running the bench."""
+
+    def cli_cmd(self) -> None:
+        pass
+
+
+def parsed(*args: str) -> BenchOptions:
+    return CliApp.run(Parsed, cli_args=join_list_values(list(args), list_flags("bench")))
+
+
+@pytest.mark.parametrize(
+    "form",
+    [
+        ("--prompt-tokens", "512", "4096"),
+        ("--prompt-tokens", "512,4096"),
+        ("--prompt-tokens", "[512, 4096]"),
+        ("--prompt-tokens", "512", "--prompt-tokens", "4096"),
+    ],
+)
+def test_a_list_flag_reads_its_values_in_every_form(form: tuple[str, ...]) -> None:
+    options = parsed("--model", "m.gguf", *form, "--gen-tokens", "8")
+    assert options.prompt_tokens == [512, 4096]
+    assert options.gen_tokens == 8
+
+
+def test_values_stop_at_the_next_flag_and_negative_numbers_stay_values() -> None:
+    options = parsed("--paths", "http", "inprocess", "--model", "m", "--n-gpu-layers", "-1")
+    assert options.paths == ["http", "inprocess"]
+    assert options.n_gpu_layers == -1
+    assert options.model == "m"
+
+
+def test_only_the_subcommands_list_flags_are_joined() -> None:
+    assert list_flags("bench") == {"--paths", "--prompt-tokens"}
+    assert list_flags("serve") == frozenset()
+    assert list_flags("no-such-command") == frozenset()
+    args = ["serve", "--model", "a", "b"]
+    assert join_list_values(args, list_flags("serve")) == args
