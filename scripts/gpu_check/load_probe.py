@@ -40,6 +40,7 @@ VARIANTS: dict[str, tuple[tuple[str, ...], str, str, bool]] = {
     "engine": ((), "engine", "thread", False),
     "engine-mmap": ((), "engine", "thread", True),
     "vocab-after-serve-imports": (("server.cli",), "vocab", "thread", False),
+    "vocab-main-after-serve-imports": (("server.cli",), "vocab", "main", False),
     "engine-after-serve-imports": (("server.cli",), "engine", "thread", False),
     "engine-llama-first-then-serve-imports": (
         ("llama_cpp", "server.cli"),
@@ -61,7 +62,9 @@ for name in first:
     except Exception as exc:  # a module that only imports as part of its package
         pass
 print(f"stage: imported {len(first)} modules", flush=True)
-import os, signal
+import os, resource, signal
+print(f"info: RLIMIT_STACK {resource.getrlimit(resource.RLIMIT_STACK)}, thread stack size "
+      f"{threading.stack_size()}, threads {[t.name for t in threading.enumerate()]}", flush=True)
 if os.environ.get("GPU_CHECK_PROBE_FAULT_AFTER") in sys.modules:  # the bisect's own test
     os.kill(os.getpid(), signal.SIGSEGV)
 from server.engine.base import EngineConfig
@@ -115,7 +118,8 @@ def run_child(command: list[str], log: Path, timeout: float) -> dict[str, Any]:
         text = _text(exc.stdout) + _text(exc.stderr)
     log.write_text(text)
     stages = [line[7:] for line in text.splitlines() if line.startswith("stage: ")]
-    return {"returncode": code, "last_stage": stages[-1] if stages else None,
+    info = next((line[6:] for line in text.splitlines() if line.startswith("info: ")), None)
+    return {"returncode": code, "last_stage": stages[-1] if stages else None, "info": info,
             "tail": text.splitlines()[-25:]}  # fmt: skip
 
 
