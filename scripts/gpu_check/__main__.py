@@ -95,7 +95,7 @@ GPU = Mode(
         "build": 330,
         "models": 330,
         "doctor": 40,
-        "load": 150,
+        "load": 170,
         "bench": 170,
         "concurrency": 110,
         "speculation": 110,
