@@ -9,13 +9,12 @@ rehearsal's first phase writes the JSON and Markdown report the device run write
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
 import pytest
+
+from tests.support.repo_python import run_python
 
 ROOT = Path(__file__).resolve().parents[2]
 MIB = 1024 * 1024
@@ -26,16 +25,7 @@ pytestmark = pytest.mark.slow  # downloads the sdist (cached) and the wheels fro
 @pytest.fixture(scope="module")
 def carry(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("gpu-check") / "carry"
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    done = subprocess.run(
-        [sys.executable, "-m", "scripts.gpu_check.prepare", "--carry", str(folder)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=1800,
-    )
+    done = run_python(["-m", "scripts.gpu_check.prepare", "--carry", str(folder)], timeout=1800)
     assert done.returncode == 0, done.stdout + done.stderr
     return folder
 
@@ -79,14 +69,9 @@ def test_the_rehearsal_writes_the_report(carry: Path, tmp_path: Path) -> None:
     """The check's first phase on this machine from the prepared folder: the source unpacked,
     the wheels checked for python 3.12 offline."""
     out = tmp_path / "out"
-    done = subprocess.run(
-        [sys.executable, "-m", "scripts.gpu_check", "--cpu", "--phases", "setup", "--out",
-         str(out), "--carry", str(carry), "--work", str(tmp_path / "work")],
-        cwd=ROOT,
-        env=dict(os.environ, PYTHONPATH=str(ROOT)),
-        capture_output=True,
-        text=True,
-        check=False,
+    done = run_python(
+        ["-m", "scripts.gpu_check", "--cpu", "--phases", "setup", "--out", str(out), "--carry",
+         str(carry), "--work", str(tmp_path / "work")],
         timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr

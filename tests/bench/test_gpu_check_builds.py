@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.repo_python import run_python
+
 SHA = "ab" * 32
 NAME = f"build-{SHA[:12]}-90-real.tar.xz"
 
@@ -82,15 +81,7 @@ print("REPORT=" + json.dumps({"prebuilt": check.prebuilt, "detail": result.detai
 
 
 def run(code: str, *args: str) -> dict[str, Any]:
-    done = subprocess.run(
-        [sys.executable, "-c", SETUP + code, *args],
-        cwd=ROOT,
-        env=dict(os.environ, PYTHONPATH=str(ROOT)),
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=120,
-    )
+    done = run_python(["-c", SETUP + code, *args], timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     line = next(ln for ln in done.stdout.splitlines() if ln.startswith("REPORT="))
     report: dict[str, Any] = json.loads(line.removeprefix("REPORT="))

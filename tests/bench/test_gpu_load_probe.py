@@ -10,23 +10,18 @@ chosen module is imported (GPU_CHECK_PROBE_FAULT_AFTER), and the bisection must 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 from devkit.models import cached_gguf
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.repo_python import run_python
 
 
 def test_the_bisection_names_the_import_after_which_the_load_crashes(tmp_path: Path) -> None:
     model = cached_gguf("tiny")
-    env = dict(os.environ, PYTHONPATH=str(ROOT), GPU_CHECK_PROBE_FAULT_AFTER="fastapi")
-    done = subprocess.run(
-        [sys.executable, "-m", "scripts.gpu_check.load_probe", str(model), "--out",
-         str(tmp_path), "--bisect", "--variants", "engine", "engine-after-serve-imports"],
-        cwd=ROOT, env=env, capture_output=True, text=True, check=False, timeout=600,
+    done = run_python(
+        ["-m", "scripts.gpu_check.load_probe", str(model), "--out", str(tmp_path), "--bisect",
+         "--variants", "engine", "engine-after-serve-imports"],
+        timeout=600, env={"GPU_CHECK_PROBE_FAULT_AFTER": "fastapi"},
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads((tmp_path / "probe.json").read_text())
