@@ -16,7 +16,6 @@ import pytest
 
 from tests.support.repo_python import run_python
 
-ROOT = Path(__file__).resolve().parents[2]
 MIB = 1024 * 1024
 
 pytestmark = pytest.mark.slow  # downloads the sdist (cached) and the wheels from PyPI
