@@ -533,7 +533,10 @@ class Check:
         if "build" in self.background:
             self.finish_background("build")
             if self.mode.gpu and self.phases["build"].status == "ok" and self.pack:
-                self.pack_build()
+                try:
+                    self.pack_build()
+                except (OSError, subprocess.CalledProcessError) as exc:  # the measuring goes on
+                    self.build_packed = {"error": f"{type(exc).__name__}: {exc}"}
         if self.model_paths:
             for name, body in (("doctor", self.doctor), ("load", self.load), ("bench", self.bench),
                                ("concurrency", self.concurrency),
