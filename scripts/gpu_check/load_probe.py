@@ -51,6 +51,7 @@ VARIANTS: dict[str, tuple[tuple[str, ...], str, str, bool]] = {
 }
 BASELINE = "engine"
 SERVE = "engine-after-serve-imports"
+VOCAB = "vocab-after-serve-imports"  # where this crashes too, the bisection loads only that
 
 CHILD = r"""
 import importlib, json, sys, threading, time
@@ -150,13 +151,14 @@ def serve_import_order(out: Path) -> list[str]:
     return [name for name in names if name not in sys.builtin_module_names]
 
 
-def bisect(model: str, out: Path, timeout: float) -> dict[str, Any]:
-    """The shortest prefix of serve's import order after which the engine's load crashes."""
+def bisect(model: str, out: Path, timeout: float, what: str = "engine") -> dict[str, Any]:
+    """The shortest prefix of serve's import order after which the load crashes: the engine's,
+    or the vocabulary's alone (`what="vocab"`, a second where the engine's takes several)."""
     modules = serve_import_order(out)
     tries: list[dict[str, Any]] = []
 
     def crashes_after(n: int) -> bool:
-        result = run_child(child_command(modules[:n], "engine", "thread", False, model),
+        result = run_child(child_command(modules[:n], what, "thread", False, model),
                            out / f"bisect-{n}.log", timeout)  # fmt: skip
         tries.append({"prefix": n, "returncode": result["returncode"],
                       "last_stage": result["last_stage"]})  # fmt: skip
@@ -164,7 +166,7 @@ def bisect(model: str, out: Path, timeout: float) -> dict[str, Any]:
               flush=True)  # fmt: skip
         return crashed(result)
 
-    report: dict[str, Any] = {"modules": len(modules), "tries": tries}
+    report: dict[str, Any] = {"load": what, "modules": len(modules), "tries": tries}
     if not modules or not crashes_after(len(modules)):
         report["culprit"] = None
         return report
@@ -177,13 +179,13 @@ def bisect(model: str, out: Path, timeout: float) -> dict[str, Any]:
             low = middle
     culprit = modules[high - 1]
     report["culprit"] = culprit
-    report["culprit_alone_crashes"] = crashes_after_only(culprit, model, out, timeout)
+    report["culprit_alone_crashes"] = crashes_after_only(culprit, what, model, out, timeout)
     report["imported_before"] = modules[max(0, high - 6) : high - 1]
     return report
 
 
-def crashes_after_only(module: str, model: str, out: Path, timeout: float) -> bool:
-    result = run_child(child_command([module], "engine", "thread", False, model),
+def crashes_after_only(module: str, what: str, model: str, out: Path, timeout: float) -> bool:
+    result = run_child(child_command([module], what, "thread", False, model),
                        out / "bisect-alone.log", timeout)  # fmt: skip
     return crashed(result)
 
@@ -229,11 +231,13 @@ def main() -> int:
     bad = [name for name, result in results.items() if crashed(result)]
     for name in bad[:1]:
         print(f"--- {name}:", *results[name]["tail"], sep="\n", flush=True)
+    (args.out / "probe.json").write_text(json.dumps(report, indent=1))
     serve_only = SERVE in bad and BASELINE in results and not crashed(results[BASELINE])
     if args.bisect and serve_only:
-        report["bisect"] = bisect(args.model, args.out, args.timeout)
+        what = "vocab" if VOCAB in bad else "engine"
+        report["bisect"] = bisect(args.model, args.out, args.timeout, what)
         print(f"[probe] bisect: {json.dumps(report['bisect'], default=str)}", flush=True)
-    (args.out / "probe.json").write_text(json.dumps(report, indent=1))
+        (args.out / "probe.json").write_text(json.dumps(report, indent=1))
     if args.gdb and bad:
         gdb_backtrace(bad[0], args.model, args.out)
     return 0

@@ -20,7 +20,7 @@ def test_the_bisection_names_the_import_after_which_the_load_crashes(tmp_path: P
     model = cached_gguf("tiny")
     done = run_python(
         ["-m", "scripts.gpu_check.load_probe", str(model), "--out", str(tmp_path), "--bisect",
-         "--variants", "engine", "engine-after-serve-imports"],
+         "--variants", "engine", "engine-after-serve-imports", "vocab-after-serve-imports"],
         timeout=600, env={"GPU_CHECK_PROBE_FAULT_AFTER": "fastapi"},
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
@@ -29,7 +29,9 @@ def test_the_bisection_names_the_import_after_which_the_load_crashes(tmp_path: P
     assert variants["engine"]["returncode"] == 0
     assert variants["engine"]["last_stage"] == "done"
     assert variants["engine-after-serve-imports"]["returncode"] == -11
+    assert variants["vocab-after-serve-imports"]["returncode"] == -11
     bisect = report["bisect"]
+    assert bisect["load"] == "vocab"  # the vocabulary alone crashes too: the quicker load
     assert bisect["culprit"].split(".")[0] == "fastapi", bisect
     assert bisect["culprit_alone_crashes"] is True
     assert not any(name.split(".")[0] == "fastapi" for name in bisect["imported_before"])
