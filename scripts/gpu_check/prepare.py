@@ -248,9 +248,10 @@ def measure(carry: Path) -> dict[str, int]:
     return sizes
 
 
-def join_sent_builds(folders: list[Path], store: Path = BUILDS) -> list[Path]:
+def join_sent_builds(folders: list[Path], store: Path | None = None) -> list[Path]:
     """Builds a device run wrote under $OUT (`build-<source>-<arch>.tar.xz.part0`, ...), joined
-    into `store`; returns every build kept there."""
+    into `store` (BUILDS); returns every build kept there."""
+    store = store or BUILDS
     store.mkdir(parents=True, exist_ok=True)
     for folder in folders:
         for first in sorted(folder.glob("build-*.tar.xz.part0")):

@@ -99,6 +99,7 @@ def test_a_build_sent_back_in_parts_is_joined_carried_and_used(tmp_path: Path) -
     assert report["carried"] == [NAME]
     assert report["carried_other_source"] == []  # another source: not carried
     assert report["carried_from_store"] == [NAME]  # kept in the store since
+    assert sorted(p.name for p in (tmp_path / "builds").iterdir()) == [NAME]  # the test's own
     assert report["prebuilt"], report["detail"]
     assert report["detail"]["build"] == f"carried: {NAME}"
     assert report["symlink"]
