@@ -252,9 +252,9 @@ def join_sent_builds(folders: list[Path], store: Path | None = None) -> list[Pat
     """Builds a device run wrote under $OUT (`build-<source>-<arch>.tar.xz.part0`, ...), joined
     into `store` (BUILDS); returns every build kept there."""
     store = store or BUILDS
-    store.mkdir(parents=True, exist_ok=True)
     for folder in folders:
         for first in sorted(folder.glob("build-*.tar.xz.part0")):
+            store.mkdir(parents=True, exist_ok=True)
             name = first.name.removesuffix(".part0")
             parts = sorted(folder.glob(f"{name}.part*"), key=lambda p: int(p.suffix[5:]))
             joined = store / f".{name}.joining"
