@@ -270,13 +270,24 @@ def join_list_values(args: list[str], flags: frozenset[str]) -> list[str]:
         joined.append(args[i])
         if args[i] in flags:
             values = []
-            while i + 1 < len(args) and not args[i + 1].startswith("--"):
+            while i + 1 < len(args) and not _is_flag(args[i + 1]):
                 values.append(args[i + 1])
                 i += 1
             if values:
                 joined.append(",".join(values))
         i += 1
     return joined
+
+
+def _is_flag(arg: str) -> bool:
+    """`--name`, `-h`; not a negative number."""
+    if not arg.startswith("-"):
+        return False
+    try:
+        float(arg)
+    except ValueError:
+        return True
+    return False
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -42,6 +42,14 @@ def test_values_stop_at_the_next_flag_and_negative_numbers_stay_values() -> None
     assert options.model == "m"
 
 
+def test_a_short_flag_ends_the_values_and_a_negative_number_does_not() -> None:
+    flags = list_flags("bench")
+    assert join_list_values(["--prompt-tokens", "512", "-h"], flags) == [
+        "--prompt-tokens", "512", "-h",
+    ]  # fmt: skip
+    assert join_list_values(["--prompt-tokens", "-1", "7"], flags) == ["--prompt-tokens", "-1,7"]
+
+
 def test_only_the_subcommands_list_flags_are_joined() -> None:
     assert list_flags("bench") == {"--paths", "--prompt-tokens"}
     assert list_flags("serve") == frozenset()
