@@ -5,14 +5,17 @@
 Variants: the server's model and context (llama_context.LlamaContext) in the main thread and in
 a worker thread as the engine loads them, with and without mmap, the whole LlamaEngine, and the
 engine after the imports `serve` makes first (`import server.cli`), with llama_cpp imported
-before them or not. Each child runs with faulthandler on and prints the stage it reached; a
-child that dies by a signal is reported with its signal and the Python stack faulthandler wrote.
+before them or not, and the vocabulary alone after those imports (in a thread and in the main
+thread: where `serve` died, before any tensor was read). Each child runs with faulthandler on
+and prints the stage it reached; a child that dies by a signal is reported with its signal and
+the Python stack faulthandler wrote.
 
 `--bisect`: when the engine loads alone but not after serve's imports, find the first module in
-serve's import order whose import (with those before it) makes the load crash. `--gdb`: rerun
+serve's import order whose import (with those before it) makes the load crash (loading the
+vocabulary alone where that crashes too). `--gdb`: rerun
 the first variant that crashed under (cuda-)gdb and keep its native backtrace.
 `GPU_CHECK_PROBE_FAULT_AFTER=MODULE` makes a child die by SIGSEGV before loading once MODULE
-is imported: how tests/bench/test_gpu_check.py checks the bisection on a machine where nothing
+is imported: how tests/bench/test_gpu_load_probe.py checks the bisection on a machine where nothing
 crashes.
 
 The first GPU run (an H200) found `serve` dying by SIGSEGV in llama.cpp's vocabulary load
