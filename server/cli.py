@@ -3,6 +3,8 @@ rpc-worker."""
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
 import logging
 import os
 import sys
@@ -291,6 +293,10 @@ def _is_flag(arg: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> None:
+    # A crash in native code (llama.cpp, a CUDA library) leaves the Python stack of every
+    # thread on stderr, beside the log, instead of a bare "Segmentation fault".
+    with contextlib.suppress(AttributeError, RuntimeError, ValueError):  # no usable stderr
+        faulthandler.enable()
     args = sys.argv[1:] if argv is None else argv
     try:
         flags = list_flags(args[0]) if args else frozenset()

@@ -1,6 +1,12 @@
-"""The command line: a list flag takes the values that follow it (server/cli.py)."""
+"""The command line (server/cli.py): a list flag takes the values that follow it; a native crash
+leaves the Python stack."""
 
 from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
 
 import pytest
 from pydantic_settings import CliApp
@@ -56,3 +62,29 @@ def test_only_the_subcommands_list_flags_are_joined() -> None:
     assert list_flags("no-such-command") == frozenset()
     args = ["serve", "--model", "a", "b"]
     assert join_list_values(args, list_flags("serve")) == args
+
+
+CRASH = """
+import os, signal, sys
+from server.cli import main
+try:
+    main(["--help"])
+except SystemExit:
+    pass
+print("enabled", flush=True)
+os.kill(os.getpid(), signal.SIGSEGV)
+"""
+
+
+def test_a_native_crash_leaves_the_python_stack_on_stderr() -> None:
+    """The command enables faulthandler: a SIGSEGV (as llama.cpp's load gave on the first GPU)
+    is reported with the Python stack, not as a bare signal."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONFAULTHANDLER"}
+    done = subprocess.run(
+        [sys.executable, "-c", CRASH], env=env, capture_output=True, text=True, check=False,
+        timeout=60,
+    )  # fmt: skip
+    assert "enabled" in done.stdout
+    assert done.returncode == -signal.SIGSEGV
+    assert "Fatal Python error: Segmentation fault" in done.stderr
+    assert 'File "<string>", line 9' in done.stderr, done.stderr
