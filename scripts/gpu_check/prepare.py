@@ -333,13 +333,14 @@ def main(argv: list[str] | None = None) -> int:
         unpacked = write_archive(sdist, archive)
         archive.replace(carry / ARCHIVE)
     wheels = download_wheels(carry / "wheels")
+    archive_sha256 = sha256(carry / ARCHIVE)
     manifest = {
         "llama_cpp_python": version,
         "sdist_sha256": sha256(sdist),
-        "archive_sha256": sha256(carry / ARCHIVE),
+        "archive_sha256": archive_sha256,
         **unpacked,
         "wheels": wheels,
-        "builds": carry_builds(carry, sha256(carry / ARCHIVE), args.builds),
+        "builds": carry_builds(carry, archive_sha256, args.builds),
     }
     (carry / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     manifest["carry_bytes"] = measure(carry)["total"]
