@@ -3,3 +3,5 @@
 agent clients run headless and captured (codex_cli.py, claude_capture.py), the load/soak tester
 (load_test/) and the serving helpers tests and scripts share (serving.py). Imports `server`;
 `server` never imports it."""
+
+import server  # noqa: F401  (first: llama.cpp's libraries load before gguf's numpy; server/__init__.py)
