@@ -245,10 +245,15 @@ class Recording:
         self.ctx = ctx
         self.n_swa = ctx.n_swa
         self.parts: list[BatchPart] = []
+        self.read: list[int] = []
 
     def decode(self, parts: Sequence[BatchPart]) -> list[int]:
         self.parts.extend(parts)
         return self.ctx.decode(parts)
+
+    def logits(self, index: int) -> Any:
+        self.read.append(index)
+        return self.ctx.logits(index)
 
     def truncate(self, seq_id: int, n_keep: int) -> int:
         return self.ctx.truncate(seq_id, n_keep)
@@ -264,6 +269,8 @@ def test_each_timed_verify_keeps_the_logits_of_all_its_tokens(tiny_gguf: Path) -
         timed = [part for part in recording.parts if part.start_pos > 0]
         assert {len(part.tokens) for part in timed} == {1, 17, 65}
         assert all(part.outputs == len(part.tokens) and part.logits for part in timed)
+        # each timed step waits for its logits (a GPU's llama_decode returns before its end)
+        assert sorted(set(recording.read)) == [0, 16, 64]
         assert set(fastest) == {0, 16, 64}
         assert cost.draft_max == 64
         assert ctx.truncate(0, 0) == 0  # the sequence is empty again

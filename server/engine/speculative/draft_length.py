@@ -13,6 +13,14 @@ what the model's drafts have been accepted at over its recent sequences (a model
 copy), a new sequence starts with drafting off instead of paying for its first misses. The
 model's estimate drifts back towards PRIOR as well while drafts are declined, so drafting is
 tried again now and then, and comes back when the work starts copying.
+
+The cost measured at start-up is a verify's llama_decode (and the copy of its logits) alone.
+What a step costs besides — picking at each position, the copy of 201,088 logits a position to
+the host, Python — is small beside a CPU decode and can be most of a GPU one. `StepTimes` keeps
+the steps' own wall times (steps of one sequence: a plain one, and one with k drafts against
+cost[k] of a plain one) and scales the measured costs by what the drafting steps took against
+what the costs predicted: where verifies cost more than measured, drafting needs more acceptance
+to pay, and stops where it does not.
 """
 
 from __future__ import annotations
@@ -26,6 +34,10 @@ DECAY = 0.9  # the weight left to a sequence's past verifies at each new one
 MODEL_DECAY = 0.99  # the same for the model's, over all its sequences
 DRIFT = 0.97  # the weight left at each step that drafted nothing while a draft was at hand
 MIN_GAIN = 1.02  # a draft must promise this many tokens per unit of cost over a plain step
+PLAIN_DECAY = 0.9  # the weight left to the plain steps' mean time at each new one
+PLAIN_MIN = 3.0  # plain steps (decayed count) before a drafting step's time is weighed
+STEP_DECAY = 0.8  # the weight left to the drafting steps' sums at each new one
+STEP_PRIOR = 1.0  # drafting steps (in plain steps' time) the measured costs count for
 
 
 @dataclass(frozen=True)
@@ -80,9 +92,42 @@ class VerifyCost:
                 high = mid
         return high
 
+    def scaled(self, factor: float) -> VerifyCost:
+        """The costs of drafting times `factor` (a plain step stays 1; none below 1)."""
+        return VerifyCost((1.0, *(max(c * factor, 1.0) for c in self.cost[1:])))
+
     def pays(self) -> bool:
         """Whether drafting can pay at all on this model (some k breaks even below 0.9)."""
         return any(self.break_even(k) < 0.9 for k in range(1, self.draft_max + 1))
+
+
+@dataclass
+class StepTimes:
+    """Wall times of steps of one sequence: the mean of plain ones, and, over drafting ones, the
+    time taken (in plain steps) against the time the verify cost predicted. `factor` scales the
+    measured costs of drafting (1 until steps say otherwise)."""
+
+    plain_s: float = 0.0  # decayed mean seconds of a plain step
+    plain_n: float = 0.0  # decayed count of plain steps
+    taken: float = 0.0  # decayed sum of drafting steps' times, in plain steps
+    predicted: float = 0.0  # decayed sum of what the measured costs said they would take
+
+    def plain(self, seconds: float) -> None:
+        self.plain_n = self.plain_n * PLAIN_DECAY + 1.0
+        self.plain_s += (seconds - self.plain_s) / self.plain_n
+
+    def drafting(self, seconds: float, predicted: float) -> bool:
+        """A step with drafts took `seconds` where the costs said `predicted` plain steps;
+        False where there is no plain time to weigh it against yet."""
+        if self.plain_n < PLAIN_MIN or self.plain_s <= 0.0:
+            return False
+        self.taken = self.taken * STEP_DECAY + seconds / self.plain_s
+        self.predicted = self.predicted * STEP_DECAY + predicted
+        return True
+
+    @property
+    def factor(self) -> float:
+        return (self.taken + STEP_PRIOR) / (self.predicted + STEP_PRIOR)
 
 
 def expected_tokens(k: int, acceptance: float) -> float:

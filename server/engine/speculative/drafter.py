@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from server.engine.speculative.draft_length import (
     MODEL_DECAY,
     Acceptance,
+    StepTimes,
     VerifyCost,
     draft_length,
 )
@@ -27,14 +28,30 @@ class Speculator:
     """The engine's speculation settings, the verify cost of its model and the acceptance its
     drafts have had (each new sequence's prior)."""
 
-    cost: VerifyCost
+    measured: VerifyCost  # at start-up (verify_cost.py)
     acceptance: Acceptance = field(default_factory=lambda: Acceptance(decay=MODEL_DECAY))
     isolated: bool = False  # each sequence's acceptance starts from PRIOR, not the model's
+    timed: bool = True  # weigh the steps' own times (auto); False: the costs as given (on)
+    steps: StepTimes = field(default_factory=StepTimes)
+    cost: VerifyCost = field(init=False)  # the measured costs, scaled by the steps' times
+
+    def __post_init__(self) -> None:
+        self.cost = self.measured
 
     @property
     def draft_max(self) -> int:
         """The most drafted tokens verified in one step (the costs known)."""
-        return self.cost.draft_max
+        return self.measured.draft_max
+
+    def step_took(self, drafted: int, seconds: float) -> None:
+        """A step of one sequence (nothing else in its batch) with `drafted` drafted tokens
+        took `seconds`, its picks included (Scheduler.step)."""
+        if not self.timed:
+            return
+        if drafted == 0:
+            self.steps.plain(seconds)
+        elif self.steps.drafting(seconds, self.measured.cost[min(drafted, self.draft_max)]):
+            self.cost = self.measured.scaled(self.steps.factor)
 
     def follow(self, tokens: Sequence[int]) -> SequenceDrafter:
         prior = None if self.isolated else self.acceptance

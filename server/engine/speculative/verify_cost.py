@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from server.engine.base import BatchPart, EngineConfig
 from server.engine.speculative.draft_length import VerifyCost
@@ -32,6 +32,8 @@ class VerifyTarget(Protocol):
 
     def decode(self, parts: Sequence[BatchPart]) -> list[int]: ...
 
+    def logits(self, index: int) -> Any: ...
+
     def truncate(self, seq_id: int, n_keep: int) -> int: ...
 
 
@@ -42,10 +44,11 @@ def measure_verify_cost(
     rounds: int = 2,
     ks: Iterable[int] = MEASURED_K,
 ) -> tuple[VerifyCost, dict[int, float]]:
-    """Time a step of 1 + k tokens (all with logits) against one of 1 token, for the draft
-    lengths `ks` (the others interpolated), on an empty sequence; the sequence is empty again
-    afterwards. Returns the costs and the fastest seconds of each measured k (the fastest of
-    the rounds: what the model costs, with the least of what else ran on the machine)."""
+    """Time a step of 1 + k tokens (all with logits, copied to the host) against one of 1 token,
+    for the draft lengths `ks` (the others interpolated), on an empty sequence; the sequence is
+    empty again afterwards. Returns the costs and the fastest seconds of each measured k (the
+    fastest of the rounds: what the model costs, with the least of what else ran on the
+    machine)."""
     ks = sorted({k for k in ks if k <= draft_max} | {0, draft_max})
     prefix = [1000 + (i * 7919) % 90000 for i in range(_PREFIX)]
     step_tokens = [1000 + (i * 104729) % 90000 for i in range(ks[-1] + 1)]  # pending + draft
@@ -54,7 +57,8 @@ def measure_verify_cost(
 
     def step(k: int) -> None:
         start = time.perf_counter()
-        ctx.decode([BatchPart(seq_id, step_tokens[: k + 1], _PREFIX, True, k + 1)])
+        index = ctx.decode([BatchPart(seq_id, step_tokens[: k + 1], _PREFIX, True, k + 1)])[0]
+        ctx.logits(index)  # waits for the decode: on a GPU, llama_decode returns before its end
         times[k].append(time.perf_counter() - start)
         ctx.truncate(seq_id, _PREFIX)
 
@@ -84,11 +88,15 @@ def start_speculation(ctx: VerifyTarget, config: EngineConfig) -> Speculator | N
         return None
     if config.speculative == "on":  # drafts as long as the context offers, cost unweighed
         log.info("speculative decoding on, up to %d drafted tokens a step", config.draft_max)
-        return Speculator(VerifyCost((1.0,) * (config.draft_max + 1)), isolated=isolated)
+        return Speculator(
+            VerifyCost((1.0,) * (config.draft_max + 1)), isolated=isolated, timed=False
+        )
     cost, _ = measure_verify_cost(ctx, 0, config.draft_max)
     shown = ", ".join(f"{k}:{c:.2f}" for k, c in enumerate(cost.cost))
     if not cost.pays():
         log.info("speculative decoding off: a verify costs too much here (%s)", shown)
         return None
     log.info("speculative decoding on, verify cost by draft length %s", shown)
-    return Speculator(cost, isolated=isolated)
+    # the batch-invariant mode drafts by acceptance alone: its steps' times would make which
+    # drafts it verifies depend on the machine's load
+    return Speculator(cost, isolated=isolated, timed=not isolated)

@@ -12,6 +12,7 @@ from server.engine.speculative.draft_length import (
     draft_length,
     expected_tokens,
 )
+from server.engine.speculative.drafter import SequenceDrafter, Speculator
 
 FLAT = VerifyCost.interpolate({0: 1.0, 16: 1.0}, 16)  # a verify costs what a step costs
 # gpt-oss-20b-like: every drafted token routes to more experts
@@ -98,3 +99,53 @@ def test_a_new_sequence_starts_from_what_the_models_drafts_got() -> None:
         missing.drift(6)
         declined += 1
     assert 10 < declined < 500
+
+
+def test_verifies_that_take_longer_than_measured_stop_the_drafting() -> None:
+    """A GPU's verify costs more than its llama_decode (the picks and the logits' copy at each
+    position): drafting steps that take 3 plain steps where the measured cost said 1.1 raise the
+    costs until a copy accepted at 0.5 no longer pays; timed=False (speculation "on") keeps
+    drafting."""
+    measured = VerifyCost.interpolate({0: 1.0, 16: 1.1}, 16)
+    for timed in (True, False):
+        speculator = Speculator(measured, timed=timed)
+        for _ in range(5):
+            speculator.step_took(0, 0.001)
+        assert speculator.cost.best(0.5, 16) > 0
+        for _ in range(6):
+            speculator.step_took(4, 0.003)
+        if timed:
+            assert speculator.steps.factor == pytest.approx(2.5, rel=0.15)
+            assert speculator.cost.cost[0] == 1.0
+            assert speculator.cost.best(0.5, 16) == 0
+            assert speculator.cost.best(0.97, 16) > 0  # a copy accepted throughout still pays
+        else:
+            assert speculator.cost is measured
+
+
+def test_drafting_steps_are_weighed_only_against_plain_ones() -> None:
+    """Before three plain steps are timed, a drafting step has nothing to be weighed against;
+    steps that took what the costs said leave them as measured."""
+    measured = VerifyCost.interpolate({0: 1.0, 16: 2.0}, 16)
+    speculator = Speculator(measured)
+    speculator.step_took(8, 1.0)
+    assert speculator.cost == measured
+    for _ in range(4):
+        speculator.step_took(0, 0.002)
+    for _ in range(10):
+        speculator.step_took(8, 0.002 * measured.cost[8])
+    assert speculator.steps.factor == pytest.approx(1.0)
+    assert speculator.cost.cost == pytest.approx(measured.cost)
+
+
+def test_cheaper_steps_than_measured_draft_more() -> None:
+    measured = VerifyCost.interpolate({0: 1.0, 16: 3.0}, 16)
+    speculator = Speculator(measured)
+    drafter: SequenceDrafter = speculator.follow([1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4, 5, 6])
+    before = measured.best(0.6, 16)
+    for _ in range(4):
+        speculator.step_took(0, 0.01)
+    for _ in range(10):
+        speculator.step_took(8, 0.012)
+    assert speculator.cost.best(0.6, 16) > before
+    assert drafter.speculator.cost is speculator.cost
