@@ -221,6 +221,11 @@ class LlamaContext:
             raise DecodeError(int(code))
         return indices
 
+    def synchronize(self) -> None:
+        """Wait for the last decode to finish: on a GPU, llama_decode returns once its work is
+        queued; reading logits waits too."""
+        lc.llama_synchronize(self._ctx)
+
     def _should_abort(self, _data: Any) -> bool:
         check = self._abort_check
         try:

@@ -506,6 +506,7 @@ class Scheduler:
             if job.next_prompt in job.save_points:
                 self._save(job.slot.seq_id, job.slot.tokens)
             if not job.prefilling:
+                self._ctx.synchronize()  # the prefill's end, not its queuing (GPU)
                 job.prefilled = time.perf_counter()
                 if job.lead and self._emit_lead(job, carried=prompt < len(part.tokens)):
                     return
