@@ -537,6 +537,7 @@ class Check:
                     self.pack_build()
                 except (OSError, subprocess.CalledProcessError) as exc:  # the measuring goes on
                     self.build_packed = {"error": f"{type(exc).__name__}: {exc}"}
+        self.machine["libstdcxx"] = libstdcxx_linkage(self.lib_dir)
         if self.model_paths:
             for name, body in (("doctor", self.doctor), ("load", self.load), ("bench", self.bench),
                                ("concurrency", self.concurrency),
@@ -644,6 +645,8 @@ def machine_info(gpu: bool) -> dict[str, Any]:
         "system": f"{platform.system()} {platform.machine()}",
         "load_average": [round(x, 2) for x in os.getloadavg()],
         "commit": capture(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"]) or None,
+        # CMake builds with these where set (the first GPU machine's image set other compilers)
+        "compilers": {name: os.environ[name] for name in ("CC", "CXX") if name in os.environ},
     }
     gpus = capture(["nvidia-smi", "--query-gpu=name,memory.total,compute_cap,driver_version",
                     "--format=csv,noheader"])  # fmt: skip
@@ -655,6 +658,17 @@ def machine_info(gpu: bool) -> dict[str, Any]:
     if gpu:
         info["cuda_library_dirs"] = cuda_library_dirs(root)
     return info
+
+
+def libstdcxx_linkage(bin_dir: Path) -> str | None:
+    """How the build's libllama has libstdc++: "shared" (it needs libstdc++.so.6) or "static"
+    (its own copy: then it must load before numpy's shared one; docs/gpu.md, "The load-order
+    crash"); None without the library or readelf."""
+    library = next(iter(sorted(bin_dir.glob("libllama.so*"))), None)
+    dynamic = capture(["readelf", "-d", str(library)]) if library else ""
+    if "NEEDED" not in dynamic:
+        return None
+    return "shared" if "libstdc++.so" in dynamic else "static"
 
 
 def cpu_flags() -> set[str]:
@@ -840,7 +854,9 @@ def render_markdown(gpu: bool, machine: dict[str, Any], phases: list[PhaseResult
         "",
         f"{machine.get('cpus')} CPUs, python {machine.get('python')}, "
         f"{machine.get('nvcc') or 'no nvcc'}, commit {machine.get('commit')}, "
-        f"load average at start {machine.get('load_average')}; total {wall_s} s.",
+        f"load average at start {machine.get('load_average')}; total {wall_s} s. "
+        f"Compilers {machine.get('compilers') or 'CMake defaults'}; libllama's libstdc++ "
+        f"{machine.get('libstdcxx') or 'unknown'}.",
         "",
         "| phase | status | wall s | budget s |",
         "| --- | --- | --- | --- |",

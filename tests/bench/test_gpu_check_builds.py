@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -111,3 +113,35 @@ def test_a_build_for_a_cpu_with_other_flags_is_not_used(tmp_path: Path) -> None:
     assert not report["prebuilt"]
     assert "no_such_cpu_flag" in report["detail"]["build"]
     assert not report["unpacked"]
+
+
+LINKAGE = """
+import sys
+from pathlib import Path
+from scripts.gpu_check.__main__ import libstdcxx_linkage
+print(libstdcxx_linkage(Path(sys.argv[1])))
+"""
+
+
+@pytest.mark.skipif(
+    not (shutil.which("c++") and shutil.which("readelf")), reason="no C++ compiler or readelf"
+)
+@pytest.mark.parametrize(("flags", "expected"), [([], "shared"), (["-static-libstdc++"], "static")])
+def test_the_report_says_how_libllama_has_libstdcxx(
+    tmp_path: Path, flags: list[str], expected: str
+) -> None:
+    """A libllama with its own static libstdc++ must load before numpy (docs/gpu.md, "The
+    load-order crash"): the report says which kind the build is."""
+    source = tmp_path / "vocab.cc"
+    source.write_text(
+        "#include <regex>\n#include <string>\n"
+        'bool split(const std::string& s) { return std::regex_match(s, std::regex("[a-z]+")); }\n'
+    )
+    subprocess.run(
+        ["c++", "-shared", "-fPIC", *flags, str(source), "-o", str(tmp_path / "libllama.so.0")],
+        check=True, timeout=120,
+    )  # fmt: skip
+    done = run_python(["-c", LINKAGE, str(tmp_path)], timeout=60)
+    assert done.stdout.strip() == expected, done.stderr
+    empty = run_python(["-c", LINKAGE, str(tmp_path / "none")], timeout=60)
+    assert empty.stdout.strip() == "None"
