@@ -333,10 +333,7 @@ class Scheduler:
             job.drafter = self._speculator.follow(job.prompt_tokens)
         if not job.params.prompt_logprobs and job.params.max_tokens > 0:
             job.lead = self._lead(job)
-            # a guess only where a pick follows the lead (it neither stops nor fills max_tokens)
-            ends = bool(set(job.lead) & job.params.stop_tokens)
-            ends = ends or job.params.max_tokens <= len(job.lead)
-            if job.lead and job.steering is not None and self._guess_header and not ends:
+            if job.lead and job.steering is not None and self._guess_header:
                 job.guess = job.steering.likely()
         self._running.append(job)
 

@@ -332,29 +332,3 @@ def test_a_first_header_other_than_the_guess_is_picked_as_always(
         assert continued == expected
     finally:
         engine.close()
-
-
-def test_a_generation_the_lead_ends_leaves_no_guessed_cells(
-    tiny_gguf: Path, encoding: HarmonyEncoding
-) -> None:
-    """max_tokens=1 ends the generation with the lead (`<|channel|>`), before any pick: the
-    guessed header evaluated with the prompt leaves the sequence, which holds the prompt and
-    the emitted token only."""
-    config = EngineConfig(model_path=str(tiny_gguf), n_ctx=2048, n_threads=1, speculative="off")
-    engine = LlamaEngine(config)
-    try:
-        prompt = unique_prompt(encoding, "one token")
-        plan = plan_steering(encoding, [], ToolChoice())
-        one = SamplingParams(max_tokens=1, temperature=0.0, stop_tokens=STOPS)
-        tokens, _ = run(engine, prompt, one, plan.start())
-        assert tokens == [200005]  # <|channel|>
-        scheduler = engine._scheduler
-        assert scheduler is not None
-        held = [slot.tokens for slot in scheduler.slots if slot.tokens]
-        assert held == [[*prompt, 200005]]
-        ctx = engine._ctx
-        assert ctx is not None
-        seq = next(slot.seq_id for slot in scheduler.slots if slot.tokens)
-        assert ctx.seq_end(seq) == len(prompt) + 1
-    finally:
-        engine.close()
