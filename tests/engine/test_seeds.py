@@ -49,9 +49,6 @@ class Digits:
     def accept(self, token: int) -> None:
         pass
 
-    def likely(self) -> tuple[int, ...]:
-        return ()
-
 
 def twice(
     engine: LlamaEngine,
