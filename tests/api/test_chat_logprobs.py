@@ -28,11 +28,12 @@ from tests.support.scripts import GREETING, reason_then_answer
 
 class Fresh:
     """An engine of its own, its forced scripts and its HTTP client: its KV cache holds only
-    this module's requests. On the shared engine the chat request reuses a prefix whose cells
-    other tests' batches computed; the rounding of those (kernels differ by batch shape) can
-    flip the tiny model's choice among its experts at a position, which then differs from the
-    scoring path's by far more than rounding (0.6 nats seen), depending on which tests ran
-    before: the comparison is made where both paths start from the same empty cache."""
+    this module's requests. On the shared engine the chat request reused a prefix whose cells
+    other tests' batches had computed (llama.cpp's kernels round differently by batch shape),
+    and after some orders of the tests one position's logprob differed from the scoring path's
+    by 0.6 nats, the others by about 0.01, while a fresh engine's scoring agreed with the
+    scoring path exactly: most likely a flip of the tiny model's choice among its experts. The
+    comparison is made where both paths start from the same empty cache."""
 
     def __init__(self, model: Path, encoding: HarmonyEncoding) -> None:
         self.forced = ForcedScript(encoding)
