@@ -20,7 +20,6 @@ from server.engine.base import EngineConfig, SamplingParams
 from server.engine.llama import LlamaEngine
 from server.ops.runtime import Runtime
 from server.ops.settings import Settings
-from tests.conftest import TEST_N_CTX
 from tests.support.chat import USER_HI, chunks_of, joined, post, stream
 from tests.support.engine_runs import ACROSS_PATHS
 from tests.support.scripts import GREETING, reason_then_answer
@@ -37,9 +36,7 @@ class Fresh:
 
     def __init__(self, model: Path, encoding: HarmonyEncoding) -> None:
         self.forced = ForcedScript(encoding)
-        config = EngineConfig(
-            model_path=str(model), n_ctx=TEST_N_CTX, n_threads=2, speculative="on"
-        )
+        config = EngineConfig(model_path=str(model), n_ctx=4096, n_threads=2, speculative="on")
         self.engine = LlamaEngine(config, sampling_hook=self.forced)
         runtime = Runtime(engine=self.engine, encoding=encoding, model_name="gpt-oss-tiny")
         self.client = TestClient(create_app(Settings(reasoning_effort="medium"), runtime))
