@@ -7,10 +7,11 @@ reads the dynamic linker's own list, which is in load order."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import pytest
+
+from tests.support.repo_python import run_python
 
 LINK_MAP = """
 import ctypes, json, sys
@@ -34,10 +35,8 @@ ENTRIES = ["server", "server.cli", "devkit.models", "scripts.bench.speculative"]
 
 
 def loaded_in_order(module: str) -> list[str]:
-    done = subprocess.run(
-        [sys.executable, "-c", LINK_MAP.format(module=module)],
-        capture_output=True, text=True, check=True, timeout=120,
-    )  # fmt: skip
+    done = run_python(["-c", LINK_MAP.format(module=module)], timeout=120)
+    assert done.returncode == 0, done.stderr
     return [name.rsplit("/", 1)[-1] for name in json.loads(done.stdout.splitlines()[-1])]
 
 
