@@ -230,7 +230,7 @@ class Scheduler:
                 continue
             ran_parts, indices = ran  # without the drafts the cache had no room for
             # a step of one generating sequence, timed for the speculator (draft_length.py)
-            timed = self._speculator is not None and len(jobs) == 1 and not jobs[0].prefilling
+            timer = self._speculator if len(jobs) == 1 and not jobs[0].prefilling else None
             drafted = 0 if jobs[0].guessed else len(jobs[0].draft)
             for part, job, index in zip(ran_parts, jobs, indices, strict=True):
                 try:
@@ -238,9 +238,9 @@ class Scheduler:
                 except Exception as exc:  # a failing request must not stop the others
                     log.exception("generation failed")
                     self._finish(job, StopReason.ERROR, f"{type(exc).__name__}: {exc}")
-                    timed = False
-            if timed and self._speculator is not None:
-                self._speculator.step_took(drafted, time.perf_counter() - started)
+                    timer = None
+            if timer is not None:
+                timer.step_took(drafted, time.perf_counter() - started)
 
     def _retire(self) -> None:
         for job in [j for j in self._waiting if j.channel.cancelled]:
