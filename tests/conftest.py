@@ -7,7 +7,6 @@ test can script what the model says.
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,12 +16,10 @@ from openai_harmony import HarmonyEncoding
 
 from devkit.forced import ForcedScript
 from devkit.models import cached_gguf
-from server.engine.base import EngineConfig
 from server.engine.llama import LlamaEngine
 from server.harmony.encoding import ENV_VAR, load_encoding
 from server.ops.runtime import Runtime
-
-TEST_N_CTX = 4096
+from tests.support.tiny_engine import tiny_engine, tiny_runtime
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -70,21 +67,13 @@ def _no_leftover_scripts(request: pytest.FixtureRequest) -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def engine(tiny_gguf: Path, forced: ForcedScript) -> Iterator[LlamaEngine]:
-    logging.getLogger("llama_cpp").setLevel(logging.WARNING)
-    # speculation on: every test through this engine runs the drafting and verify paths (it
-    # compares against no plain engine, and forced tokens pass any draft: that speculation
-    # changes no output is tests/engine/test_speculative.py's comparison of two engines)
-    config = EngineConfig(
-        model_path=str(tiny_gguf), n_ctx=TEST_N_CTX, n_threads=2, speculative="on"
-    )
-    engine = LlamaEngine(config, sampling_hook=forced)
-    yield engine
-    engine.close()
+    with tiny_engine(tiny_gguf, forced) as engine:
+        yield engine
 
 
 @pytest.fixture(scope="session")
 def runtime(engine: LlamaEngine, encoding: HarmonyEncoding) -> Runtime:
-    return Runtime(engine=engine, encoding=encoding, model_name="gpt-oss-tiny")
+    return tiny_runtime(engine, encoding)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -7,13 +7,11 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 
-from server.app import create_app
 from server.ops.runtime import Runtime
-from server.ops.settings import Settings
+from tests.support.tiny_engine import tiny_app
 
 
 @pytest.fixture(scope="session")
 def client(runtime: Runtime) -> Iterator[TestClient]:
-    app = create_app(Settings(reasoning_effort="medium"), runtime)
-    with TestClient(app) as test_client:
+    with TestClient(tiny_app(runtime)) as test_client:
         yield test_client

@@ -18,6 +18,7 @@ from server.ops.settings import Settings
 from tests.support.chat import USER_HI, chunks_of, joined, post, stream
 from tests.support.chat_grammar import check_chat_stream
 from tests.support.scripts import GREETING
+from tests.support.tiny_engine import tiny_app
 
 REASON_THEN_ANSWER = GREETING
 
@@ -274,7 +275,7 @@ def test_a_generation_that_raises_mid_stream_ends_with_an_error_and_done(
     """The generator's `on_finished` hook (the app's metrics) raising is a real failure inside
     the generation: after the answer was streamed, before its `Finished` event. The stream
     still ends as OpenAI's do: the error envelope as a `data:` line, then `[DONE]`."""
-    app = create_app(Settings(reasoning_effort="medium"), runtime)
+    app = tiny_app(runtime)
     with TestClient(app, raise_server_exceptions=False) as failing:
 
         def observe(finished: Finished) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,16 +16,15 @@ from openai.types.chat import ChatCompletion
 from openai_harmony import HarmonyEncoding
 
 from devkit.forced import ForcedScript
-from server.app import create_app
-from server.engine.base import EngineConfig, SamplingParams
+from server.engine.base import SamplingParams
 from server.engine.llama import LlamaEngine
-from server.ops.runtime import Runtime
-from server.ops.settings import Settings
 from tests.support.chat import USER_HI, chunks_of, joined, post, stream
 from tests.support.engine_runs import ACROSS_PATHS
 from tests.support.scripts import GREETING, reason_then_answer
+from tests.support.tiny_engine import tiny_app, tiny_engine, tiny_runtime
 
 
+@dataclass
 class Fresh:
     """An engine of its own, its forced scripts and its HTTP client: its KV cache holds only
     this module's requests. On the shared engine the chat request reused a prefix whose cells
@@ -34,22 +34,19 @@ class Fresh:
     scoring path exactly: most likely a flip of the tiny model's choice among its experts. The
     comparison is made where both paths start from the same empty cache."""
 
-    def __init__(self, model: Path, encoding: HarmonyEncoding) -> None:
-        self.forced = ForcedScript(encoding)
-        config = EngineConfig(model_path=str(model), n_ctx=4096, n_threads=2, speculative="on")
-        self.engine = LlamaEngine(config, sampling_hook=self.forced)
-        runtime = Runtime(engine=self.engine, encoding=encoding, model_name="gpt-oss-tiny")
-        self.client = TestClient(create_app(Settings(reasoning_effort="medium"), runtime))
+    forced: ForcedScript
+    engine: LlamaEngine
+    client: TestClient
 
 
 @pytest.fixture
 def fresh(tiny_gguf: Path, encoding: HarmonyEncoding) -> Iterator[Fresh]:
-    own = Fresh(tiny_gguf, encoding)
-    try:
-        with own.client:
-            yield own
-    finally:
-        own.engine.close()
+    forced = ForcedScript(encoding)
+    with (
+        tiny_engine(tiny_gguf, forced) as engine,
+        TestClient(tiny_app(tiny_runtime(engine, encoding))) as client,
+    ):
+        yield Fresh(forced, engine, client)
 
 
 ANSWER = "Hello! 👋 How can I help?"

@@ -26,8 +26,8 @@ from schemathesis.python import asgi
 from server.app import create_app
 from server.engine.base import EngineConfig
 from server.engine.llama import LlamaEngine
-from server.ops.runtime import Runtime
 from server.ops.settings import Settings
+from tests.support.tiny_engine import tiny_runtime
 
 pytestmark = pytest.mark.slow  # hundreds of generated requests
 
@@ -65,7 +65,7 @@ def app_schema(
 ) -> Iterator[Any]:
     config = EngineConfig(model_path=str(tiny_gguf), n_ctx=1024, n_threads=2)
     engine = LlamaEngine(config, sampling_hook=ShortScripts(encoding))
-    runtime = Runtime(engine=engine, encoding=encoding, model_name="gpt-oss-tiny")
+    runtime = tiny_runtime(engine, encoding)
     store = tmp_path_factory.mktemp("store") / "responses.sqlite3"
     app = create_app(Settings(responses_store_path=store, max_request_bytes=256 * 1024), runtime)
     try:
