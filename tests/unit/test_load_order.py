@@ -64,3 +64,23 @@ def test_the_check_sees_the_wrong_order() -> None:
     above can fail."""
     names = loaded_in_order("numpy, server")
     assert first(names, "_multiarray_umath") < first(names, "libllama")
+
+
+WITHOUT_LLAMA_CPP = """
+import importlib.abc, sys
+class NoLlamaCpp(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "llama_cpp" or name.startswith("llama_cpp."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, NoLlamaCpp())
+import devkit, server, server.harmony.render
+print("imported")
+"""
+
+
+def test_an_environment_without_llama_cpp_still_imports_the_packages() -> None:
+    """The test model's training environment (torch, numpy, no llama.cpp) imports devkit's
+    training code, hence `server`: the load-order import must not make that fail."""
+    done = run_python(["-c", WITHOUT_LLAMA_CPP], timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["imported"]
