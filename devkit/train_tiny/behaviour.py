@@ -310,13 +310,19 @@ def edit(
 
 
 def claude_case(
-    client: httpx.Client, v: Values, tally: dict[str, list[bool]], captured: dict[str, Any]
+    client: httpx.Client,
+    v: Values,
+    tally: dict[str, list[bool]],
+    captured: dict[str, Any],
+    samples: list[dict[str, Any]] | None = None,
 ) -> None:
     """A Claude Code round as the corpus draws it: its captured request (system prompt, tools,
-    reminders) asking for a command over /v1/messages, then the command's output back."""
+    reminders) asking for a command over /v1/messages, then the command's output back.
+    samples: each round's ask, the calls and the final text, as written."""
     phrase = v.phrase(1, 3)
     command = v.rng.choice([f"echo {phrase}", v.command(v.filename())])
-    body = with_ask(captured, v.rng.choice(CLAUDE_ASKS).format(command), "2026-11-24")
+    ask = v.rng.choice(CLAUDE_ASKS).format(command)
+    body = with_ask(captured, ask, "2026-11-24")
     body |= {"model": MODEL, "max_tokens": MAX_TOKENS, "stream": False}
     reply = client.post("/messages", json=body).json()
     calls = [b for b in reply["content"] if b["type"] == "tool_use"]
@@ -325,6 +331,9 @@ def claude_case(
     exact = exact and calls[0]["input"] == {"command": command}
     tally["call_exact"].append(exact)
     tally["claude_exact"].append(exact)
+    sample = {"ask": ask, "want": command, "calls": [[c["name"], c["input"]] for c in calls]}
+    if samples is not None:
+        samples.append(sample)
     if not calls:
         return
     out = phrase + "\n" if command.startswith("echo ") else v.output()
@@ -335,9 +344,10 @@ def claude_case(
     text = "".join(b.get("text", "") for b in reply["content"] if b["type"] == "text")
     tally["turn_kind"].append(reply["stop_reason"] == "end_turn")
     tally["quotes_result"].append(out.splitlines()[0] in text)
+    sample["final"] = text
 
 
-def main() -> None:
+def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n-chat", type=int, default=60)
     parser.add_argument("--n-codex", type=int, default=10)
@@ -359,6 +369,9 @@ def main() -> None:
     )
     parser.add_argument("--n-claude", type=int, default=0, help="Claude Code rounds (--claude)")
     parser.add_argument("--claude", type=Path, default=None, help="Claude Code's CLI to capture")
+    parser.add_argument(
+        "--claude-out", type=Path, default=None, help="JSON lines: each Claude round, as written"
+    )
     parser.add_argument("--paths", type=int, default=0, help="generic path and command calls")
     parser.add_argument(
         "--paths-out", type=Path, default=None, help="JSON lines: each --paths case, as written"
@@ -368,6 +381,13 @@ def main() -> None:
         "--edits", type=Path, default=None, help="JSON lines: each Codex edit, as written"
     )
     args = parser.parse_args()
+    if args.n_claude and args.claude is None:
+        parser.error("--n-claude needs --claude")
+    return args
+
+
+def main() -> None:
+    args = arguments()
     _, held = word_pool(encoding())
     v = Values(
         random.Random(args.seed),
@@ -394,8 +414,6 @@ def main() -> None:
             "paths_start",
         )
     }
-    if args.n_claude and args.claude is None:
-        parser.error("--n-claude needs --claude")
     captured = capture_request(args.claude) if args.n_claude else {}
     start = time.monotonic()
     n_ctx = 32768 if args.n_claude else 16384  # Claude Code's first prompt is long
@@ -410,7 +428,8 @@ def main() -> None:
             functools.partial(codex_test_case, day=today + datetime.timedelta(days=i), edits=edits)
             for i in range(args.test_days)
         ]
-        cases += [functools.partial(claude_case, captured=captured)] * args.n_claude
+        claude: list[dict[str, Any]] = []
+        cases += [functools.partial(claude_case, captured=captured, samples=claude)] * args.n_claude
         cases += [functools.partial(paths_case, samples=samples)] * args.paths
         for i, case in enumerate(cases):
             case(client, v, tally)
@@ -426,6 +445,8 @@ def main() -> None:
         args.out.write_text(text + "\n")
     if args.paths_out:
         args.paths_out.write_text("".join(json.dumps(e) + "\n" for e in samples))
+    if args.claude_out:
+        args.claude_out.write_text("".join(json.dumps(e) + "\n" for e in claude))
     if args.edits:
         args.edits.write_text("".join(json.dumps(e) + "\n" for e in edits))
 
