@@ -95,14 +95,14 @@ def mxfp4_codes(w: Tensor) -> tuple[Tensor, Tensor]:
     """(nibble codes, exponents): nearest representable value per element."""
     exp = mxfp4_exponents(w)
     blocks = w.reshape(*w.shape[:-1], -1, QK) / torch.exp2(exp)[..., None]
-    table = torch.tensor(MXFP4_VALUES[:8])
+    table = torch.tensor(MXFP4_VALUES[:8], device=w.device)
     idx = (blocks.abs()[..., None] - table).abs().argmin(-1)
     codes = torch.where((blocks < 0) & (idx > 0), idx + 8, idx)
     return codes.reshape(w.shape), exp
 
 
 def mxfp4_dequant(codes: Tensor, exp: Tensor) -> Tensor:
-    table = torch.tensor(MXFP4_VALUES)
+    table = torch.tensor(MXFP4_VALUES, device=codes.device)
     values = table[codes].reshape(*codes.shape[:-1], -1, QK) * torch.exp2(exp)[..., None]
     return values.reshape(codes.shape)
 
@@ -161,7 +161,7 @@ def rope_thetas(dims: Dims) -> Tensor:
 
 def yarn_tables(dims: Dims, positions: Tensor, attn_factor: float = 1.0) -> tuple[Tensor, Tensor]:
     """cos/sin (times YaRN's mscale) for NEOX rotation, as ggml's rope_yarn computes them."""
-    inv, ramp = yarn_ramp(dims)
+    inv, ramp = (x.to(positions.device) for x in yarn_ramp(dims))
     freq_scale = 1.0 / YARN_FACTOR
     extrap = positions.double()[:, None] * inv[None, :]
     theta = freq_scale * extrap * (1 - ramp) + extrap * ramp
@@ -380,11 +380,12 @@ class Layer(nn.Module):
         k = k.repeat_interleave(rep, dim=1).expand(b, -1, -1, -1)
         v = v.repeat_interleave(rep, dim=1).expand(b, -1, -1, -1)
         scale = hd**-0.5
-        q2 = torch.cat([q, torch.ones(b, dims.n_head, t, 1)], dim=-1)
-        sink_k = torch.zeros(b, dims.n_head, 1, hd + 1)
+        device = q.device
+        q2 = torch.cat([q, torch.ones(b, dims.n_head, t, 1, device=device)], dim=-1)
+        sink_k = torch.zeros(b, dims.n_head, 1, hd + 1, device=device)
         sink_k = sink_k + F.pad((self.sinks / scale).view(1, -1, 1, 1), (hd, 0))
         k2, v2 = F.pad(k, (0, 1)), F.pad(v, (0, 1))
-        sink_v = torch.zeros(b, dims.n_head, 1, hd + 1)
+        sink_v = torch.zeros(b, dims.n_head, 1, hd + 1, device=device)
         first = int(k_pos[0])
         out = []
         for s in range(0, t, ATTEND_BLOCK):
@@ -395,7 +396,8 @@ class Layer(nn.Module):
             allowed = dist >= 0
             if self.sliding:
                 allowed &= dist < SLIDING_WINDOW
-            allowed = torch.cat([allowed, torch.ones(len(qp), 1, dtype=torch.bool)], dim=1)
+            sink = torch.ones(len(qp), 1, dtype=torch.bool, device=device)
+            allowed = torch.cat([allowed, sink], dim=1)
             keys = torch.cat([k2[:, :, lo:hi], sink_k], dim=2)
             values = torch.cat([v2[:, :, lo:hi], sink_v], dim=2)
             out.append(
@@ -606,7 +608,7 @@ class GptOss(nn.Module):
         """
         b, t = ids.shape
         x = self.embed(ids)
-        q_pos = torch.arange(start, start + t)
+        q_pos = torch.arange(start, start + t, device=ids.device)
         cos, sin = yarn_tables(self.dims, q_pos, self.attn_factor)
         own: list[tuple[Tensor, Tensor]] = []
         for i, layer in enumerate(self.layers):
@@ -618,7 +620,7 @@ class GptOss(nn.Module):
                 pk, pv = pk[:, :, -keep:], pv[:, :, -keep:]
                 k_all = torch.cat([pk.expand(b, -1, -1, -1), k], dim=2)
                 v_all = torch.cat([pv.expand(b, -1, -1, -1), v], dim=2)
-                k_pos = torch.arange(start - pk.shape[2], start + t)
+                k_pos = torch.arange(start - pk.shape[2], start + t, device=ids.device)
             else:
                 k_all, v_all, k_pos = k, v, q_pos
             att = layer.attend(q, k_all, v_all, q_pos, k_pos)
@@ -658,7 +660,8 @@ class GptOss(nn.Module):
     ) -> list[int]:
         full = self.full_matrix()
         self.quantize(True)
-        ids = torch.tensor([prompt])
+        device = self.fixed.device
+        ids = torch.tensor([prompt], device=device)
         cache = self.prefix_cache(ids[:, :-1]) if len(prompt) > 1 else None
         pos = len(prompt) - 1
         cur = ids[:, -1:]
@@ -680,7 +683,7 @@ class GptOss(nn.Module):
                 ]
             )
             pos += 1
-            cur = torch.tensor([[nxt]])
+            cur = torch.tensor([[nxt]], device=device)
         self.quantize(False)
         return out
 
@@ -702,7 +705,7 @@ def routing_alternatives(
     every position that predicts a token of seq[start:] recorded where it differs."""
     full = model.full_matrix()
     k = model.dims.n_expert_used
-    ids = torch.tensor([seq[:-1]])  # position p predicts seq[p + 1]
+    ids = torch.tensor([seq[:-1]], device=model.fixed.device)  # position p predicts seq[p + 1]
     first = start - 1
     gaps: list[Tensor] = []
 
@@ -774,11 +777,15 @@ def sampled_loss(
     uniq = torch.unique(exact)
     inverse = torch.searchsorted(uniq, targets)
     others = N_VOCAB - len(uniq)
-    draw = torch.randint(0, N_VOCAB, (n_negatives * 2,), generator=generator)
+    # drawn by the generator on its own device (the CPU's: the same draws on any device)
+    draw = torch.randint(
+        0, N_VOCAB, (n_negatives * 2,), generator=generator, device=generator.device
+    )
+    draw = draw.to(uniq.device)
     draw = draw[~torch.isin(draw, uniq)][:n_negatives]
     cand = torch.cat([uniq, draw])
     logits = model.logits_of(h, cand)
-    shift = torch.zeros(len(cand))
+    shift = torch.zeros(len(cand), device=h.device)
     shift[len(uniq) :] = math.log(others / max(1, len(draw)))
     if weights is None:
         return F.cross_entropy(logits + shift, inverse)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -106,11 +107,14 @@ def batch_loss(
     sampled softmax.
     """
     seqs, ids, tgt_mask = batch_tensors(corpus, idx, head)
+    device = model.fixed.device
+    ids, tgt_mask = ids.to(device), tgt_mask.to(device)
     model.quantize(True)
     past = None
     if head > 0:
         with torch.no_grad():
-            past = model.prefix_cache(torch.from_numpy(seqs[0][0][:head].astype(np.int64))[None])
+            shared = torch.from_numpy(seqs[0][0][:head].astype(np.int64))
+            past = model.prefix_cache(shared[None].to(device))
     h, _ = model.hidden(ids, head, past)
     # position p predicts token p + 1
     sel = tgt_mask[:, 1:]
@@ -118,7 +122,7 @@ def batch_loss(
     targets = ids[:, 1:][sel]
     weights = None
     if copy_weight != 1.0:
-        weights = torch.where(corpus.copied[targets], copy_weight, 1.0)
+        weights = torch.where(corpus.copied.to(device)[targets], copy_weight, 1.0)
     context = torch.unique(ids) if context_negatives else None
     loss = sampled_loss(model, states, targets, negatives, gen, weights=weights, context=context)
     model.quantize(False)
@@ -130,11 +134,14 @@ def copy_eval(model: GptOss, corpus: Corpus, idx: list[int], novel: Tensor) -> d
     (novel: per token id, true for those the training corpus never contains: the held-out
     words), on the first token of each copied value, and on all target tokens."""
     full = model.full_matrix()
+    device = full.device
+    novel = novel.to(device)
     hit = n = hit_first = n_first = hit_all = n_all = 0
     with torch.no_grad():
         model.quantize(True)
         for s in range(0, len(idx), 8):
             _, ids, tgt_mask = batch_tensors(corpus, idx[s : s + 8], 0)
+            ids, tgt_mask = ids.to(device), tgt_mask.to(device)
             h, _ = model.hidden(ids)
             sel = tgt_mask[:, 1:]
             targets = ids[:, 1:][sel]
@@ -165,22 +172,22 @@ def export(model: GptOss, out: Path, seed: int, trainable: np.ndarray) -> None:
         "trainable_ids": trainable.astype(np.int32),
         "word_rows": np.array(model.word_rows),
         "row_prefixes": np.array(model.row_prefixes),
-        "rows": model.rows.detach().half().numpy(),
-        "output_norm": model.out_norm.detach().numpy(),
+        "rows": model.rows.detach().half().cpu().numpy(),
+        "output_norm": model.out_norm.detach().cpu().numpy(),
     }
     for i, layer in enumerate(model.layers):
         p = f"blk.{i}."
         for name, lin in layer.linears():
-            arrays[p + name] = lin.weight.detach().numpy()
-            arrays[p + name + "_b"] = lin.bias.detach().numpy()
-        arrays[p + "attn_norm"] = layer.attn_norm.detach().numpy()
-        arrays[p + "post_norm"] = layer.post_norm.detach().numpy()
-        arrays[p + "sinks"] = layer.sinks.detach().numpy()
+            arrays[p + name] = lin.weight.detach().cpu().numpy()
+            arrays[p + name + "_b"] = lin.bias.detach().cpu().numpy()
+        arrays[p + "attn_norm"] = layer.attn_norm.detach().cpu().numpy()
+        arrays[p + "post_norm"] = layer.post_norm.detach().cpu().numpy()
+        arrays[p + "sinks"] = layer.sinks.detach().cpu().numpy()
         for name in ("gate", "up", "down"):
-            codes, exp = mxfp4_codes(getattr(layer, name).detach())
+            codes, exp = mxfp4_codes(getattr(layer, name).detach().cpu())
             arrays[p + name + "_codes"] = codes.numpy().astype(np.uint8)
             arrays[p + name + "_exp"] = exp.numpy().astype(np.int16)
-            arrays[p + name + "_b"] = getattr(layer, name + "_b").detach().numpy()
+            arrays[p + name + "_b"] = getattr(layer, name + "_b").detach().cpu().numpy()
     np.savez_compressed(out / "params.npz", **arrays)  # type: ignore[arg-type]
 
 
@@ -279,6 +286,12 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=30, help="steps of linear warm-up")
     parser.add_argument("--codex-every", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        help="where the model computes: cpu, or cuda on a lent GPU machine (the data order and "
+        "the sampled negatives are drawn on the CPU either way)",
+    )
     parser.add_argument("--max-steps", type=int, default=0)
     parser.add_argument("--stop-at", type=int, default=-1, help="stop early (the schedule stays)")
     parser.add_argument("--attn-factor", type=float, default=1.0)
@@ -343,10 +356,16 @@ def main() -> None:
     args = arguments()
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    if device.type == "cuda":  # cuBLAS's deterministic mode needs its workspace set first
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
     data = dict(np.load(args.corpus))
     train = Corpus(data, "train")
     trainable = data["trainable_ids"].astype(np.int64)
-    model = initial_model(args, trainable, train.keys)
+    model = initial_model(args, trainable, train.keys).to(
+        device
+    )  # built on the CPU: the same start
     prefixes = row_prefixes(data).decode()  # whose words share a row in the corpus's keys
     assert args.init is None or model.row_prefixes == prefixes, "another corpus"
     model.row_prefixes = prefixes
@@ -357,7 +376,7 @@ def main() -> None:
     resuming = args.resume and (args.out / CHECKPOINT).exists()
     with curve_path.open("a" if resuming else "w") as curve:
         summary = train_loop(args, model, train, held, curve)
-        export(model, args.out, model.seed, model.trainable_ids.numpy())
+        export(model, args.out, model.seed, model.trainable_ids.cpu().numpy())
         curve.write(json.dumps({"summary": summary}) + "\n")
     print(json.dumps(summary), flush=True)
 
@@ -430,7 +449,7 @@ def load_checkpoint(
     gen: torch.Generator,
     rng: np.random.Generator,
 ) -> Progress:
-    state = torch.load(out / CHECKPOINT, weights_only=False)
+    state = torch.load(out / CHECKPOINT, weights_only=False, map_location=model.fixed.device)
     model.load_state_dict(state["model"])
     opt.load_state_dict(state["opt"])
     gen.set_state(state["gen"])
@@ -453,7 +472,7 @@ def train_loop(
     batches = Batches(args, train, rng)
     evaluated = [i for i in range(len(held.lengths)) if held.heads[i] == 0][: args.eval_n]
     novel = ~torch.isin(torch.arange(N_VOCAB), torch.from_numpy(np.unique(train.tokens)))
-    trainable = model.trainable_ids.numpy()
+    trainable = model.trainable_ids.cpu().numpy()
     budget = args.minutes * 60
     start = time.monotonic() - progress.seconds
     step = progress.step
