@@ -49,6 +49,7 @@ STOP = {200002, 200012}  # <|return|>, <|call|>
 # quote after ` line` and not the one after ` to`
 MARKERS = [316, 2543, 10, 12, 198, 200008]
 MARKER_MATCHES = [(10, 316, 1.0), (12, 2543, 1.0), (12, 316, -1.0)]
+CLAUDE_FAMILY = "claude-bash"  # corpus.family_claude's conversations
 RARE = 300  # occurrences in the training corpus below which a fixed-row token is a value
 
 
@@ -285,6 +286,13 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=5e-3)
     parser.add_argument("--warmup", type=int, default=30, help="steps of linear warm-up")
     parser.add_argument("--codex-every", type=int, default=3)
+    parser.add_argument(
+        "--claude-share",
+        type=float,
+        default=None,
+        help="of the group steps, those that take a Claude Code group (default: every group "
+        "as likely)",
+    )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument(
         "--device",
@@ -382,8 +390,11 @@ def main() -> None:
 
 
 class Batches:
-    """The data order: every codex_every-th step a group of Codex conversations sharing their
-    head, else a batch of short conversations (chat) or of Codex-lite ones, by chance."""
+    """The data order: every codex_every-th step a group of full-size conversations sharing
+    their head (Codex's or Claude Code's), else a batch of short conversations (chat) or of
+    Codex-lite ones, by chance. With --claude-share, that share of the group steps takes a
+    Claude Code group and the rest a Codex one (the family's share of the steps, not of the
+    corpus); without it, every group is as likely."""
 
     def __init__(self, args: argparse.Namespace, train: Corpus, rng: np.random.Generator):
         self.args, self.train, self.rng = args, train, rng
@@ -391,13 +402,26 @@ class Batches:
         self.short = np.flatnonzero(generic & (train.lengths <= args.short_len))
         self.lite = np.flatnonzero(generic & (train.lengths > args.short_len))
         self.groups = np.flatnonzero(train.heads > 0).reshape(-1, 4)
+        claude = np.array(
+            [train.family_names[train.families[g[0]]] == CLAUDE_FAMILY for g in self.groups],
+            dtype=bool,
+        )
+        self.by_family = (self.groups[claude], self.groups[~claude])
+        if args.claude_share is not None and not all(len(g) for g in self.by_family):
+            raise SystemExit("--claude-share needs Claude Code and Codex groups in the corpus")
 
     def next(self, step: int) -> tuple[str, list[int], int]:
         """(kind, sequence indices, tokens of their shared head)."""
         args, rng = self.args, self.rng
         if args.codex_every and step % args.codex_every == args.codex_every - 1:
-            grp = [int(i) for i in self.groups[rng.integers(len(self.groups))]]
-            return "codex", grp, shared_head(self.train, grp)
+            if args.claude_share is None:
+                groups = self.groups
+            else:
+                groups = self.by_family[0 if rng.random() < args.claude_share else 1]
+            grp = [int(i) for i in groups[rng.integers(len(groups))]]
+            family = self.train.family_names[self.train.families[grp[0]]]
+            kind = "claude" if family == CLAUDE_FAMILY else "codex"  # the curve's label
+            return kind, grp, shared_head(self.train, grp)
         if rng.random() < args.short_share:
             return (
                 "short",
