@@ -18,7 +18,8 @@ with --set-edits a share are asked by key and value (`set color to blue`) and ch
 With --n-claude N (and --claude, the Claude Code CLI to capture once, as the corpus does) N
 Claude Code rounds follow, drawn as the corpus's: Claude Code's captured request asking for a
 command over /v1/messages (turn_kind: a tool_use; call_exact and claude_exact: `Bash` with
-exactly that command), then its output back (turn_kind: the turn ends; quotes_result).
+exactly that command), then its output back (turn_kind: the turn ends; quotes_result);
+--claude-out F writes each round's ask, calls and final text (JSON lines).
 
     python -m devkit.train_tiny.behaviour --n-chat 60 --n-codex 10 --out behaviour.json
 
