@@ -62,3 +62,9 @@ class Steering(Protocol):
     def accept(self, token: int) -> None:
         """The token that was emitted (sampled, forced, or chosen by a test hook)."""
         ...
+
+    def likely(self) -> tuple[int, ...]:
+        """The tokens most likely to come next when the next one is the model's choice (a
+        header's usual path), or (): a guess the engine may evaluate ahead, with logits, and
+        keep only while its own picks match it."""
+        ...

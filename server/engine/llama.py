@@ -157,6 +157,7 @@ class LlamaEngine:
             self._cache,
             speculator,
             batch_invariant=config.batch_invariant,
+            guess_header=self._ctx.n_swa == 0 or config.swa_full,
         )
         self._scheduler = scheduler
         try:

@@ -101,6 +101,10 @@ class TokenPicker:
         self.last = directive
         if isinstance(directive, Force):
             return directive.tokens
+        if isinstance(directive, Allow) and len(directive.tokens) == 1:  # no choice: forced
+            self.last = Force(directive.tokens)  # (a guessed header verified: Scheduler._plan)
+            token = directive.tokens[0]
+            return (self._chooser(token) if self._chooser else token,)
         if isinstance(directive, Allow):
             logits = self._ctx.logits(index)
             token = sample_among(logits, directive.tokens, self._params, self._rng)

@@ -105,6 +105,7 @@ class Job:
     next_prompt: int = 0  # index of the next prompt token to evaluate
     pending: tuple[int, ...] = ()  # emitted tokens not evaluated yet
     lead: tuple[int, ...] = ()  # forced before the model's first choice (_lead)
+    guess: tuple[int, ...] = ()  # the steering's likely header after the lead (_plan)
     drafter: SequenceDrafter | None = None  # with speculation on: what it drafts, and counts
     draft: tuple[int, ...] = ()  # the tokens drafted after `pending` in this step's batch
     guessed: bool = False  # the draft is the batch-invariant mode's one-token guess (_guess)
@@ -166,9 +167,13 @@ class Scheduler:
         speculator: Speculator | None = None,
         *,
         batch_invariant: bool = False,
+        guess_header: bool = False,
     ) -> None:
         self._ctx = ctx
         self._invariant = batch_invariant
+        # evaluate the likely first header with the prompt (_plan): its cells must be removable
+        # as a draft's are (no window-sized sliding-window cache), outside the invariant mode
+        self._guess_header = guess_header and not batch_invariant
         self._cache = cache
         self._speculator = speculator
         self._hook = hook
@@ -328,6 +333,11 @@ class Scheduler:
             job.drafter = self._speculator.follow(job.prompt_tokens)
         if not job.params.prompt_logprobs and job.params.max_tokens > 0:
             job.lead = self._lead(job)
+            # a guess only where a pick follows the lead (it neither stops nor fills max_tokens)
+            ends = bool(set(job.lead) & job.params.stop_tokens)
+            ends = ends or job.params.max_tokens <= len(job.lead)
+            if job.lead and job.steering is not None and self._guess_header and not ends:
+                job.guess = job.steering.likely()
         self._running.append(job)
 
     def _lead(self, job: Job) -> tuple[int, ...]:
@@ -393,9 +403,20 @@ class Scheduler:
             last = start + len(chunk) == len(prefill.prompt_tokens)
             # the lead after the prompt's last chunk, when it fits (a save point at the prompt's
             # end caps the chunk there: the state saved is the prompt's alone)
+            outputs = 1
             if last and 0 < len(prefill.lead) <= cap - len(chunk):
                 chunk = [*chunk, *prefill.lead]
-            parts.append(BatchPart(prefill.slot.seq_id, chunk, start, last, all_logits=scored))
+                # and the header the model most likely picks after it, as a draft: its first
+                # pick and the next come from this step's logits while they match the guess
+                # (`_pick`; a miss drops the guess's cells), one step fewer to the first text
+                room = self._ctx.n_ctx - 1 - len(prefill.prompt_tokens) - len(prefill.lead)
+                guess = prefill.guess[: max(0, min(cap - len(chunk), room))]
+                if guess and self._guess_header:
+                    chunk = [*chunk, *guess]
+                    prefill.draft, prefill.guessed, outputs = guess, True, 1 + len(guess)
+            parts.append(
+                BatchPart(prefill.slot.seq_id, chunk, start, last, outputs, all_logits=scored)
+            )
             owners.append(prefill)
         return parts, owners
 
@@ -701,11 +722,13 @@ def _prompt_part(job: Job, part: BatchPart) -> int:
 
 
 def _undrafted(part: BatchPart, job: Job) -> BatchPart:
-    """The part without the job's draft (the cache has no room for it)."""
+    """The part without the job's draft (the cache has no room for it): a generating job's
+    pending tokens, or a prompt's last chunk and its lead without the guessed header."""
     if not job.draft:
         return part
+    tokens = part.tokens[: len(part.tokens) - len(job.draft)]
     job.draft = ()
-    return BatchPart(part.seq_id, job.pending, part.start_pos, True)
+    return BatchPart(part.seq_id, tokens, part.start_pos, part.logits, 1, part.all_logits)
 
 
 def _all_left(owners: list[Job]) -> Callable[[], bool]:

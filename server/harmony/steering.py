@@ -76,6 +76,7 @@ class SteeringPlan:
     reasoning_budget: int | None
     budget_force: tuple[int, ...]
     assistant: int  # the role token after <|start|>
+    likely_header: tuple[int, ...] = ()  # the header gpt-oss writes first: its reasoning's
 
     def start(self) -> HarmonySteering:
         return HarmonySteering(self)
@@ -134,6 +135,7 @@ def _plan(
         force += encoding.encode("<|channel|>final<|message|>", allowed_special="all")
     content = {kind: Constrain(banned=SPECIALS - {TERMINATOR[kind]}) for kind in TERMINATOR}
     content[SegmentKind.FINAL] = Constrain(banned=SPECIALS - {RETURN}, grammar=final_grammar)
+    reasoning = [tokens for tokens, kind, _ in headers if kind is SegmentKind.REASONING]
     return SteeringPlan(
         header_trie=_build_trie(headers),
         header_trie_after_budget=_build_trie(after_budget),
@@ -141,6 +143,7 @@ def _plan(
         reasoning_budget=reasoning_budget,
         budget_force=tuple(force),
         assistant=start_assistant[-1],
+        likely_header=tuple(reasoning[0]) if reasoning else (),
     )
 
 
@@ -264,6 +267,22 @@ class HarmonySteering:
         if phase is _Phase.AFTER_START:
             return Allow((self._plan.assistant,))
         return None
+
+    def likely(self) -> tuple[int, ...]:
+        """Within the header at its root's trie: the rest of the reasoning header from here
+        (`analysis<|message|>` after `<|channel|>`, gpt-oss's usual first message); else ()."""
+        if self._phase is not _Phase.HEADER:
+            return ()
+        node = self._plan.header_trie
+        path = self._plan.likely_header
+        for i, token in enumerate(path):
+            if node is self._node:
+                return path[i:] if self._node.children.get(token) is not None else ()
+            child = node.children.get(token)
+            if child is None:
+                return ()
+            node = child
+        return ()
 
     def accept(self, token: int) -> None:
         phase = self._phase

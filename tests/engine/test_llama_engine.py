@@ -203,6 +203,9 @@ class AllowFirst:
     def accept(self, token: int) -> None:
         self.accepted.append(token)
 
+    def likely(self) -> tuple[int, ...]:
+        return ()
+
 
 def test_counts_where_steering_overrode_the_model(
     engine: LlamaEngine, encoding: HarmonyEncoding
@@ -253,9 +256,10 @@ def test_tokens_the_steering_forces_share_the_step_of_the_token_before(
 ) -> None:
     """Under harmony's steering the header tokens that follow from the one before (`<|message|>`
     after a channel; `<|start|>assistant<|channel|>` after `<|end|>`) are emitted with it and
-    evaluated in its step, and the first `<|channel|>` with the prompt's last chunk: a
-    reasoning-then-answer turn takes six steps fewer than its tokens, and gives the same tokens,
-    the same way, as one step per token would."""
+    evaluated in its step, and the first `<|channel|>` with the prompt's last chunk, followed by
+    the header the model most likely picks (`analysis<|message|>`, verified like a draft): a
+    reasoning-then-answer turn takes seven steps fewer than its tokens, and gives the same
+    tokens, the same way, as one step per token would."""
     steps: list[int] = []
     decode = LlamaContext.decode
 
@@ -278,10 +282,79 @@ def test_tokens_the_steering_forces_share_the_step_of_the_token_before(
         tokens, result = run(engine, prompt, params, plan.start())
         assert tokens == turn
         assert result.steering.choices == 2  # analysis, final: the model's picks
-        assert steps[0] == len(prompt) + 1  # the prompt and the first <|channel|>
+        assert steps[0] == len(prompt) + 3  # the prompt, <|channel|> and the guess
         generated = steps[1:]  # after the prompt's one step
-        assert sum(generated) == len(turn) - 2  # every other token but <|return|>, once
-        assert len(generated) == len(turn) - 2 - 5
+        assert sum(generated) == len(turn) - 4  # every other token but <|return|>, once
+        assert len(generated) == len(turn) - 4 - 4
         assert max(generated) == 4  # <|end|><|start|>assistant<|channel|> in one step
+    finally:
+        engine.close()
+
+
+def test_a_first_header_other_than_the_guess_is_picked_as_always(
+    tiny_gguf: Path, encoding: HarmonyEncoding, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The guessed `analysis<|message|>` evaluated with the prompt is only a draft: a turn that
+    starts with the final channel gets its own tokens, the guess's two cells are dropped (the
+    next step evaluates `final<|message|>` where they were), and the KV cache then holds
+    exactly the prompt and the emitted tokens: the same logits a plain engine gives."""
+    steps: list[list[int]] = []
+    decode = LlamaContext.decode
+
+    def counted(self: LlamaContext, parts: Sequence[BatchPart], abort: Any = None) -> list[int]:
+        steps.append([len(part.tokens) for part in parts])
+        return decode(self, parts, abort)
+
+    monkeypatch.setattr(LlamaContext, "decode", counted)
+    script = ForcedScript(encoding)
+    config = EngineConfig(model_path=str(tiny_gguf), n_ctx=2048, n_threads=1, speculative="off")
+    engine = LlamaEngine(config, sampling_hook=script)
+    try:
+        turn = script.push("<|channel|>final<|message|>Done here.<|return|>")
+        prompt = unique_prompt(encoding, "a final first")
+        plan = plan_steering(encoding, [], ToolChoice())
+        params = SamplingParams(max_tokens=64, temperature=0.0, stop_tokens=STOPS)
+        tokens, result = run(engine, prompt, params, plan.start())
+        assert tokens == turn
+        assert result.steering.choices == 1  # final: the model's pick, not the guess's
+        assert steps[0] == [len(prompt) + 3]  # the guess was evaluated
+        assert steps[1] == [2]  # final<|message|>, in the dropped guess's cells
+        # the conversation continues from the cache: a greedy token after the whole turn is
+        # the one a fresh evaluation of the same tokens gives
+        after = [*prompt, *turn[:-1], 200007, 200006]  # <|end|><|start|>
+        free = SamplingParams(max_tokens=1, temperature=0.0, stop_tokens=STOPS)
+        (continued,), _ = run(engine, after, free)
+        fresh = LlamaEngine(config)
+        try:
+            (expected,), _ = run(fresh, after, free)
+        finally:
+            fresh.close()
+        assert continued == expected
+    finally:
+        engine.close()
+
+
+def test_a_generation_the_lead_ends_leaves_no_guessed_cells(
+    tiny_gguf: Path, encoding: HarmonyEncoding
+) -> None:
+    """max_tokens=1 ends the generation with the lead (`<|channel|>`), before any pick: the
+    guessed header evaluated with the prompt leaves the sequence, which holds the prompt and
+    the emitted token only."""
+    config = EngineConfig(model_path=str(tiny_gguf), n_ctx=2048, n_threads=1, speculative="off")
+    engine = LlamaEngine(config)
+    try:
+        prompt = unique_prompt(encoding, "one token")
+        plan = plan_steering(encoding, [], ToolChoice())
+        one = SamplingParams(max_tokens=1, temperature=0.0, stop_tokens=STOPS)
+        tokens, _ = run(engine, prompt, one, plan.start())
+        assert tokens == [200005]  # <|channel|>
+        scheduler = engine._scheduler
+        assert scheduler is not None
+        held = [slot.tokens for slot in scheduler.slots if slot.tokens]
+        assert held == [[*prompt, 200005]]
+        ctx = engine._ctx
+        assert ctx is not None
+        seq = next(slot.seq_id for slot in scheduler.slots if slot.tokens)
+        assert ctx.seq_end(seq) == len(prompt) + 1
     finally:
         engine.close()

@@ -70,6 +70,9 @@ class Script:
     def accept(self, token: int) -> None:
         self.accepted.append(token)
 
+    def likely(self) -> tuple[int, ...]:
+        return ()
+
 
 def fixed_logits(n_vocab: int, seed: int = 5) -> Floats:
     rng = np.random.default_rng(seed)

@@ -49,6 +49,9 @@ class Digits:
     def accept(self, token: int) -> None:
         pass
 
+    def likely(self) -> tuple[int, ...]:
+        return ()
+
 
 def twice(
     engine: LlamaEngine,
