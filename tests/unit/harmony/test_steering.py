@@ -279,3 +279,27 @@ def test_builtin_recipients_are_addressed_as_gpt_oss_was_trained(
             walker.accept(token)
         assert not walker.left_grammar
     assert refused(encoding, ToolChoice(), "<|channel|>analysis to=python code<|message|>")
+
+
+def test_the_likely_header_is_the_reasoning_one_from_where_the_header_stands(
+    encoding: HarmonyEncoding,
+) -> None:
+    """`likely` (what the engine may evaluate ahead with the prompt): the rest of
+    `<|channel|>analysis<|message|>` from the header's position, nothing once the model left
+    that path, in content, or under the trie left after a reasoning budget."""
+    analysis, message = tokens(encoding, "analysis<|message|>")
+    assert plan_steering(encoding, RECIPIENTS, ToolChoice()).start().likely() == tuple(
+        tokens(encoding, "<|channel|>analysis<|message|>")
+    )
+    assert walk(encoding, ToolChoice(), "<|channel|>").likely() == (analysis, message)
+    assert walk(encoding, ToolChoice(), "<|channel|>analysis").likely() == (message,)
+    assert walk(encoding, ToolChoice(), "<|channel|>final").likely() == ()
+    assert walk(encoding, ToolChoice(), "<|channel|>analysis<|message|>Hm").likely() == ()
+    spent = walk(encoding, ToolChoice(), "<|channel|>analysis<|message|>Hm", reasoning_budget=1)
+    budget = spent.next()  # the budget ends the reasoning: <|end|><|start|>assistant...
+    assert isinstance(budget, Force)
+    channel = tokens(encoding, "<|channel|>")[0]
+    for token in budget.tokens[: budget.tokens.index(channel) + 1]:
+        spent.accept(token)
+    assert isinstance(spent.next(), Allow)  # in the header, under the trie after the budget
+    assert spent.likely() == ()  # which has no reasoning header (analysis leads to calls only)
