@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterable, Sequence
+from collections.abc import AsyncIterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -251,53 +253,21 @@ async def _tokens(stream: AsyncIterable[Sequence[int]]) -> list[int]:
     return [t async for chunk in stream for t in chunk]
 
 
-def test_tokens_the_steering_forces_share_the_step_of_the_token_before(
-    tiny_gguf: Path, encoding: HarmonyEncoding, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Under harmony's steering the header tokens that follow from the one before (`<|message|>`
-    after a channel; `<|start|>assistant<|channel|>` after `<|end|>`) are emitted with it and
-    evaluated in its step, and the first `<|channel|>` with the prompt's last chunk, followed by
-    the header the model most likely picks (`analysis<|message|>`, verified like a draft): a
-    reasoning-then-answer turn takes seven steps fewer than its tokens, and gives the same
-    tokens, the same way, as one step per token would."""
-    steps: list[int] = []
-    decode = LlamaContext.decode
+@dataclass
+class CountedEngine:
+    """A scripted engine (speculation off) whose llama_decode calls are recorded: per step, the
+    tokens of each part of its batch."""
 
-    def counted(self: LlamaContext, parts: Sequence[BatchPart], abort: Any = None) -> list[int]:
-        steps.append(sum(len(part.tokens) for part in parts))
-        return decode(self, parts, abort)
-
-    monkeypatch.setattr(LlamaContext, "decode", counted)
-    script = ForcedScript(encoding)
-    config = EngineConfig(model_path=str(tiny_gguf), n_ctx=2048, n_threads=1, speculative="off")
-    engine = LlamaEngine(config, sampling_hook=script)
-    try:
-        turn = script.push(
-            "<|channel|>analysis<|message|>Plain.<|end|><|start|>assistant<|channel|>final"
-            "<|message|>Done.<|return|>"
-        )
-        prompt = unique_prompt(encoding, "forced ahead")
-        plan = plan_steering(encoding, [], ToolChoice())
-        params = SamplingParams(max_tokens=64, temperature=0.0, stop_tokens=STOPS)
-        tokens, result = run(engine, prompt, params, plan.start())
-        assert tokens == turn
-        assert result.steering.choices == 2  # analysis, final: the model's picks
-        assert steps[0] == len(prompt) + 3  # the prompt, <|channel|> and the guess
-        generated = steps[1:]  # after the prompt's one step
-        assert sum(generated) == len(turn) - 4  # every other token but <|return|>, once
-        assert len(generated) == len(turn) - 4 - 4
-        assert max(generated) == 4  # <|end|><|start|>assistant<|channel|> in one step
-    finally:
-        engine.close()
+    engine: LlamaEngine
+    script: ForcedScript
+    config: EngineConfig
+    steps: list[list[int]]
 
 
-def test_a_first_header_other_than_the_guess_is_picked_as_always(
-    tiny_gguf: Path, encoding: HarmonyEncoding, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The guessed `analysis<|message|>` evaluated with the prompt is only a draft: a turn that
-    starts with the final channel gets its own tokens, the guess's two cells are dropped (the
-    next step evaluates `final<|message|>` where they were), and the KV cache then holds
-    exactly the prompt and the emitted tokens: the same logits a plain engine gives."""
+@contextmanager
+def counted_engine(
+    model: Path, encoding: HarmonyEncoding, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[CountedEngine]:
     steps: list[list[int]] = []
     decode = LlamaContext.decode
 
@@ -307,31 +277,70 @@ def test_a_first_header_other_than_the_guess_is_picked_as_always(
 
     monkeypatch.setattr(LlamaContext, "decode", counted)
     script = ForcedScript(encoding)
-    config = EngineConfig(model_path=str(tiny_gguf), n_ctx=2048, n_threads=1, speculative="off")
+    config = EngineConfig(model_path=str(model), n_ctx=2048, n_threads=1, speculative="off")
     engine = LlamaEngine(config, sampling_hook=script)
     try:
-        turn = script.push("<|channel|>final<|message|>Done here.<|return|>")
+        yield CountedEngine(engine, script, config, steps)
+    finally:
+        engine.close()
+
+
+def test_tokens_the_steering_forces_share_the_step_of_the_token_before(
+    tiny_gguf: Path, encoding: HarmonyEncoding, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under harmony's steering the header tokens that follow from the one before (`<|message|>`
+    after a channel; `<|start|>assistant<|channel|>` after `<|end|>`) are emitted with it and
+    evaluated in its step, and the first `<|channel|>` with the prompt's last chunk, followed by
+    the header the model most likely picks (`analysis<|message|>`, verified like a draft): a
+    reasoning-then-answer turn takes seven steps fewer than its tokens, and gives the same
+    tokens, the same way, as one step per token would."""
+    with counted_engine(tiny_gguf, encoding, monkeypatch) as counted:
+        turn = counted.script.push(
+            "<|channel|>analysis<|message|>Plain.<|end|><|start|>assistant<|channel|>final"
+            "<|message|>Done.<|return|>"
+        )
+        prompt = unique_prompt(encoding, "forced ahead")
+        plan = plan_steering(encoding, [], ToolChoice())
+        params = SamplingParams(max_tokens=64, temperature=0.0, stop_tokens=STOPS)
+        tokens, result = run(counted.engine, prompt, params, plan.start())
+        assert tokens == turn
+        assert result.steering.choices == 2  # analysis, final: the model's picks
+        steps = [sum(step) for step in counted.steps]
+        assert steps[0] == len(prompt) + 3  # the prompt, <|channel|> and the guess
+        generated = steps[1:]  # after the prompt's one step
+        assert sum(generated) == len(turn) - 4  # every other token but <|return|>, once
+        assert len(generated) == len(turn) - 4 - 4
+        assert max(generated) == 4  # <|end|><|start|>assistant<|channel|> in one step
+
+
+def test_a_first_header_other_than_the_guess_is_picked_as_always(
+    tiny_gguf: Path, encoding: HarmonyEncoding, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The guessed `analysis<|message|>` evaluated with the prompt is only a draft: a turn that
+    starts with the final channel gets its own tokens, the guess's two cells are dropped (the
+    next step evaluates `final<|message|>` where they were), and the KV cache then holds
+    exactly the prompt and the emitted tokens: the same logits a plain engine gives."""
+    with counted_engine(tiny_gguf, encoding, monkeypatch) as counted:
+        turn = counted.script.push("<|channel|>final<|message|>Done here.<|return|>")
         prompt = unique_prompt(encoding, "a final first")
         plan = plan_steering(encoding, [], ToolChoice())
         params = SamplingParams(max_tokens=64, temperature=0.0, stop_tokens=STOPS)
-        tokens, result = run(engine, prompt, params, plan.start())
+        tokens, result = run(counted.engine, prompt, params, plan.start())
         assert tokens == turn
         assert result.steering.choices == 1  # final: the model's pick, not the guess's
-        assert steps[0] == [len(prompt) + 3]  # the guess was evaluated
-        assert steps[1] == [2]  # final<|message|>, in the dropped guess's cells
+        assert counted.steps[0] == [len(prompt) + 3]  # the guess was evaluated
+        assert counted.steps[1] == [2]  # final<|message|>, in the dropped guess's cells
         # the conversation continues from the cache: a greedy token after the whole turn is
         # the one a fresh evaluation of the same tokens gives
         after = [*prompt, *turn[:-1], 200007, 200006]  # <|end|><|start|>
         free = SamplingParams(max_tokens=1, temperature=0.0, stop_tokens=STOPS)
-        (continued,), _ = run(engine, after, free)
-        fresh = LlamaEngine(config)
+        (continued,), _ = run(counted.engine, after, free)
+        fresh = LlamaEngine(counted.config)
         try:
             (expected,), _ = run(fresh, after, free)
         finally:
             fresh.close()
         assert continued == expected
-    finally:
-        engine.close()
 
 
 def test_a_generation_the_lead_ends_leaves_no_guessed_cells(
