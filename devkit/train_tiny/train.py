@@ -371,9 +371,8 @@ def main() -> None:
     data = dict(np.load(args.corpus))
     train = Corpus(data, "train")
     trainable = data["trainable_ids"].astype(np.int64)
-    model = initial_model(args, trainable, train.keys).to(
-        device
-    )  # built on the CPU: the same start
+    # built on the CPU (the same start on any device), then moved
+    model = initial_model(args, trainable, train.keys).to(device)
     prefixes = row_prefixes(data).decode()  # whose words share a row in the corpus's keys
     assert args.init is None or model.row_prefixes == prefixes, "another corpus"
     model.row_prefixes = prefixes
