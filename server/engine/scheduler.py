@@ -411,7 +411,7 @@ class Scheduler:
                 # (`_pick`; a miss drops the guess's cells), one step fewer to the first text
                 room = self._ctx.n_ctx - 1 - len(prefill.prompt_tokens) - len(prefill.lead)
                 guess = prefill.guess[: max(0, min(cap - len(chunk), room))]
-                if guess and self._guess_header:
+                if guess:  # (a job has one only where self._guess_header: _start)
                     chunk = [*chunk, *guess]
                     prefill.draft, prefill.guessed, outputs = guess, True, 1 + len(guess)
             parts.append(
