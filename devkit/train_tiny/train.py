@@ -123,7 +123,7 @@ def batch_loss(
     targets = ids[:, 1:][sel]
     weights = None
     if copy_weight != 1.0:
-        weights = torch.where(corpus.copied.to(device)[targets], copy_weight, 1.0)
+        weights = torch.where(corpus.copied[targets], copy_weight, 1.0)
     context = torch.unique(ids) if context_negatives else None
     loss = sampled_loss(model, states, targets, negatives, gen, weights=weights, context=context)
     model.quantize(False)
@@ -136,7 +136,6 @@ def copy_eval(model: GptOss, corpus: Corpus, idx: list[int], novel: Tensor) -> d
     words), on the first token of each copied value, and on all target tokens."""
     full = model.full_matrix()
     device = full.device
-    novel = novel.to(device)
     hit = n = hit_first = n_first = hit_all = n_all = 0
     with torch.no_grad():
         model.quantize(True)
@@ -370,6 +369,7 @@ def main() -> None:
         torch.use_deterministic_algorithms(True, warn_only=True)
     data = dict(np.load(args.corpus))
     train = Corpus(data, "train")
+    train.copied = train.copied.to(device)  # once: batch_loss indexes it with the batch's ids
     trainable = data["trainable_ids"].astype(np.int64)
     # built on the CPU (the same start on any device), then moved
     model = initial_model(args, trainable, train.keys).to(device)
@@ -495,6 +495,7 @@ def train_loop(
     batches = Batches(args, train, rng)
     evaluated = [i for i in range(len(held.lengths)) if held.heads[i] == 0][: args.eval_n]
     novel = ~torch.isin(torch.arange(N_VOCAB), torch.from_numpy(np.unique(train.tokens)))
+    novel = novel.to(model.fixed.device)  # once, where copy_eval's targets are
     trainable = model.trainable_ids.cpu().numpy()
     budget = args.minutes * 60
     start = time.monotonic() - progress.seconds
