@@ -65,11 +65,11 @@ from devkit.claude_capture import capture_request, with_ask
 from devkit.models import TRAINED, cached_gguf
 from devkit.serving import served
 from devkit.train_tiny.corpus import (
-    CLAUDE_ASKS,
     GENERIC_TOOLS,
     RECORDED_MODEL,
     Values,
     agent_tool,
+    claude_ask,
     codex_cwd,
     codex_exec_output,
     codex_head,
@@ -320,9 +320,8 @@ def claude_case(
     """A Claude Code round as the corpus draws it: its captured request (system prompt, tools,
     reminders) asking for a command over /v1/messages, then the command's output back.
     samples: each round's ask, the calls and the final text, as written."""
-    phrase = v.phrase(1, 3)
-    command = v.rng.choice([f"echo {phrase}", v.command(v.filename())])
-    ask = v.rng.choice(CLAUDE_ASKS).format(command)
+    drawn = claude_ask(v)
+    command, ask = drawn.command, drawn.text
     body = with_ask(captured, ask, "2026-11-24")
     body |= {"model": MODEL, "max_tokens": MAX_TOKENS, "stream": False}
     reply = client.post("/messages", json=body).json()
@@ -337,7 +336,7 @@ def claude_case(
         samples.append(sample)
     if not calls:
         return
-    out = phrase + "\n" if command.startswith("echo ") else v.output()
+    out = drawn.output(v)
     result = {"type": "tool_result", "tool_use_id": calls[0]["id"], "content": out}
     messages = [*body["messages"], {"role": "assistant", "content": reply["content"]}]
     messages.append({"role": "user", "content": [result]})

@@ -719,19 +719,40 @@ def family_codex(
 CLAUDE_ASKS = ("Call Bash with command={0}.", "Run `{0}`.", "Run {0} and tell me the output.")
 
 
+@dataclass(frozen=True)
+class ClaudeAsk:
+    """What a Claude Code round asks: run `command` (an `echo` of `phrase`, or a command on the
+    file `path`), in one of CLAUDE_ASKS' wordings (`text`)."""
+
+    command: str
+    text: str
+    phrase: str
+    path: str
+
+    def output(self, v: Values) -> str:
+        """The command's output as the corpus has it: an `echo` prints the round's phrase (also
+        where `Values.command` drew the echo, with other words), anything else drawn lines."""
+        return self.phrase + "\n" if self.command.startswith("echo ") else v.output()
+
+
+def claude_ask(v: Values) -> ClaudeAsk:
+    phrase = v.phrase(1, 3)
+    path = v.filename()
+    command = v.rng.choice([f"echo {phrase}", v.command(path)])
+    return ClaudeAsk(command, v.rng.choice(CLAUDE_ASKS).format(command), phrase, path)
+
+
 def family_claude(enc: HarmonyEncoding, v: Values, request: dict[str, Any], date: str) -> Sequence:
     """Claude Code-shaped rounds: its captured first request (system prompt, 12 tools, the
     reminder block) with the user's ask in place of the prompt, rendered through the server's
     Messages adapter; a Bash call copying the command, its output, a final answer quoting it."""
-    phrase = v.phrase(1, 3)
-    command = v.rng.choice([f"echo {phrase}", v.command(v.filename())])
-    ask = v.rng.choice(CLAUDE_ASKS).format(command)
-    body = MessagesRequest.model_validate(with_ask(request, ask, date))
+    ask = claude_ask(v)
+    body = MessagesRequest.model_validate(with_ask(request, ask.text, date))
     tr = to_messages_transcript(body, "medium", date, ThinkingSigner(b"corpus"))
     head = head_tokens(enc, tr)
     b = Builder(enc, "claude-bash", render(enc, tr), len(head), v)
-    b.turn(analysis("Run the command.") + call_text("Bash", args_json({"command": command})))
-    out = phrase + "\n" if command.startswith("echo ") else v.output()
+    b.turn(analysis("Run the command.") + call_text("Bash", args_json({"command": ask.command})))
+    out = ask.output(v)
     b.tool_output(ToolResult("call_1", out, "Bash"))
     b.turn(reported(v, out))
     return b.seq
