@@ -721,8 +721,9 @@ CLAUDE_ASKS = ("Call Bash with command={0}.", "Run `{0}`.", "Run {0} and tell me
 
 @dataclass(frozen=True)
 class ClaudeAsk:
-    """What a Claude Code round asks: run `command` (an `echo` of `phrase`, or a command on the
-    file `path`), in one of CLAUDE_ASKS' wordings (`text`)."""
+    """What a Claude Code round asks: run `command` (an `echo` of `phrase`, or one of
+    `Values.command`'s on the file `path`: an `echo` of other words too), in one of CLAUDE_ASKS'
+    wordings (`text`)."""
 
     command: str
     text: str
