@@ -3,14 +3,15 @@
 `python -m scripts.bench.codex_loop [--rounds 5] [--warmup 1] [--loops 2] [--modes auto off]
 [--codex PATH] [--out FILE]`
 
-Every round runs the Codex CLI test's task (devkit/trained/tasks.py: read
-settings.toml, change one line with apply_patch, say so) once per speculative setting (`--modes`,
-auto and off by default; which goes first rotates every round), each time on a fresh
-`gpt-oss-server serve` process on the trained preset: greedy, the test's conversation date and
-model name (the prompts are the test's), two threads, the disk prompt cache off. Nothing is
-forced: Codex executes what the model writes. Each server first runs `--warmup` loops that are
-not counted (a fresh server's first loop also builds the steering's grammars for Codex's tools,
-≈1.5 s here, which would swamp the decode times), then `--loops` measured ones. After each, the
+Every round starts a fresh `gpt-oss-server serve` process per speculative setting (`--modes`,
+auto and off by default) on the trained preset: greedy, the test's conversation date and model
+name (the prompts are the test's), two threads, the disk prompt cache off. Each runs the Codex CLI
+test's task (devkit/trained/tasks.py: read settings.toml, change one line with apply_patch, say
+so): first `--warmup` loops that are not counted (a fresh server's first loop also builds the
+steering's grammars for Codex's tools, ≈1.5 s here, which would swamp the decode times), then
+`--loops` measured ones, the servers' loops alternating (which goes first rotates every round),
+so that the loops compared run seconds apart. Nothing is forced: Codex executes what the model
+writes. After each, the
 script checks the file on disk and reads the server's Prometheus counters: tokens generated,
 decode seconds, drafted and accepted tokens (`gpt_oss_draft_tokens*`, llama-server's draft_n /
 draft_n_accepted). Decode tok/s is the generated tokens over the decode seconds of the loop's
@@ -33,6 +34,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -114,10 +117,8 @@ def loop(codex: Path, url: str, place: Path) -> dict[str, Any]:
     }
 
 
-def server_runs(
-    model: str, mode: str, args: argparse.Namespace, place: Path, logs: Path
-) -> list[dict[str, Any]]:
-    """A fresh server with `mode`: its warm-up loops, then its measured ones."""
+def server(model: str, mode: str, logs: Path) -> tuple[ServerProcess, str]:
+    """A fresh `serve` process with `mode` (not started yet) and its URL."""
     port = free_port()
     command = serve_command(
         model, port,
@@ -133,10 +134,27 @@ def server_runs(
         "--log-level", "warning",
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
-    with ServerProcess(command, logs / f"server-{mode}.log", f"{url}/health", 300):
-        for _ in range(args.warmup):
-            loop(args.codex, url, place)
-        return [loop(args.codex, url, place) for _ in range(args.loops)]
+    return ServerProcess(command, logs / f"server-{mode}-{port}.log", f"{url}/health", 300), url
+
+
+def round_runs(
+    model: str, modes: list[str], args: argparse.Namespace, place: Path, logs: Path
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """One round: a fresh server per mode, all started and warmed up, then their measured loops
+    alternating (one loop each, in `modes`' order, `--loops` times): the loops compared are
+    seconds apart, where this VM's speed moves by a quarter between minutes. An idle server
+    takes no CPU while the other runs."""
+    with ExitStack() as stack:
+        urls = {}
+        for mode in modes:
+            process, urls[mode] = server(model, mode, logs)
+            stack.enter_context(process)
+        for mode in modes:
+            for _ in range(args.warmup):
+                loop(args.codex, urls[mode], place)
+        for _ in range(args.loops):
+            for mode in modes:
+                yield mode, loop(args.codex, urls[mode], place)
 
 
 def summary(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
@@ -194,12 +212,12 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for r in range(args.rounds):
                 shift = r % len(args.modes)
-                for mode in args.modes[shift:] + args.modes[:shift]:
-                    for row in server_runs(model, mode, args, CODEX_PLACE, Path(logs)):
-                        runs[mode].append({"round": r, **row})
-                        print(f"round {r} {mode}: {row['tokens_per_s']} tok/s, "
-                              f"{row['accepted']:.0f}/{row['drafted']:.0f} accepted, "
-                              f"exact {row['exact']}", file=sys.stderr)  # fmt: skip
+                modes = args.modes[shift:] + args.modes[:shift]
+                for mode, row in round_runs(model, modes, args, CODEX_PLACE, Path(logs)):
+                    runs[mode].append({"round": r, **row})
+                    print(f"round {r} {mode}: {row['tokens_per_s']} tok/s, "
+                          f"{row['accepted']:.0f}/{row['drafted']:.0f} accepted, "
+                          f"exact {row['exact']}", file=sys.stderr)  # fmt: skip
         finally:
             shutil.rmtree(CODEX_PLACE, ignore_errors=True)
     report |= {"runs": runs, "summary": summary(runs), "loadavg_after": load_average()}

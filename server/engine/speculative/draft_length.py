@@ -20,11 +20,15 @@ the host, Python — is small beside a CPU decode and can be most of a GPU one. 
 the steps' own wall times (steps of one sequence: a plain one, and one with k drafts against
 cost[k] of a plain one) and scales the measured costs by what the drafting steps took against
 what the costs predicted: where verifies cost more than measured, drafting needs more acceptance
-to pay, and stops where it does not.
+to pay, and stops where it does not. A plain step's time is the median of the last PLAIN_WINDOW,
+and a drafting step weighs at most OUTLIER times its predicted cost: a pause inside a step (a
+grammar built at its first use, the OS) says nothing of what steps cost. With a decayed mean
+instead, one 0.8-s step among 5-ms ones made every draft look free for dozens of steps.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -34,10 +38,11 @@ DECAY = 0.9  # the weight left to a sequence's past verifies at each new one
 MODEL_DECAY = 0.99  # the same for the model's, over all its sequences
 DRIFT = 0.97  # the weight left at each step that drafted nothing while a draft was at hand
 MIN_GAIN = 1.02  # a draft must promise this many tokens per unit of cost over a plain step
-PLAIN_DECAY = 0.9  # the weight left to the plain steps' mean time at each new one
-PLAIN_MIN = 3.0  # plain steps (decayed count) before a drafting step's time is weighed
+PLAIN_WINDOW = 16  # the plain steps whose median is a plain step's time
+PLAIN_MIN = 3  # plain steps timed before a drafting step's time is weighed
 STEP_DECAY = 0.8  # the weight left to the drafting steps' sums at each new one
 STEP_PRIOR = 1.0  # drafting steps (in plain steps' time) the measured costs count for
+OUTLIER = 3.0  # a drafting step weighs at most this many times its predicted cost
 
 
 @dataclass(frozen=True)
@@ -103,25 +108,32 @@ class VerifyCost:
 
 @dataclass
 class StepTimes:
-    """Wall times of steps of one sequence: the mean of plain ones, and, over drafting ones, the
+    """Wall times of steps of one sequence: the recent plain ones, and, over drafting ones, the
     time taken (in plain steps) against the time the verify cost predicted. `factor` scales the
     measured costs of drafting (1 until steps say otherwise)."""
 
-    plain_s: float = 0.0  # decayed mean seconds of a plain step
-    plain_n: float = 0.0  # decayed count of plain steps
     taken: float = 0.0  # decayed sum of drafting steps' times, in plain steps
     predicted: float = 0.0  # decayed sum of what the measured costs said they would take
+    recent: deque[float] = field(default_factory=lambda: deque(maxlen=PLAIN_WINDOW))
 
     def plain(self, seconds: float) -> None:
-        self.plain_n = self.plain_n * PLAIN_DECAY + 1.0
-        self.plain_s += (seconds - self.plain_s) / self.plain_n
+        self.recent.append(seconds)
+
+    @property
+    def plain_s(self) -> float:
+        """A plain step's time: the median of the recent ones (blind to a pause in one)."""
+        if not self.recent:
+            return 0.0
+        return sorted(self.recent)[len(self.recent) // 2]
 
     def drafting(self, seconds: float, predicted: float) -> bool:
         """A step with drafts took `seconds` where the costs said `predicted` plain steps;
         False where there is no plain time to weigh it against yet."""
-        if self.plain_n < PLAIN_MIN or self.plain_s <= 0.0:
+        plain_s = self.plain_s
+        if len(self.recent) < PLAIN_MIN or plain_s <= 0.0:
             return False
-        self.taken = self.taken * STEP_DECAY + seconds / self.plain_s
+        taken = min(seconds / plain_s, OUTLIER * predicted)
+        self.taken = self.taken * STEP_DECAY + taken
         self.predicted = self.predicted * STEP_DECAY + predicted
         return True
 

@@ -6,6 +6,8 @@ import pytest
 
 from server.engine.speculative.draft_length import (
     MODEL_DECAY,
+    OUTLIER,
+    PLAIN_WINDOW,
     PRIOR,
     Acceptance,
     VerifyCost,
@@ -136,6 +138,42 @@ def test_drafting_steps_are_weighed_only_against_plain_ones() -> None:
         speculator.step_took(8, 0.002 * measured.cost[8])
     assert speculator.steps.factor == pytest.approx(1.0)
     assert speculator.cost.cost == pytest.approx(measured.cost)
+
+
+@pytest.mark.parametrize("pause_at", [0, 5])
+def test_a_pause_in_one_plain_step_does_not_make_drafts_look_free(pause_at: int) -> None:
+    """Codex's loop on the trained model: one plain step took 0.77 s among 5-ms ones (the patch
+    grammar built at its first use), the plain mean rose 20-fold, drafting steps that took what
+    the costs said were weighed at a quarter of it, every cost fell to 1 and drafts of 8-13
+    tokens went out at an acceptance of 0.1. A pause, first or later, is weighed as a slow step:
+    drafting steps as predicted leave the costs about as measured."""
+    measured = VerifyCost.interpolate({0: 1.0, 2: 1.0, 4: 1.6, 16: 5.3}, 16)
+    speculator = Speculator(measured)
+    for i in range(12):
+        speculator.step_took(0, 0.77 if i == pause_at else 0.005)
+    for _ in range(10):
+        speculator.step_took(8, 0.005 * measured.cost[8])
+    assert speculator.steps.factor == pytest.approx(1.0, abs=0.2)
+    assert speculator.cost.cost[8] == pytest.approx(measured.cost[8], rel=0.2)
+    assert speculator.cost.best(0.1, 16) == measured.best(0.1, 16) == 2  # cost(2) is 1 here
+
+
+def test_a_lasting_slowdown_is_followed_and_a_paused_draft_weighs_little() -> None:
+    """Steps that become 4 times slower for good are the plain time once they are most of the
+    recent ones; one drafting step with a pause raises the costs for a while, not past OUTLIER."""
+    speculator = Speculator(VerifyCost.interpolate({0: 1.0, 16: 2.0}, 16))
+    for _ in range(8):
+        speculator.step_took(0, 0.005)
+    for i in range(40):
+        speculator.step_took(0, 0.02)
+        if i < PLAIN_WINDOW // 4:
+            assert speculator.steps.plain_s == 0.005
+    assert speculator.steps.plain_s == 0.02
+    speculator.step_took(4, 10.0)
+    assert speculator.steps.factor < OUTLIER
+    for _ in range(20):
+        speculator.step_took(4, 0.02 * speculator.measured.cost[4])
+    assert speculator.steps.factor == pytest.approx(1.0, abs=0.1)
 
 
 def test_cheaper_steps_than_measured_draft_more() -> None:
