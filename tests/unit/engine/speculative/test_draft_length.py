@@ -15,6 +15,7 @@ from server.engine.speculative.draft_length import (
     expected_tokens,
 )
 from server.engine.speculative.drafter import SequenceDrafter, Speculator
+from server.engine.speculative.ngram import NgramDrafter
 
 FLAT = VerifyCost.interpolate({0: 1.0, 16: 1.0}, 16)  # a verify costs what a step costs
 # gpt-oss-20b-like: every drafted token routes to more experts
@@ -187,3 +188,25 @@ def test_cheaper_steps_than_measured_draft_more() -> None:
         speculator.step_took(8, 0.012)
     assert speculator.cost.best(0.6, 16) > before
     assert drafter.speculator.cost is speculator.cost
+
+
+def test_the_prompt_is_indexed_at_the_first_draft_with_the_tokens_emitted_before() -> None:
+    """Following a generation indexes nothing (its prefill starts at once: indexing an 8k-token
+    prompt took 5.7 ms); the first draft sees the prompt and every emitted token, as an index
+    built at the start and appended to would."""
+    prompt = [7, 8, 9, 1, 2, 3, 4, 5, 6] * 20
+    speculator = Speculator(FLAT)
+    drafter = speculator.follow(prompt)
+    assert drafter._ngram is None
+    eager = NgramDrafter(prompt)
+    for token in (7, 8, 9, 1, 2):
+        drafter.append(token)
+        eager.append(token)
+    assert drafter._ngram is None
+    expected = eager.draft(4)
+    assert expected is not None
+    assert drafter.propose(4, frozenset()) == expected.tokens == (3, 4, 5, 6)
+    drafter.append(3)
+    eager.append(3)
+    assert drafter.ngram.tokens == eager.tokens
+    assert drafter.ngram.draft(16) == eager.draft(16)
