@@ -1,8 +1,9 @@
 """TokenChannel: hands sampled tokens from the engine thread to an asyncio consumer.
 
-The engine thread appends tokens; the consumer drains everything that arrived since it last
-looked, so a slow consumer gets larger chunks instead of a growing backlog of wake-ups. The loop
-is woken at most once per drained chunk, and not at all while the consumer is busy or pacing:
+The engine thread appends tokens and flushes once a step; the consumer drains everything that
+arrived since it last looked, so a slow consumer gets larger chunks instead of a growing backlog
+of wake-ups. The loop is woken at most once per step and per drained chunk, and not at all while
+the consumer is busy or pacing:
 a paced consumer takes at most one chunk per interval while tokens come faster than that, so
 each chunk (one decoder pass, one network write downstream) carries several tokens. The first
 token and the end of the generation are never held back, nor is the chunk after one that the
@@ -41,13 +42,21 @@ class TokenChannel:
     def push(
         self, token: int, logprob: TokenLogprob | None = None, *, scored: bool = False
     ) -> None:
-        """Hand over one token; `scored`: the request asked for logprobs (`logprob` is then the
-        token's, or None for a token no distribution was sampled for)."""
+        """Hand over one token, seen by the consumer once `flush`ed (or at the close);
+        `scored`: the request asked for logprobs (`logprob` is then the token's, or None for a
+        token no distribution was sampled for)."""
         with self._lock:
             self._tokens.append(token)
             if scored:
                 self._tokens.logprobs.append(logprob)
-            if self._wake_pending:
+
+    def flush(self) -> None:
+        """Wake the consumer for the tokens pushed since it last drained, unless a wake is
+        pending. The engine flushes once a step, after a generation's picks: woken at its first
+        token, the consumer took the GIL from the picks after it (0.5 ms at the end of a
+        prefill, before the first visible token, to decode the header tokens alone)."""
+        with self._lock:
+            if not self._tokens or self._wake_pending:
                 return
             self._wake_pending = True
         self._call_soon(self._ready.set)

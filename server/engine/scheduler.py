@@ -244,6 +244,7 @@ class Scheduler:
                     log.exception("generation failed")
                     self._finish(job, StopReason.ERROR, f"{type(exc).__name__}: {exc}")
                     timer = None
+                job.channel.flush()  # the step's tokens of this job, in one wake
             if timer is not None:
                 timer.step_took(drafted, time.perf_counter() - started)
 

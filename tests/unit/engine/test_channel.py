@@ -22,6 +22,13 @@ def result() -> EngineResult:
     return EngineResult(StopReason.MAX_TOKENS, Usage(1, 0, 1, 3), Timings(), None, None)
 
 
+def step(channel: TokenChannel, *tokens: int) -> None:
+    """An engine step's tokens for one generation: pushed, then flushed (Scheduler.step)."""
+    for token in tokens:
+        channel.push(token)
+    channel.flush()
+
+
 async def consume(channel: TokenChannel, interval: float, got: list[list[int]]) -> float:
     started = time.perf_counter()
     async for chunk in channel.paced(interval):
@@ -42,10 +49,10 @@ def test_first_token_at_once_then_the_rest_together_when_the_generation_ends() -
             first_seen.set()
 
         def engine() -> None:
-            channel.push(1)
+            step(channel, 1)
             assert first_seen.wait(LONG)  # the first token reached the consumer alone
             for token in range(2, 50):
-                channel.push(token)
+                step(channel, token)
             channel.close(result())
 
         with mock.patch.object(
@@ -71,7 +78,7 @@ def test_unpaced_chunks_hold_every_token_in_order() -> None:
 
         def engine() -> None:
             for token in range(500):
-                channel.push(token)
+                step(channel, token)
                 if token % 50 == 0:
                     time.sleep(0.002)
             channel.close(result())
@@ -94,7 +101,7 @@ def test_a_consumer_that_waits_for_the_next_token_is_woken_by_it() -> None:
         got: list[list[int]] = []
         task = asyncio.ensure_future(consume(channel, 0.0, got))
         await asyncio.sleep(0.01)  # the consumer waits: nothing was pushed yet
-        threading.Thread(target=channel.push, args=(7,)).start()
+        threading.Thread(target=step, args=(channel, 7)).start()
         while not got:
             await asyncio.sleep(0.001)
         threading.Thread(target=channel.close, args=(result(),)).start()
@@ -116,11 +123,11 @@ def test_after_a_chunk_the_consumer_unpaces_the_next_comes_at_once() -> None:
 
         def engine() -> None:
             try:
-                channel.push(1)  # a header token
+                step(channel, 1)  # a header token
                 if taken[0].wait(LONG):
-                    channel.push(2)  # the first text: not held back
+                    step(channel, 2)  # the first text: not held back
                 if taken[1].wait(LONG):
-                    channel.push(3)  # paced again: it comes with the end
+                    step(channel, 3)  # paced again: it comes with the end
             finally:
                 channel.close(result())
 
@@ -142,3 +149,40 @@ def test_after_a_chunk_the_consumer_unpaces_the_next_comes_at_once() -> None:
     got, second_after = asyncio.run(main())
     assert got == [[1], [2], [3]]
     assert second_after < LONG / 2
+
+
+def test_a_steps_tokens_wake_the_consumer_once_at_the_flush() -> None:
+    """The header tokens and the first text token picked in one step reach the consumer in one
+    chunk: pushing wakes nothing (a consumer woken at the first token took the GIL from the
+    picks after it), the flush wakes it once."""
+
+    async def main() -> tuple[list[list[int]], list[int]]:
+        loop = asyncio.get_running_loop()
+        channel = TokenChannel(loop)
+        got: list[list[int]] = []
+        counts: list[int] = []
+        with mock.patch.object(
+            loop, "call_soon_threadsafe", wraps=loop.call_soon_threadsafe
+        ) as wakes:
+            task = asyncio.ensure_future(consume(channel, 0.0, got))
+            await asyncio.sleep(0.01)  # the consumer waits for the first wake
+
+            def engine() -> None:
+                for token in (200005, 35644, 200008, 1000):  # <|channel|>analysis<|message|> text
+                    channel.push(token)
+                counts.append(wakes.call_count)
+                channel.flush()
+                counts.append(wakes.call_count)
+
+            thread = threading.Thread(target=engine)
+            thread.start()
+            while not got:
+                await asyncio.sleep(0.001)
+            thread.join()
+            channel.close(result())
+            await asyncio.wait_for(task, LONG)
+        return got, counts
+
+    got, counts = asyncio.run(main())
+    assert counts == [0, 1]
+    assert got == [[200005, 35644, 200008, 1000]]
