@@ -8,7 +8,7 @@ the result reports; `propose` gives the draft to verify after the last emitted t
 draft_length.py says pays, and `settle` records how much of it the verify confirmed.
 
 The prompt is indexed at the first draft, not when the generation starts: indexing takes
-≈ 0.7 µs a token (5.7 ms for Codex's 8k-token prompt on this CPU), and done at the start it
+0.7–1 µs a token (5.7–8.0 ms for an 8k-token prompt on a 2-core CPU), and done at the start it
 delayed every turn's prefill, so its first token, by that much.
 """
 
