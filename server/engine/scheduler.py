@@ -65,6 +65,7 @@ from server.engine.slots import (
     longest_prefix,
 )
 from server.engine.speculative.drafter import SequenceDrafter, Speculator
+from server.engine.speculative.ngram import NgramDrafter
 
 log = logging.getLogger(__name__)
 
@@ -182,6 +183,8 @@ class Scheduler:
         self._waiting: deque[Job] = deque()
         self._running: list[Job] = []
         self._loading: list[tuple[Job, Future[Found | None]]] = []  # reading from disk
+        # the n-gram index each slot's last generation left: the next turn extends it
+        self._indexes: dict[int, NgramDrafter] = {}
 
     @property
     def busy(self) -> bool:
@@ -331,7 +334,8 @@ class Scheduler:
         chooser = self._hook(job.prompt_tokens) if self._hook is not None else None
         job.picker = TokenPicker(ctx, job.params, job.steering, chooser)
         if self._speculator is not None and job.params.speculate:
-            job.drafter = self._speculator.follow(job.prompt_tokens)
+            earlier = self._indexes.pop(slot.seq_id, None)
+            job.drafter = self._speculator.follow(job.prompt_tokens, earlier)
         if not job.params.prompt_logprobs and job.params.max_tokens > 0:
             job.lead = self._lead(job)
             # a guess only where a pick follows the lead (it neither stops nor fills max_tokens)
@@ -666,6 +670,9 @@ class Scheduler:
             job.slot.last_used = time.perf_counter()
         if job.picker is not None:
             job.picker.free()
+        index = job.drafter.index() if job.drafter is not None else None
+        if index is not None and job.slot is not None:
+            self._indexes[job.slot.seq_id] = index
         job.phase = _Phase.DONE
         job.channel.close(job.result(reason, error))
 

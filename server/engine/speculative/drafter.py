@@ -8,8 +8,12 @@ the result reports; `propose` gives the draft to verify after the last emitted t
 draft_length.py says pays, and `settle` records how much of it the verify confirmed.
 
 The prompt is indexed at the first draft, not when the generation starts: indexing takes
-0.7–1 µs a token (5.7–8.0 ms for an 8k-token prompt on a 2-core CPU), and done at the start it
-delayed every turn's prefill, so its first token, by that much.
+0.7 to 1 µs a token (5.7 to 8.0 ms for an 8k-token prompt on a 2-core CPU), and done at the start it
+delayed every turn's prefill, so its first token, by that much. An agent's next turn extends the
+last one's sequence (its prompt is the earlier prompt, the exact tokens sampled and the tool's
+result): `follow` takes the index the sequence's slot last had, and where the new prompt starts
+with that index's whole sequence, only the new tokens are indexed (the index is then the one a
+build from scratch would give: the same tokens in the same order).
 """
 
 from __future__ import annotations
@@ -57,9 +61,10 @@ class Speculator:
         elif self.steps.drafting(seconds, self.measured.cost[min(drafted, self.draft_max)]):
             self.cost = self.measured.scaled(self.steps.factor)
 
-    def follow(self, tokens: Sequence[int]) -> SequenceDrafter:
+    def follow(self, tokens: Sequence[int], earlier: NgramDrafter | None = None) -> SequenceDrafter:
+        """A new generation's drafter; `earlier`: the index its slot's last generation left."""
         prior = None if self.isolated else self.acceptance
-        return SequenceDrafter(self, tuple(tokens), Acceptance(prior))
+        return SequenceDrafter(self, tuple(tokens), Acceptance(prior), _earlier=earlier)
 
 
 @dataclass
@@ -74,14 +79,29 @@ class SequenceDrafter:
     _order: int = 0
     _ngram: NgramDrafter | None = None
     _emitted: list[int] = field(default_factory=list)  # before the index was built
+    _earlier: NgramDrafter | None = None  # an earlier turn's index, extended where it fits
 
     @property
     def ngram(self) -> NgramDrafter:
         """The n-gram index of the prompt and every emitted token, built on first use."""
         if self._ngram is None:
-            self._ngram = NgramDrafter((*self.prompt, *self._emitted))
+            earlier, self._earlier = self._earlier, None
+            n = len(earlier.tokens) if earlier is not None else 0
+            if (
+                earlier is not None
+                and n <= len(self.prompt)
+                and earlier.tokens == list(self.prompt[:n])
+            ):
+                earlier.extend((*self.prompt[n:], *self._emitted))
+                self._ngram = earlier
+            else:
+                self._ngram = NgramDrafter((*self.prompt, *self._emitted))
             self._emitted = []
         return self._ngram
+
+    def index(self) -> NgramDrafter | None:
+        """The index to hand to the slot's next generation (None: none was ever built)."""
+        return self._ngram if self._ngram is not None else self._earlier
 
     def append(self, token: int) -> None:
         """An emitted token (the n-gram drafter's sequence is the prompt and every emitted one)."""

@@ -210,3 +210,31 @@ def test_the_prompt_is_indexed_at_the_first_draft_with_the_tokens_emitted_before
     eager.append(3)
     assert drafter.ngram.tokens == eager.tokens
     assert drafter.ngram.draft(16) == eager.draft(16)
+
+
+def test_a_turn_that_extends_the_last_ones_sequence_extends_its_index() -> None:
+    """An agent's next turn: its prompt is the last turn's sequence and more. The first draft
+    extends the index the slot's last generation left (only the new tokens indexed) into the
+    index a build from scratch gives; a prompt that does not start with that sequence gets an
+    index of its own and leaves the earlier one as it was."""
+    speculator = Speculator(FLAT)
+    first = speculator.follow([5, 6, 7, 8, 9] * 30)
+    for token in (5, 6, 7):
+        first.append(token)
+    earlier = first.ngram
+    assert first.index() is earlier
+    turn = [*earlier.tokens, 1, 2, 5, 6]
+    second = speculator.follow(turn, earlier)
+    second.append(7)
+    assert second.ngram is earlier  # extended, not rebuilt
+    fresh = NgramDrafter([*turn, 7])
+    assert earlier.tokens == fresh.tokens
+    assert earlier._index == fresh._index
+    assert earlier.draft(8) == fresh.draft(8)
+    before = list(earlier.tokens)
+    other = speculator.follow([9, *turn], earlier)
+    assert other.ngram is not earlier
+    assert earlier.tokens == before
+    assert other.index() is other.ngram
+    unbuilt = speculator.follow(turn, earlier)
+    assert unbuilt.index() is earlier  # never drafted: the slot keeps the earlier index
