@@ -7,13 +7,20 @@ drafter over the prompt and every emitted token (ngram.py), its own acceptance, 
 the result reports; `propose` gives the draft to verify after the last emitted token, as long as
 draft_length.py says pays, and `settle` records how much of it the verify confirmed.
 
-The prompt is indexed at the first draft, not when the generation starts: indexing takes
-0.7 to 1 µs a token (5.7 to 8.0 ms for an 8k-token prompt on a 2-core CPU), and done at the start it
-delayed every turn's prefill, so its first token, by that much. An agent's next turn extends the
-last one's sequence (its prompt is the earlier prompt, the exact tokens sampled and the tool's
-result): `follow` takes the index the sequence's slot last had, and where the new prompt starts
-with that index's whole sequence, only the new tokens are indexed (the index is then the one a
-build from scratch would give: the same tokens in the same order).
+The prompt is indexed once the generation drafts, not when it starts: indexing takes 0.7 to 1 µs
+a token (5.7 to 8.0 ms for an 8k-token prompt on a 2-core CPU), and done at the start it delayed
+every turn's prefill, so its first token, by that much. Nor is it indexed at the first chance to
+draft: that is the step after the generation's first content token, whose consumer is woken then
+and needs the GIL to send the client its first text, which an index build on the engine thread
+held (0.4 to 0.8 ms for a 576-token prompt, traced: the first text went out after it, and on a
+2-core CPU often a whole decode step later). From the second chance on, each step indexes at most
+`INDEX_SLICE` tokens (about a millisecond), so a long prompt never stalls every stream of the
+batch for the whole build; drafting starts once the index has caught up with the sequence.
+
+An agent's next turn extends the last one's sequence (its prompt is the earlier prompt, the exact
+tokens sampled and the tool's result): `follow` takes the index the sequence's slot last had, and
+where the new prompt starts with that index's whole sequence, only the new tokens are indexed.
+Either way the index is the one a build from scratch gives (the same tokens in the same order).
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ from server.engine.speculative.draft_length import (
     draft_length,
 )
 from server.engine.speculative.ngram import NgramDrafter
+
+INDEX_SLICE = 1024  # tokens a step indexes at most while the index catches up with the sequence
 
 
 @dataclass
@@ -72,19 +81,41 @@ class SequenceDrafter:
     """One generation's n-gram drafter, acceptance and counters."""
 
     speculator: Speculator
-    prompt: tuple[int, ...]  # indexed at the first draft (the module's docstring)
+    prompt: tuple[int, ...]  # indexed once the generation drafts (the module's docstring)
     acceptance: Acceptance
     drafted: int = 0  # draft tokens verified (llama-server's draft_n)
     accepted: int = 0  # of them accepted (draft_n_accepted)
     _order: int = 0
-    _ngram: NgramDrafter | None = None
-    _emitted: list[int] = field(default_factory=list)  # before the index was built
+    _index: NgramDrafter | None = None  # the sequence's first tokens, the rest in `_behind`
+    _behind: list[int] = field(default_factory=list)  # the tokens not indexed yet, in order
+    _chances: int = 0  # calls of `propose`
     _earlier: NgramDrafter | None = None  # an earlier turn's index, extended where it fits
 
     @property
     def ngram(self) -> NgramDrafter:
-        """The n-gram index of the prompt and every emitted token, built on first use."""
-        if self._ngram is None:
+        """The n-gram index of the prompt and every emitted token, caught up at once."""
+        self._catch_up(len(self.prompt) + len(self._behind))
+        assert self._index is not None
+        return self._index
+
+    def index(self) -> NgramDrafter | None:
+        """The index to hand to the slot's next generation (None: none was ever started); its
+        tokens begin the sequence, whatever the generation ended before indexing."""
+        return self._index if self._index is not None else self._earlier
+
+    def append(self, token: int) -> None:
+        """An emitted token (the n-gram drafter's sequence is the prompt and every emitted one)."""
+        if self._index is None or self._behind:
+            self._behind.append(token)
+        else:
+            self._index.append(token)
+
+    def _catch_up(self, budget: int) -> bool:
+        """Index up to `budget` more tokens of the sequence; True once none is left out. The
+        first call starts the index: the earlier turn's where the prompt begins with its
+        sequence (the prompt's other tokens then wait), else an empty one (the whole prompt)."""
+        index = self._index
+        if index is None:
             earlier, self._earlier = self._earlier, None
             n = len(earlier.tokens) if earlier is not None else 0
             if (
@@ -92,27 +123,24 @@ class SequenceDrafter:
                 and n <= len(self.prompt)
                 and earlier.tokens == list(self.prompt[:n])
             ):
-                earlier.extend((*self.prompt[n:], *self._emitted))
-                self._ngram = earlier
+                index = earlier
             else:
-                self._ngram = NgramDrafter((*self.prompt, *self._emitted))
-            self._emitted = []
-        return self._ngram
-
-    def index(self) -> NgramDrafter | None:
-        """The index to hand to the slot's next generation (None: none was ever built)."""
-        return self._ngram if self._ngram is not None else self._earlier
-
-    def append(self, token: int) -> None:
-        """An emitted token (the n-gram drafter's sequence is the prompt and every emitted one)."""
-        if self._ngram is None:
-            self._emitted.append(token)
-        else:
-            self._ngram.append(token)
+                index, n = NgramDrafter(()), 0
+            self._index = index
+            self._behind[:0] = self.prompt[n:]
+        if self._behind:
+            index.extend(self._behind[:budget])
+            del self._behind[:budget]
+        return not self._behind
 
     def propose(self, limit: int, banned: frozenset[int]) -> tuple[int, ...]:
-        """The draft to verify after the last emitted token, at most `limit` tokens."""
-        found = self.ngram.draft(min(limit, self.speculator.draft_max))
+        """The draft to verify after the last emitted token, at most `limit` tokens; none while
+        the index catches up with the sequence (the module's docstring)."""
+        self._chances += 1
+        if self._chances == 1 or not self._catch_up(INDEX_SLICE):
+            return ()
+        assert self._index is not None
+        found = self._index.draft(min(limit, self.speculator.draft_max))
         if found is None:
             return ()
         tokens = found.tokens

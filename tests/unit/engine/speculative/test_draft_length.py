@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from server.engine.speculative.draft_length import (
@@ -14,7 +16,7 @@ from server.engine.speculative.draft_length import (
     draft_length,
     expected_tokens,
 )
-from server.engine.speculative.drafter import SequenceDrafter, Speculator
+from server.engine.speculative.drafter import INDEX_SLICE, SequenceDrafter, Speculator
 from server.engine.speculative.ngram import NgramDrafter
 
 FLAT = VerifyCost.interpolate({0: 1.0, 16: 1.0}, 16)  # a verify costs what a step costs
@@ -190,19 +192,23 @@ def test_cheaper_steps_than_measured_draft_more() -> None:
     assert drafter.speculator.cost is speculator.cost
 
 
-def test_the_prompt_is_indexed_at_the_first_draft_with_the_tokens_emitted_before() -> None:
+def test_the_prompt_is_indexed_from_the_second_chance_to_draft() -> None:
     """Following a generation indexes nothing (its prefill starts at once: indexing an 8k-token
-    prompt took 5.7 ms); the first draft sees the prompt and every emitted token, as an index
-    built at the start and appended to would."""
+    prompt took 5.7 ms), nor does the first chance to draft (the step after the first content
+    token, whose consumer needs the GIL then); the second chance's draft sees the prompt and
+    every emitted token, as an index built at the start and appended to would."""
     prompt = [7, 8, 9, 1, 2, 3, 4, 5, 6] * 20
     speculator = Speculator(FLAT)
     drafter = speculator.follow(prompt)
-    assert drafter._ngram is None
     eager = NgramDrafter(prompt)
-    for token in (7, 8, 9, 1, 2):
+    for token in (7, 8, 9, 1):
         drafter.append(token)
         eager.append(token)
-    assert drafter._ngram is None
+    assert drafter._index is None
+    assert drafter.propose(4, frozenset()) == ()
+    assert drafter._index is None
+    drafter.append(2)
+    eager.append(2)
     expected = eager.draft(4)
     assert expected is not None
     assert drafter.propose(4, frozenset()) == expected.tokens == (3, 4, 5, 6)
@@ -210,6 +216,32 @@ def test_the_prompt_is_indexed_at_the_first_draft_with_the_tokens_emitted_before
     eager.append(3)
     assert drafter.ngram.tokens == eager.tokens
     assert drafter.ngram.draft(16) == eager.draft(16)
+
+
+def test_a_long_prompt_is_indexed_a_slice_a_step() -> None:
+    """No step indexes more than INDEX_SLICE tokens; drafts start once the index has caught up,
+    with the tokens emitted meanwhile in their place, and the index is a from-scratch build's."""
+    rng = random.Random(5)
+    prompt = [rng.randrange(50) for _ in range(3 * INDEX_SLICE + 100)]
+    drafter = Speculator(FLAT).follow(prompt)
+    emitted: list[int] = []
+    sizes = []
+    for step in range(8):
+        before = len(drafter._index.tokens) if drafter._index is not None else 0
+        draft = drafter.propose(4, frozenset())
+        after = len(drafter._index.tokens) if drafter._index is not None else 0
+        sizes.append(after - before)
+        caught_up = after == len(prompt) + len(emitted)
+        assert (draft != ()) <= caught_up
+        token = prompt[step]
+        drafter.append(token)
+        emitted.append(token)
+    assert sizes == [0, INDEX_SLICE, INDEX_SLICE, INDEX_SLICE, 100 + 4, 0, 0, 0]
+    fresh = NgramDrafter([*prompt, *emitted])
+    assert drafter._index is not None
+    assert drafter._index.tokens == fresh.tokens
+    assert drafter._index._index == fresh._index
+    assert drafter._index.draft(8) == fresh.draft(8)
 
 
 def test_a_turn_that_extends_the_last_ones_sequence_extends_its_index() -> None:
