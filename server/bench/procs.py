@@ -89,9 +89,15 @@ class ServerProcess:
     """A server child: started, polled until `health_url` answers 200, stopped on exit."""
 
     def __init__(
-        self, command: list[str], log_path: Path, health_url: str, timeout_s: float
+        self,
+        command: list[str],
+        log_path: Path,
+        health_url: str,
+        timeout_s: float,
+        cwd: Path | None = None,  # `python -m server` runs the `server` found there
     ) -> None:
         self.command = command
+        self.cwd = cwd
         self.log_path = log_path
         self.health_url = health_url
         self.timeout_s = timeout_s
@@ -103,7 +109,11 @@ class ServerProcess:
         log.info("starting %s", " ".join(self.command))
         with self.log_path.open("ab") as log_file:
             self._proc = subprocess.Popen(
-                self.command, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
+                self.command,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd=self.cwd,
             )
         started = time.perf_counter()
         try:
