@@ -12,10 +12,10 @@ a token (5.7 to 8.0 ms for an 8k-token prompt on a 2-core CPU), and done at the 
 every turn's prefill, so its first token, by that much. Nor is it indexed at the first chance to
 draft: that is the step after the generation's first content token, whose consumer is woken then
 and needs the GIL to send the client its first text, which an index build on the engine thread
-held (0.4 to 0.8 ms for a 576-token prompt, traced: the first text went out after it, and on a
-2-core CPU often a whole decode step later). From the second chance on, each step indexes at most
-`INDEX_SLICE` tokens (about a millisecond), so a long prompt never stalls every stream of the
-batch for the whole build; drafting starts once the index has caught up with the sequence.
+held (0.4 to 0.8 ms for a 576-token prompt, traced; measured by pairs of requests, the first
+text came at most a quarter of a millisecond sooner without it). From the second chance on, each
+step indexes at most `INDEX_SLICE` tokens (about a millisecond), so a long prompt never stalls
+every stream of the batch for the whole build; drafting starts once the index has caught up.
 
 An agent's next turn extends the last one's sequence (its prompt is the earlier prompt, the exact
 tokens sampled and the tool's result): `follow` takes the index the sequence's slot last had, and
