@@ -32,6 +32,7 @@ from server.engine.base import SamplingParams
 from server.engine.sampling.among import draw, nucleus, tempered
 from server.engine.sampling.banned import Banned
 from server.engine.sampling.rejection import Outcomes, RejectionDraw
+from server.engine.sampling.running_sums import find_in_blocks
 from server.engine.sampling.temperature import is_greedy
 
 Floats = np.ndarray[Any, np.dtype[np.float32]]
@@ -144,18 +145,9 @@ class NumpySampler:
         if not ws.exponentiate(logits, self._scale, banned):
             return self._argmax(logits, banned)
         target = self._rng.random() * float(ws.block_cumsum[-1])
-        # the first block whose running sum passes the draw (it has mass: a block without any
-        # leaves the running sum unchanged, so an earlier block would pass first)
-        b = int(ws.block_cumsum.searchsorted(target, side="right"))
-        if b == len(ws.block_sums):  # the draw rounded up to the total
-            b = int(np.flatnonzero(ws.block_sums)[-1])
-            target = float(ws.block_cumsum[b])
-        row = ws.blocks[b]
-        np.cumsum(row, dtype=np.float64, out=ws.inner_cumsum)
-        below = float(ws.block_cumsum[b - 1]) if b else 0.0
-        j = int(ws.inner_cumsum.searchsorted(target - below, side="right"))
-        if j == ws.block:  # the block's float32 sum was a little above its exact running sum
-            j = int(np.flatnonzero(row)[-1])
+        b, j = find_in_blocks(
+            target, ws.block_sums, ws.block_cumsum, ws.blocks.__getitem__, ws.inner_cumsum
+        )
         return b * ws.block + j
 
     def _candidates(self, logits: Floats, banned: Banned | None) -> tuple[Indices, Doubles]:

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from server.engine.sampling.banned import Banned
+from server.engine.sampling.running_sums import find_in_blocks
 
 Floats = np.ndarray[Any, np.dtype[np.float32]]
 
@@ -150,32 +151,27 @@ class RejectionDraw:
 class Blocks:
     """Weights to draw from by their running sum: a float64 running sum of the weights where
     they are few (at most BLOCKED, float64 then), else float32 sums of BLOCK weights (float32),
-    float64 running sums of those, and one block's float64 running sum at a draw."""
+    float64 running sums of those, and one block's float64 running sum at a draw
+    (running_sums.py, as the full draw)."""
 
     def __init__(self, weights: np.ndarray[Any, np.dtype[np.floating[Any]]]) -> None:
         self.weights = weights
         self.block = BLOCK if len(weights) > BLOCKED else 1
         if self.block == 1:
-            self.running = np.cumsum(weights, dtype=np.float64)
+            self.sums = weights
         else:
-            sums = np.add.reduceat(weights, np.arange(0, len(weights), BLOCK))
-            self.running = np.cumsum(sums, dtype=np.float64)
+            self.sums = np.add.reduceat(weights, np.arange(0, len(weights), BLOCK))
+        self.running = np.cumsum(self.sums, dtype=np.float64)
         self.mass = float(self.running[-1]) if len(self.running) else 0.0
 
     def find(self, target: float) -> int:
         """The position where the running sum of the weights passes `target` (< mass), among
         those with weight."""
-        running = self.running
-        b = int(running.searchsorted(target, side="right"))
-        if b == len(running):  # rounded up to the total: the last block with weight
-            b = int(np.flatnonzero(np.diff(running, prepend=0.0))[-1])
-            target = float(running[b])
-        if self.block == 1:
-            return b
-        block = self.weights[b * BLOCK : (b + 1) * BLOCK]
-        inner = np.cumsum(block, dtype=np.float64)
-        below = float(running[b - 1]) if b else 0.0
-        j = int(inner.searchsorted(target - below, side="right"))
-        if j == len(block):  # the block's float32 sum was a little above its exact running sum
-            j = int(np.flatnonzero(block)[-1])
+        if self.block == 1:  # a block per weight: the running sum is the weights'
+            b = int(self.running.searchsorted(target, side="right"))
+            return b if b < len(self.sums) else int(np.flatnonzero(self.sums)[-1])
+        b, j = find_in_blocks(target, self.sums, self.running, self._row)
         return b * BLOCK + j
+
+    def _row(self, b: int) -> np.ndarray[Any, np.dtype[np.floating[Any]]]:
+        return self.weights[b * BLOCK : (b + 1) * BLOCK]
