@@ -12,6 +12,7 @@ import logging
 import queue
 import threading
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from server.contracts.directives import Steering
 from server.contracts.errors import EngineUnavailable
@@ -29,12 +30,32 @@ from server.engine.disk_cache.prompt_cache import PromptCache
 from server.engine.llama_context import LlamaContext
 from server.engine.rpc.backend import AbortWatch, abort_reason
 from server.engine.rpc.hosts import RpcError, unreachable
+from server.engine.sampling.vocab_trie import trie_build
 from server.engine.scheduler import Job, Scheduler
 from server.engine.speculative.verify_cost import start_speculation
 
 log = logging.getLogger(__name__)
 
 CLOSED = "The server cannot generate: the model was closed"
+
+
+class IdleWork(Protocol):
+    """Work the engine thread does a short step at a time while no generation runs."""
+
+    def advance(self) -> bool:
+        """One step (a few milliseconds); True when nothing is left."""
+
+
+def wait_for_job(jobs: queue.SimpleQueue[Job | None], idle: list[IdleWork]) -> Job | None:
+    """The next job (None: stop), waiting for one; while none is queued, `idle` work goes on a
+    step at a time (finished work leaves the list), so a job waits for one step at most."""
+    while idle:
+        try:
+            return jobs.get_nowait()
+        except queue.Empty:
+            if idle[0].advance():
+                idle.pop(0)
+    return jobs.get()
 
 
 class LlamaEngine:
@@ -56,6 +77,7 @@ class LlamaEngine:
         self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self._ready = threading.Event()
         self._load_error: BaseException | None = None
+        self._idle: list[IdleWork] = []  # what the engine thread does while nothing runs
         self._ctx: LlamaContext | None = None
         self._scheduler: Scheduler | None = None
         self._cache: PromptCache | None = None
@@ -149,6 +171,9 @@ class LlamaEngine:
             self._ready.set()
             return
         self._ready.set()
+        # the vocabulary's trie, which the first grammar-constrained token needs, is built
+        # while nothing runs instead of in that token's step (sampling/vocab_trie.py)
+        self._idle.append(trie_build(self._ctx))
         config = self._config
         scheduler = Scheduler(
             self._ctx,
@@ -212,7 +237,7 @@ class LlamaEngine:
     def _receive(self, scheduler: Scheduler) -> bool:
         """Move submitted jobs to the scheduler (waiting when idle); False to stop."""
         if not scheduler.busy:
-            job = self._jobs.get()
+            job = wait_for_job(self._jobs, self._idle)
             if job is None:
                 return False
             scheduler.add(job)

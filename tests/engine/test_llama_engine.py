@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections.abc import AsyncIterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from server.contracts.transcript import ToolChoice
 from server.engine.base import EngineConfig, EngineResult, SamplingParams, StopReason
 from server.engine.llama import LlamaEngine
 from server.engine.llama_context import BatchPart, LlamaContext
+from server.engine.sampling.vocab_trie import trie_build
 from server.harmony.steering import plan_steering
 from tests.support.engine_runs import GREEDY, STOPS, run, unique_prompt
 
@@ -365,5 +367,26 @@ def test_a_generation_the_lead_ends_leaves_no_guessed_cells(
         assert ctx is not None
         seq = next(slot.seq_id for slot in scheduler.slots if slot.tokens)
         assert ctx.seq_end(seq) == len(prompt) + 1
+    finally:
+        engine.close()
+
+
+def test_the_vocabulary_trie_is_built_while_no_generation_runs(
+    tiny_gguf: Path, encoding: HarmonyEncoding
+) -> None:
+    """The trie the first grammar-constrained token needs is built by the idle engine thread a
+    slice at a time, without a request asking for it; a job submitted meanwhile is served."""
+    config = EngineConfig(model_path=str(tiny_gguf), n_ctx=512, n_threads=1, speculative="off")
+    engine = LlamaEngine(config)
+    try:
+        assert engine._ctx is not None
+        build = trie_build(engine._ctx)
+        tokens, _ = run(engine, unique_prompt(encoding, "idle"), GREEDY)
+        assert tokens
+        deadline = time.monotonic() + 120
+        while not build.done and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert build.done
+        assert build.slices > 100  # a slice at a time: 201,088 tokens, 2,048 a slice
     finally:
         engine.close()

@@ -30,7 +30,13 @@ from server.engine.base import EngineConfig, SamplingParams
 from server.engine.llama_context import BatchPart, LlamaContext
 from server.engine.sampling import grammar_sampler
 from server.engine.sampling.grammar_sampler import GrammarSampler
-from server.engine.sampling.vocab_trie import Descent, VocabTrie, negates_non_ascii, vocab_trie
+from server.engine.sampling.vocab_trie import (
+    Descent,
+    TrieBuild,
+    VocabTrie,
+    negates_non_ascii,
+    vocab_trie,
+)
 from server.grammars.tools import call_grammar, custom_grammar
 from server.harmony.tokens import CALL, SPECIALS
 from tests.support.chi_square import goodness_of_fit
@@ -122,6 +128,28 @@ def _texts(encoding: HarmonyEncoding) -> dict[str, tuple[str, str]]:
         "regex": (regex, _compact({"input": 'put a/b_1 "x y"\n'})),
         "non-ascii-negation": (NON_ASCII_NEGATION, '"𝔘 wörld 龘"'),
     }
+
+
+def test_a_trie_built_in_slices_is_the_trie_built_at_once(
+    ctx: LlamaContext, trie: VocabTrie
+) -> None:
+    """The idle engine builds the trie a slice at a time: the same arrays as one pass over the
+    whole vocabulary, each step reading at most its slice of tokens."""
+    sliced = TrieBuild(ctx.vocab, ctx.info.n_vocab, size=997)
+    whole = TrieBuild(ctx.vocab, ctx.info.n_vocab, size=1 << 20).trie()
+    members, n_vocab = len(trie.order), ctx.info.n_vocab
+    assert not sliced.done
+    built = sliced.trie()
+    # every token read, the tree's members indexed, then placed, a slice a step; the sort
+    assert sliced.done
+    assert sliced.slices == -(-n_vocab // 997) + 2 * -(-members // 997) + 2
+    for a, b in ((built, whole), (built, trie)):
+        for field in ("order", "start", "incomplete", "extras"):
+            x, y = getattr(a, field), getattr(b, field)
+            assert x.dtype == y.dtype, field
+            assert np.array_equal(x, y), field
+    assert len(trie.extras) > 0
+    assert members + len(trie.extras) == n_vocab
 
 
 @pytest.mark.parametrize("case", ["strict-schema", "apply-patch", "regex", "non-ascii-negation"])

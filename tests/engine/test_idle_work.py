@@ -1,0 +1,46 @@
+"""The engine thread's idle work: a step at a time while no job is queued, never ahead of one."""
+
+from __future__ import annotations
+
+import queue
+
+from server.engine.llama import IdleWork, wait_for_job
+from server.engine.scheduler import Job
+
+
+class Steps:
+    """Idle work of `n` steps that queues `job` at step `queue_at` (0: never)."""
+
+    def __init__(self, n: int, jobs: queue.SimpleQueue[Job | None], queue_at: int = 0) -> None:
+        self.n, self.jobs, self.queue_at = n, jobs, queue_at
+        self.done = 0
+
+    def advance(self) -> bool:
+        self.done += 1
+        if self.done == self.queue_at:
+            self.jobs.put(None)
+        return self.done >= self.n
+
+
+def test_a_queued_job_comes_before_any_step() -> None:
+    jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+    work = Steps(5, jobs)
+    jobs.put(None)
+    idle: list[IdleWork] = [work]
+    assert wait_for_job(jobs, idle) is None
+    assert work.done == 0
+    assert idle == [work]
+
+
+def test_steps_go_on_until_a_job_comes_and_resume_after_it() -> None:
+    jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+    first, second = Steps(5, jobs, queue_at=3), Steps(2, jobs, queue_at=2)
+    idle: list[IdleWork] = [first, second]
+    assert wait_for_job(jobs, idle) is None  # the job the third step queued
+    assert (first.done, second.done) == (3, 0)
+    assert idle == [first, second]
+    # the next wait finishes the first work, then the second (which queues the job at its last
+    # step); with nothing left, it takes the job by a blocking get
+    assert wait_for_job(jobs, idle) is None
+    assert (first.done, second.done) == (5, 2)
+    assert idle == []
