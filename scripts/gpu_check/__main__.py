@@ -58,7 +58,7 @@ WORK = ROOT / ".gpu-check" / "work"
 ARCHIVE = "llama-cpp-python.tar.xz"
 TARGETS = ("llama", "mtmd", "llama-bench", "llama-server")
 PHASES = ("setup", "build", "models", "doctor", "load", "bench", "concurrency", "speculation",
-          "tests", "sampling")  # fmt: skip
+          "tests", "sampling", "floor")  # fmt: skip
 # Where a driver's unversioned libcuda.so may be (CMake links the VMM pool against it).
 LIBCUDA_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/local/nvidia/lib64")
 REPORT_RESERVE_S = 15.0  # kept at the end for the table and the tarball
@@ -83,6 +83,7 @@ class Mode:
     speculation: str
     trained: str
     sampling: str
+    floor: str
 
 
 GPU = Mode(
@@ -101,6 +102,7 @@ GPU = Mode(
         "speculation": 110,
         "tests": 120,
         "sampling": 60,
+        "floor": 90,
     },
     preset="20b",
     ngl="-1",
@@ -110,6 +112,7 @@ GPU = Mode(
     speculation="--rounds 2 --cost-rounds 3 --tokens 128",
     trained="--rounds 2",
     sampling="--prompt 512 --gen 128 --rounds 3",
+    floor="--prompt 512 --gen 128 --rounds 3",
 )
 CPU = Mode(
     gpu=False,
@@ -124,6 +127,7 @@ CPU = Mode(
         "speculation": 420,
         "tests": 120,
         "sampling": 120,
+        "floor": 180,
     },
     preset="tiny",
     ngl="0",
@@ -133,6 +137,7 @@ CPU = Mode(
     speculation="--rounds 1 --cost-rounds 2 --tokens 64 --only apply_patch no_copy",
     trained="--rounds 1",
     sampling="--prompt 64 --gen 32 --rounds 2",
+    floor="--prompt 128 --gen 64 --rounds 2 --threads 2",
 )
 
 
@@ -500,6 +505,20 @@ class Check:
                 keys = ("median_tokens_per_s", "backend_vs_host", "greedy_identical")
                 result.detail[key] = {k: report[k] for k in keys if k in report}
 
+    def floor(self, result: PhaseResult) -> None:
+        """Where a token's time goes (scripts/bench/token_floor.py): llama-bench, the engine's
+        context in a bare Python loop, the same loop sampling, the engine and its steps' split."""
+        out = self.results_dir / "floor.json"
+        out.unlink(missing_ok=True)
+        command = [sys.executable, "-m", "scripts.bench.token_floor", "--n-gpu-layers",
+                   self.mode.ngl, "--model", self.model_paths["main"], *self.mode.floor.split(),
+                   "--out", str(out)]  # fmt: skip
+        self.run("floor", [command], result)
+        if out.is_file():
+            report = json.loads(out.read_text())
+            keys = ("tokens_per_s", "added_per_token", "medians")
+            result.detail.update({k: report[k] for k in keys if k in report})
+
     def tests(self, result: PhaseResult) -> None:
         junit = self.results_dir / "gpu-tests.xml"
         junit.unlink(missing_ok=True)
@@ -531,27 +550,28 @@ class Check:
         if "models" in want or any(p in want for p in PHASES[3:]):
             self.phase("models", self.models)
         if "build" in self.background:
-            self.finish_background("build")
-            if self.mode.gpu and self.phases["build"].status == "ok" and self.pack:
-                try:
-                    self.pack_build()
-                except (OSError, subprocess.CalledProcessError) as exc:  # the measuring goes on
-                    self.build_packed = {"error": f"{type(exc).__name__}: {exc}"}
+            self.finish_build()
         self.machine["libstdcxx"] = libstdcxx_linkage(self.lib_dir)
-        if self.model_paths:
-            for name, body in (("doctor", self.doctor), ("load", self.load), ("bench", self.bench),
-                               ("concurrency", self.concurrency),
-                               ("speculation", self.speculation)):  # fmt: skip
-                if name in want:
-                    self.phase(name, body)
-        if "tests" in want:
-            self.phase("tests", self.tests)
-        if self.model_paths and "sampling" in want:
-            self.phase("sampling", self.sampling)
+        measuring = (("doctor", self.doctor), ("load", self.load), ("bench", self.bench),
+                     ("concurrency", self.concurrency), ("speculation", self.speculation),
+                     ("tests", self.tests), ("sampling", self.sampling),
+                     ("floor", self.floor))  # fmt: skip
+        for name, body in measuring:  # the GPU tests run without the models too
+            if name in want and (self.model_paths or name == "tests"):
+                self.phase(name, body)
         self.save(final=True)
         not_ok = [r.name for r in self.phases.values() if r.status != "ok"]
         print(self.markdown(), flush=True)
         return 1 if not_ok else 0
+
+    def finish_build(self) -> None:
+        """Wait for the build beside the models; on the device, send it back for next time."""
+        self.finish_background("build")
+        if self.mode.gpu and self.phases["build"].status == "ok" and self.pack:
+            try:
+                self.pack_build()
+            except (OSError, subprocess.CalledProcessError) as exc:  # the measuring goes on
+                self.build_packed = {"error": f"{type(exc).__name__}: {exc}"}
 
     def keep_earlier(self, want: Sequence[str]) -> None:
         """The phases an earlier call on this machine ran and this one does not (`--phases`
@@ -832,6 +852,10 @@ JSON_SECTIONS = {
     "load": ("load: the server's ways of loading the model", ("variants", "bisect")),
     "speculation": ("speculation", ("synthetic", "trained")),
     "sampling": ("sampling: llama.cpp's backend against the host", ("sampled", "greedy")),
+    "floor": (
+        "floor: where a token's time goes (ms)",
+        ("tokens_per_s", "added_per_token", "medians"),
+    ),
 }
 
 
