@@ -24,7 +24,7 @@ from server.contracts.directives import Allow, Constrain, Directive, Force, Stee
 from server.engine.base import SamplingParams, TokenChooser
 from server.engine.llama_context import LlamaContext
 from server.engine.sampling.among import sample_among
-from server.engine.sampling.banned import Banned
+from server.engine.sampling.banned import Banned, banned_of
 from server.engine.sampling.grammar_sampler import GrammarSampler
 from server.engine.sampling.llama_chain import LlamaSamplerChain, chain_seed
 from server.engine.sampling.numpy_sampler import NumpySampler
@@ -62,7 +62,6 @@ class TokenPicker:
         self._grammars: dict[Constrain, GrammarSampler] = {}
         self._rng = np.random.default_rng(params.seed)
         self._sampler = NumpySampler(ctx.workspace, params, self._rng)
-        self._banned: dict[Constrain, Banned] = {}
         self._chains: dict[Constrain | None, LlamaSamplerChain] = {}
 
     @property
@@ -136,13 +135,7 @@ class TokenPicker:
             grammar.free()
 
     def _banned_for(self, constraint: Constrain) -> Banned | None:
-        if not constraint.banned:
-            return None
-        banned = self._banned.get(constraint)
-        if banned is None:
-            banned = Banned.of(constraint.banned, self._ctx.info.n_vocab)
-            self._banned[constraint] = banned
-        return banned
+        return banned_of(constraint.banned, self._ctx.info.n_vocab)
 
     def _chain_sample(self, constraint: Constrain | None, index: int) -> int:
         """A token from llama.cpp's chain; never one whose logit is NaN (its greedy stage keeps

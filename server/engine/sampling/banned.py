@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ class Banned:
     def of(cls, tokens: Iterable[int], n_vocab: int) -> Banned:
         inside = frozenset(t for t in tokens if 0 <= t < n_vocab)
         ids = np.fromiter(sorted(inside), dtype=np.intp, count=len(inside))
+        ids.flags.writeable = False  # shared by every generation (`banned_of`)
         if not len(ids):
             return cls(inside, ids, (), ((0, n_vocab),))
         breaks = np.flatnonzero(np.diff(ids) != 1) + 1
@@ -86,3 +88,11 @@ class Banned:
                 return value
             top = max(top, value)
         return top
+
+
+@functools.lru_cache(maxsize=64)
+def banned_of(tokens: frozenset[int], n_vocab: int) -> Banned | None:
+    """The Banned of a set of ids (None when it is empty), built once for every generation that
+    bans it: harmony's 1,089 special tokens take ≈ 90 µs to lay out, which each generation's
+    first content token used to wait for."""
+    return Banned.of(tokens, n_vocab) if tokens else None

@@ -38,7 +38,7 @@ import numpy as np
 from server.contracts.directives import Constrain
 from server.engine.base import ModelInfo, SamplingParams
 from server.engine.sampling.among import draw, tempered
-from server.engine.sampling.banned import Banned
+from server.engine.sampling.banned import banned_of
 from server.engine.sampling.block_draws import BlockDraws
 from server.engine.sampling.llama_chain import LlamaSamplerChain, chain_seed
 from server.engine.sampling.numpy_sampler import Workspace
@@ -180,11 +180,6 @@ def _repaired(logits: np.ndarray[Any, np.dtype[np.float32]]) -> np.ndarray[Any, 
     return repaired
 
 
-@functools.lru_cache(maxsize=16)
-def _banned(banned: frozenset[int], n_vocab: int) -> Banned | None:
-    return Banned.of(banned, n_vocab) if banned else None
-
-
 class GrammarSampler:
     """The sampler of one grammar-constrained stretch of a generation (engine thread only);
     `rng` is the generation's random stream, shared with its other samplers."""
@@ -208,7 +203,7 @@ class GrammarSampler:
         self._trie = vocab_trie(ctx)
         self._transparent = negates_non_ascii(constraint.grammar)
         self._first, self._tree_banned = _first_level(self._trie, constraint.banned)
-        self._banned = _banned(constraint.banned, ctx.info.n_vocab)
+        self._banned = banned_of(constraint.banned, ctx.info.n_vocab)
         self._plain = not is_greedy(params.temperature) and params.top_k <= 0
         self._plain = self._plain and params.top_p >= 1.0 and params.min_p <= 0.0
         self._rng = rng

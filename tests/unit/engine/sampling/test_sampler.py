@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from server.engine.base import SamplingParams
-from server.engine.sampling.banned import Banned
+from server.engine.sampling.banned import Banned, banned_of
 from server.engine.sampling.llama_chain import chain_seed, sampler_stages
 from server.engine.sampling.numpy_sampler import NumpySampler, Workspace
 from server.engine.sampling.temperature import is_greedy
@@ -202,6 +202,16 @@ def test_banned_runs_and_scattered_ids() -> None:
     values = np.zeros(VOCAB, dtype=np.float32)
     scattered.apply(values, -1.0)
     assert np.flatnonzero(values).tolist() == list(range(0, VOCAB, 7))
+
+
+def test_a_banned_set_is_laid_out_once_for_every_generation() -> None:
+    shared = banned_of(frozenset(BANNED), VOCAB)
+    assert shared is banned_of(frozenset(BANNED), VOCAB)  # the next generation's
+    assert shared is not None
+    assert shared.runs == Banned.of(BANNED, VOCAB).runs
+    with pytest.raises(ValueError, match="read-only"):
+        shared.ids[0] = 1  # shared, so nobody may change it
+    assert banned_of(frozenset(), VOCAB) is None
 
 
 def _at(params: SamplingParams, temperature: float) -> SamplingParams:
