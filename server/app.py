@@ -7,6 +7,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import anyio
 from fastapi import Depends, FastAPI
 
 from server import __version__
@@ -75,6 +76,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
         app.state.messages = MessagesState.from_settings(settings, signer)
         app.state.server_tools = await start_server_tools(settings)
         app.state.mcp = mcp
+        await anyio.sleep(0)  # loads anyio's asyncio backend, which a streamed response needs
         try:
             yield
         finally:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from numpy.random import default_rng  # here: numpy loads it on first use (6 ms)
 
 from server.contracts.directives import Allow, Constrain, Directive, Force, Steering
 from server.engine.base import SamplingParams, TokenChooser
@@ -60,7 +61,7 @@ class TokenPicker:
         self.last: Directive = None  # the last pick's directive (drafts go only in content)
         self._ahead: Directive | _Unread = _UNREAD  # the steering's next directive, once read
         self._grammars: dict[Constrain, GrammarSampler] = {}
-        self._rng = np.random.default_rng(params.seed)
+        self._rng = default_rng(params.seed)
         self._sampler = NumpySampler(ctx.workspace, params, self._rng)
         self._chains: dict[Constrain | None, LlamaSamplerChain] = {}
 
