@@ -50,6 +50,7 @@ from devkit.models import cached_gguf
 from server.bench.inprocess import PACE_S
 from server.bench.llama_bench import bench_commands
 from server.bench.plan import BenchError, Plan
+from server.bench.report import print_json
 from server.engine.base import BatchPart, EngineConfig, SamplingParams, default_threads
 from server.engine.llama import LlamaEngine
 from server.engine.llama_context import LlamaContext
@@ -347,10 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         **summary(rounds),
         "rounds": rounds,
     }
-    text = json.dumps(report, indent=2)
-    if args.out is not None:
-        args.out.write_text(text + "\n")
-    print(text)
+    print_json(report, args.out)
     return 0
 
 
