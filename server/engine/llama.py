@@ -37,6 +37,7 @@ from server.engine.speculative.verify_cost import start_speculation
 log = logging.getLogger(__name__)
 
 CLOSED = "The server cannot generate: the model was closed"
+IDLE_AFTER_S = 0.05  # no job for this long: the engine thread's idle work may go on
 
 
 class IdleWork(Protocol):
@@ -46,9 +47,19 @@ class IdleWork(Protocol):
         """One step (a few milliseconds); True when nothing is left."""
 
 
-def wait_for_job(jobs: queue.SimpleQueue[Job | None], idle: list[IdleWork]) -> Job | None:
-    """The next job (None: stop), waiting for one; while none is queued, `idle` work goes on a
-    step at a time (finished work leaves the list), so a job waits for one step at most."""
+def wait_for_job(
+    jobs: queue.SimpleQueue[Job | None], idle: list[IdleWork], quiet_s: float = IDLE_AFTER_S
+) -> Job | None:
+    """The next job (None: stop), waiting for one. With `idle` work left and no job for
+    `quiet_s`, the work goes on a step at a time while none is queued (finished work leaves
+    the list), so a job waits for one step at most; a client's next request usually comes
+    sooner than `quiet_s` after its last reply (an agent's loop, a benchmark), and then waits
+    for none."""
+    if idle:
+        try:
+            return jobs.get(timeout=quiet_s)
+        except queue.Empty:
+            pass
     while idle:
         try:
             return jobs.get_nowait()
