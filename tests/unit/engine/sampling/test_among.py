@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from server.engine.base import SamplingParams
+from server.engine.sampling import among
 from server.engine.sampling.among import sample_among, tempered
 from server.engine.sampling.temperature import GREEDY_BELOW, is_greedy
 from tests.support.chi_square import exact_distribution, goodness_of_fit
@@ -104,3 +105,22 @@ def test_the_temperatures_that_act_as_greedy() -> None:
     weights = tempered(x.copy(), GREEDY_BELOW)  # the smallest sampled temperature: no overflow
     assert weights.tolist() == [0.0, 1.0, 0.0, 1.0, 0.0]
     assert tempered(np.array([NAN, -INF]), 1.0).tolist() == [0.0, 0.0]
+
+
+@pytest.mark.parametrize("n", [2, 3, 5, 8])
+def test_a_few_candidates_are_drawn_in_python_as_numpy_draws_them(n: int) -> None:
+    """At plain temperature up to eight candidates are drawn with Python floats (`_few`): the
+    same token as the numpy draw (`_staged`) for the same uniform number, draw after draw."""
+    source = np.random.default_rng(n)
+    params = SamplingParams(max_tokens=1, temperature=0.8)
+    for _ in range(300):
+        allowed = tuple(sorted(source.choice(N_VOCAB, n, replace=False).tolist()))
+        logits = (source.standard_normal(N_VOCAB) * 3).astype(np.float32)
+        logits[allowed[0]] = -np.inf  # a candidate without weight is never drawn
+        seed = int(source.integers(1 << 31))
+        few = among._few(logits, allowed, params.temperature, np.random.default_rng(seed))
+        staged = among._staged(logits, allowed, params, np.random.default_rng(seed))
+        assert few == staged
+        assert few != allowed[0]
+    nan = logits_with([NAN, 1.0, 2.0, NAN, 0.0, 0.0, 0.0, 0.0])
+    assert among._few(nan, ALLOWED, 1.0, np.random.default_rng(0)) is None  # left to numpy
