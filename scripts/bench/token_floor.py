@@ -68,6 +68,7 @@ class Setup:
 
     settings: Settings
     config: EngineConfig
+    threads: int
 
     @classmethod
     def of(cls, args: argparse.Namespace, model: Path) -> Setup:
@@ -81,11 +82,7 @@ class Setup:
             speculative="off",
             prompt_cache_dir=None,
         )
-        return cls(settings, config)
-
-    @property
-    def threads(self) -> int:
-        return self.settings.n_threads or default_threads()
+        return cls(settings, config, threads)
 
 
 class BareLoop:

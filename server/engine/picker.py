@@ -25,7 +25,7 @@ from server.contracts.directives import Allow, Constrain, Directive, Force, Stee
 from server.engine.base import SamplingParams, TokenChooser
 from server.engine.llama_context import LlamaContext
 from server.engine.sampling.among import sample_among
-from server.engine.sampling.banned import Banned, banned_of
+from server.engine.sampling.banned import banned_of
 from server.engine.sampling.grammar_sampler import GrammarSampler
 from server.engine.sampling.llama_chain import LlamaSamplerChain, chain_seed
 from server.engine.sampling.numpy_sampler import NumpySampler
@@ -114,7 +114,8 @@ class TokenPicker:
         elif self._ctx.llama_sampling:
             token = self._chain_sample(directive, index)
         else:
-            banned = self._banned_for(directive) if directive is not None else None
+            n_vocab = self._ctx.info.n_vocab
+            banned = banned_of(directive.banned, n_vocab) if directive is not None else None
             token = self._sampler.sample(self._ctx.logits(index), banned)
         if self._chooser is not None:
             token = self._chooser(token)
@@ -134,9 +135,6 @@ class TokenPicker:
             chain.free()
         for grammar in self._grammars.values():
             grammar.free()
-
-    def _banned_for(self, constraint: Constrain) -> Banned | None:
-        return banned_of(constraint.banned, self._ctx.info.n_vocab)
 
     def _chain_sample(self, constraint: Constrain | None, index: int) -> int:
         """A token from llama.cpp's chain; never one whose logit is NaN (its greedy stage keeps

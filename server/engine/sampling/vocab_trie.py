@@ -50,11 +50,6 @@ class VocabTrie:
     incomplete: Mask  # the token's text ends inside a UTF-8 character (or is not UTF-8)
     extras: Ids  # tokens outside the tree: checked at the first level
 
-    @classmethod
-    def build(cls, vocab: Any, n_vocab: int) -> VocabTrie:
-        """About 201k token lookups for gpt-oss, at once (`TrieBuild` makes them in slices)."""
-        return TrieBuild(vocab, n_vocab).trie()
-
     @functools.cached_property
     def roots(self) -> Ids:
         return self.children(np.array([self.n_vocab], dtype=np.int64))
