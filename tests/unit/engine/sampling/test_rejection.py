@@ -190,9 +190,9 @@ def test_a_generation_without_uniform_acceptances_stops_proposing_within_two_bat
     rejection = RejectionDraw(len(logits), 1.0, np.random.default_rng(2))
     tried = []
     for _ in range(6):
-        before = rejection._rate
+        before = rejection.rate
         assert rejection.draw(logits, None) is not None
-        tried.append(rejection._rate != before)
+        tried.append(rejection.rate != before)
     assert tried == [True, True, False, False, False, False]
 
 
