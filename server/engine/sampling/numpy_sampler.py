@@ -70,11 +70,26 @@ class Workspace:
             banned.apply(values, -math.inf)
         return values
 
-    def exponentiate(self, logits: Floats, scale: np.float32, banned: Banned | None) -> bool:
+    def exponentiate(
+        self, logits: Floats, scale: np.float32, banned: Banned | None, top: float | None = None
+    ) -> bool:
         """Load the weights exp(scale * logits - max), banned tokens at 0, into the work buffer,
         with their block sums and the running sums of those (NaN logits weigh 0). False when
         the largest scaled logit is not finite (+inf, or no logit finite): the distribution is
-        then the argmax of the logits, which the caller takes."""
+        then the argmax of the logits, which the caller takes.
+
+        `top`, when the caller knows it (finite: the largest logit that is not banned, so none
+        of those is NaN or +inf), saves the pass for the maximum and one more: the weights are
+        then exp((logits - top) · scale), the subtraction made on the way into the buffer."""
+        if top is not None:
+            values = self.values
+            np.subtract(logits, np.float32(top), out=values)
+            if scale != 1.0:
+                np.multiply(values, scale, out=values)
+            if banned is not None:
+                banned.apply(values, -math.inf)
+            self._sum_exponentials(values)
+            return True
         values = self.masked(logits, banned, scale)
         top = float(values.max())
         if not math.isfinite(top):  # NaN, +inf (a logit, or one scaled past float32) or none
@@ -83,10 +98,13 @@ class Workspace:
             if not math.isfinite(top):
                 return False
         np.subtract(values, top, out=values)
+        self._sum_exponentials(values)
+        return True
+
+    def _sum_exponentials(self, values: Floats) -> None:
         np.exp(values, out=values)
         np.add.reduce(self.blocks, axis=1, out=self.block_sums)
         np.cumsum(self.block_sums, dtype=np.float64, out=self.block_cumsum)
-        return True
 
 
 class NumpySampler:
@@ -124,8 +142,12 @@ class NumpySampler:
         if self._greedy:
             return self._argmax(logits, banned)
         if self._full:
-            token = self._rejection.draw(logits, banned) if self._rejection is not None else None
-            return token if token is not None else self._draw_full(logits, banned)
+            if self._rejection is None:
+                return self._draw_full(logits, banned)
+            token = self._rejection.draw(logits, banned)
+            return (
+                token if token is not None else self._draw_full(logits, banned, self._rejection.top)
+            )
         kept, kept_logits = self._candidates(logits, banned)
         return self._draw_among(kept, kept_logits)
 
@@ -139,10 +161,11 @@ class NumpySampler:
         np.nan_to_num(values, copy=False, nan=-np.inf, posinf=np.inf, neginf=-np.inf)
         return int(np.argmax(values))
 
-    def _draw_full(self, logits: Floats, banned: Banned | None) -> int:
-        """Temperature and the random draw over the whole vocabulary: the common case."""
+    def _draw_full(self, logits: Floats, banned: Banned | None, top: float | None = None) -> int:
+        """Temperature and the random draw over the whole vocabulary (`top`: the largest allowed
+        logit, when the rejection draw found it finite)."""
         ws = self._ws
-        if not ws.exponentiate(logits, self._scale, banned):
+        if not ws.exponentiate(logits, self._scale, banned, top):
             return self._argmax(logits, banned)
         target = self._rng.random() * float(ws.block_cumsum[-1])
         b, j = find_in_blocks(

@@ -52,7 +52,7 @@ DECAY = 0.9  # the acceptance estimate's weight of the draws before the last
 TRIALS_PER_ACCEPT = 6.0  # batches hold this many expected acceptances: e^-6 of them fail
 PROBE_EVERY = 32  # uniform proposals that have not worked lately are still tried this often,
 PROBE_TRIALS = 256  # in a batch this small (a full one cost 0.3 ms, spread: 10 µs a token)
-MAX_CANDIDATES = 1 << 16  # more than this within GAP of the top: the full draw is cheaper
+MAX_CANDIDATES = 1 << 13  # more than this within GAP of the top: the full draw is cheaper
 MAX_ROUNDS = 64  # draws between the candidates and the rest before giving up
 BLOCK = 256  # candidates per block of the draw among them,
 BLOCKED = 2048  # when there are more than this (fewer: one running sum is as fast)
@@ -88,6 +88,9 @@ class RejectionDraw:
         self._thresholds = np.zeros(0, dtype=np.float32)  # and T·ln u for each
         self._used = 0  # pairs of the stream used
         self.outcomes = Outcomes()
+        # the last draw's largest allowed logit, when finite and exact (a scattered ban only
+        # bounds it, by every logit's maximum)
+        self.top: float | None = None
 
     def draw(self, logits: Floats, banned: Banned | None) -> int | None:
         """A token drawn exactly, or None: the caller makes the full draw."""
@@ -104,7 +107,9 @@ class RejectionDraw:
     def _either(self, logits: Floats, banned: Banned | None, trials: int) -> int | None:
         top = banned.top(logits) if banned is not None else float(logits.max())
         if not math.isfinite(top):
+            self.top = None
             return None
+        self.top = top if banned is None or not banned.scattered else None
         token = self._uniform(logits, banned, top, trials) if trials else None
         if token is not None:
             self.outcomes.uniform += 1
@@ -153,9 +158,10 @@ class RejectionDraw:
     def _candidates(self, logits: Floats, banned: Banned | None, top: float) -> int | None:
         """The tokens within GAP nats of the top weighed exactly, the rest by rejection."""
         threshold = np.float32(top - self._gap / self._scale)
-        candidates = np.flatnonzero(logits >= threshold)
-        if len(candidates) > MAX_CANDIDATES:
+        above = logits >= threshold
+        if np.count_nonzero(above) > MAX_CANDIDATES:
             return None
+        candidates = np.flatnonzero(above)
         if len(candidates) > BLOCKED:
             weights = np.exp((logits[candidates] - np.float32(top)) * np.float32(self._scale))
         else:

@@ -100,9 +100,11 @@ def test_candidates_and_the_rest_on_peaked_logits(
     check(logits, temperature, banned, drawn)
 
 
-def test_the_sampler_with_both_schemes_and_the_full_draw_stays_exact() -> None:
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_the_sampler_with_both_schemes_and_the_full_draw_stays_exact(temperature: float) -> None:
     """Logits that change from flat to peaked and back, the full vocabulary's size: every
-    scheme is used, the full draw included, and the draws of each logits vector are exact."""
+    scheme is used, the full draw included (with the top the rejection draw found), and the
+    draws of each logits vector are exact."""
     n_vocab, first_special = 201_088, 199_998
     rng = np.random.default_rng(5)
     flat = rng.normal(0.0, 1.0, n_vocab).astype(np.float32)
@@ -112,9 +114,10 @@ def test_the_sampler_with_both_schemes_and_the_full_draw_stays_exact() -> None:
     wide[123] = 14.0  # proposals are hardly ever accepted, and everything is a candidate
     banned = frozenset(range(first_special, n_vocab)) - {200_002}
     mask = Banned.of(banned, n_vocab)
-    params = SamplingParams(max_tokens=1, temperature=1.0, seed=9)
+    params = SamplingParams(max_tokens=1, temperature=temperature, seed=9)
     sampler = NumpySampler(Workspace(n_vocab), params, np.random.default_rng(9))
-    vectors = [flat, peaked, wide]
+    # logits scaled by the temperature: the same distributions (and schemes) at every one
+    vectors = [(v * np.float32(temperature)).astype(np.float32) for v in (flat, peaked, wide)]
     drawn: list[list[int]] = [[], [], []]
     for i in range(9_000):
         which = (i // 100) % 3  # runs of one kind, as a generation's tokens come
@@ -125,6 +128,31 @@ def test_the_sampler_with_both_schemes_and_the_full_draw_stays_exact() -> None:
     for logits, tokens in zip(vectors, drawn, strict=True):
         stat, critical = goodness_of_fit(tokens, exact_distribution(logits, params, banned))
         assert stat < critical
+
+
+@pytest.mark.parametrize("banned", BANS, ids=BAN_IDS)
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_the_full_draw_with_a_known_top_weighs_as_without(
+    banned: frozenset[int], temperature: float
+) -> None:
+    """The full draw after a rejection draw gave up takes the top that draw found: the same
+    weights as finding it again, and no top where a scattered ban only bounded it (a banned
+    logit far above the others would have underflowed every weight)."""
+    logits = flat_logits()
+    logits[sorted(banned)[:1] or [0]] = 200.0  # above every other: banned, but for "open"
+    mask = Banned.of(banned, VOCAB) if banned else None
+    rejection = RejectionDraw(VOCAB, temperature, np.random.default_rng(0))
+    rejection.draw(logits, mask)
+    if banned == SCATTERED:
+        assert rejection.top is None
+        return
+    assert rejection.top is not None
+    scale = np.float32(1.0 / temperature)
+    found, known = Workspace(VOCAB), Workspace(VOCAB)
+    assert found.exponentiate(logits, scale, mask)
+    assert known.exponentiate(logits, scale, mask, rejection.top)
+    np.testing.assert_allclose(known.values, found.values, rtol=1e-5, atol=1e-30)
+    np.testing.assert_allclose(known.block_cumsum, found.block_cumsum, rtol=1e-5)
 
 
 def test_a_seed_gives_the_same_tokens() -> None:
