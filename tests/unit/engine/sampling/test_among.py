@@ -124,3 +124,36 @@ def test_a_few_candidates_are_drawn_in_python_as_numpy_draws_them(n: int) -> Non
         assert few != allowed[0]
     nan = logits_with([NAN, 1.0, 2.0, NAN, 0.0, 0.0, 0.0, 0.0])
     assert among._few(nan, ALLOWED, 1.0, np.random.default_rng(0)) is None  # left to numpy
+
+
+def nucleus_weights(kind: str, n: int) -> np.ndarray[Any, Any]:
+    rng = np.random.default_rng(len(kind) + n)
+    if kind == "flat":  # random weights' distribution: top-p keeps most of it
+        return np.exp(rng.normal(0.0, 1.0, n) - 5.0).astype(np.float32)
+    if kind == "float64 with zeros and ties":
+        weights = np.exp(rng.normal(0.0, 3.0, n))
+        weights[rng.choice(n, n // 10, replace=False)] = 0.0
+        weights[rng.choice(n, n // 10, replace=False)] = 0.5  # many equal: ties in a bucket
+        return weights
+    weights = np.exp(rng.normal(-12.0, 2.0, n)).astype(np.float32)  # peaked: a few carry it
+    weights[rng.choice(n, 20, replace=False)] = rng.uniform(0.2, 1.0, 20)
+    return weights
+
+
+@pytest.mark.parametrize("kind", ["flat", "float64 with zeros and ties", "peaked"])
+@pytest.mark.parametrize("p", [0.0, 0.3, 0.9, 0.999, 1.0 + 1e-9])
+def test_a_large_nucleus_cut_by_buckets_is_the_sorted_one(kind: str, p: float) -> None:
+    """Past SORTED_NUCLEUS candidates the nucleus is cut by buckets of the weights: the same
+    tokens as sorting them all (ties at the cut may be taken in any order, as llama.cpp's)."""
+    n = 3 * among.SORTED_NUCLEUS
+    weights = nucleus_weights(kind, n)
+    kept = np.arange(1000, 1000 + n)
+    mass = p * float(weights.sum(dtype=np.float64))
+    cut = among.nucleus(kept, weights, mass)
+    reference = kept[among._sorted_cut(weights, mass)]
+    assert len(cut) == len(reference)
+    chosen, expected = weights[cut - 1000], weights[reference - 1000]
+    assert sorted(chosen.tolist()) == sorted(expected.tolist())  # equal up to ties' order
+    assert float(chosen.sum(dtype=np.float64)) >= mass * (1 - 1e-12) or len(cut) == n
+    if len(np.unique(expected)) == len(expected) and float(expected.min()) != 0.5:
+        assert set(cut.tolist()) == set(reference.tolist())
