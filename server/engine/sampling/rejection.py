@@ -9,12 +9,12 @@ a_i = exp((x_i - top) / T) is at most 1, and two exact schemes need only a few o
   uniformly and accept it with probability a_i. Proposals go in batches; the first accepted one
   is the draw. The batch size follows the acceptance rate of the generation's earlier tokens.
   The proposals are generated STREAM at a time, each a token and its acceptance threshold
-  T·ln u (accepted when x_i - top exceeds it, that is u < a_i): a draw compares a window of
-  the stream and moves past the pair it takes. The pairs after that one were compared but
-  decided nothing (the batch sizes follow the pairs used), so the next draw uses them as new;
-  a draw costs four numpy calls instead of ten (after 40 MB streamed through the caches, as
-  a decode does: 90 → 61 µs a draw on the tiny model's logits, the maximum's pass
-  included; docs/sampling.md).
+  T·ln u, u uniform in (0, 1] (accepted when x_i - top exceeds it, that is u < a_i): a draw
+  compares a window of the stream and moves past the pair it takes. The pairs after that one
+  were compared but decided nothing (the batch sizes follow the pairs used), so the next draw
+  uses them as new; a draw costs four numpy calls instead of ten (after 40 MB streamed
+  through the caches, as a decode does: 90 → 61 µs a draw on the tiny model's logits, the
+  maximum's pass included; docs/sampling.md).
 - peaked distributions (a model that knows what comes next): every token within GAP nats of the
   top is a candidate, weighed exactly; all the others together get the envelope n·exp(-GAP),
   which bounds their mass. A draw picks a candidate by its weight, or proposes a uniform token
@@ -149,10 +149,10 @@ class RejectionDraw:
         return self._accepts / self._tries
 
     def _refill(self) -> None:
-        """A new stream of proposals (what is left of the last one was never compared)."""
+        """A new stream of proposals (what is left of the last one decided nothing)."""
         self._proposals = self._rng.integers(0, self._n, STREAM)
-        uniform = self._rng.random(STREAM)
-        self._thresholds = (np.log(uniform) * self._temperature).astype(np.float32)
+        uniform = self._rng.random(STREAM)  # [0, 1): ln(1 - u) is never ln 0
+        self._thresholds = (np.log1p(-uniform) * self._temperature).astype(np.float32)
         self._used = 0
 
     def _candidates(self, logits: Floats, banned: Banned | None, top: float) -> int | None:
@@ -163,7 +163,10 @@ class RejectionDraw:
             return None
         candidates = np.flatnonzero(above)
         if len(candidates) > BLOCKED:
-            weights = np.exp((logits[candidates] - np.float32(top)) * np.float32(self._scale))
+            # a banned candidate far above the allowed top may overflow: it is cleared below
+            with np.errstate(over="ignore"):
+                excess = (logits[candidates] - np.float32(top)) * np.float32(self._scale)
+                weights = np.exp(excess)
         else:
             weights = np.exp((logits[candidates].astype(np.float64) - top) * self._scale)
         if banned is not None:
