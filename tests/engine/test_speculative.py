@@ -297,7 +297,8 @@ def positions(engine: LlamaEngine, prompt: list[int], offset: int) -> list[list[
 
 
 def worst_ratio(a: list[list[int]], b: list[list[int]]) -> float:
-    """The largest chi-square statistic over its critical value, over the positions."""
+    """The largest chi-square statistic over its critical value, over the positions (0 where a
+    position's pooled draws make one group: one token with nearly all of the mass)."""
     ratios = []
     for x, y in zip(a, b, strict=True):
         pooled = np.bincount(np.asarray(x + y), minlength=max(x + y) + 1).astype(np.float64)

@@ -20,7 +20,10 @@ Z_1E4 = 3.719016  # the standard normal's upper 1e-4 quantile
 
 
 def critical_value(df: int, z: float = Z_1E4) -> float:
-    """Chi-square upper quantile by the Wilson-Hilferty approximation."""
+    """Chi-square upper quantile by the Wilson-Hilferty approximation; infinite with no degree
+    of freedom (one group: the draws say nothing at this resolution, the statistic is 0)."""
+    if df == 0:
+        return math.inf
     h = 2.0 / (9.0 * df)
     return df * (1.0 - h + z * math.sqrt(h)) ** 3
 
