@@ -56,6 +56,7 @@ MAX_CANDIDATES = 1 << 13  # more than this within GAP of the top: the full draw 
 MAX_ROUNDS = 64  # draws between the candidates and the rest before giving up
 BLOCK = 256  # candidates per block of the draw among them,
 BLOCKED = 2048  # when there are more than this (fewer: one running sum is as fast)
+FEW = 8  # at most this many candidates: weighed and drawn in Python floats (`FewWeights`)
 
 
 @dataclass
@@ -162,16 +163,7 @@ class RejectionDraw:
         if np.count_nonzero(above) > MAX_CANDIDATES:
             return None
         candidates = np.flatnonzero(above)
-        if len(candidates) > BLOCKED:
-            # a banned candidate far above the allowed top may overflow: it is cleared below
-            with np.errstate(over="ignore"):
-                excess = (logits[candidates] - np.float32(top)) * np.float32(self._scale)
-                weights = np.exp(excess)
-        else:
-            weights = np.exp((logits[candidates].astype(np.float64) - top) * self._scale)
-        if banned is not None:
-            banned.clear(candidates, weights)
-        among = Blocks(weights)
+        among = self._weighed(logits, candidates, banned, top)
         # every other token's weight is below this (its logit is below the float32 threshold)
         envelope = math.exp((float(threshold) - top) * self._scale)
         rest = self._n * envelope
@@ -186,6 +178,64 @@ class RejectionDraw:
             if self._rng.random() * envelope < math.exp((float(logit) - top) * self._scale):
                 return token
         return None
+
+    def _weighed(
+        self,
+        logits: Floats,
+        candidates: np.ndarray[Any, np.dtype[np.intp]],
+        banned: Banned | None,
+        top: float,
+    ) -> Blocks | FewWeights:
+        """The candidates' weights exp((x - top) · scale), banned ones 0, ready to draw from."""
+        if len(candidates) <= FEW:
+            return FewWeights(logits, candidates, banned, top, self._scale)
+        if len(candidates) > BLOCKED:
+            # a banned candidate far above the allowed top may overflow: it is cleared below
+            with np.errstate(over="ignore"):
+                excess = (logits[candidates] - np.float32(top)) * np.float32(self._scale)
+                weights = np.exp(excess)
+        else:
+            weights = np.exp((logits[candidates].astype(np.float64) - top) * self._scale)
+        if banned is not None:
+            banned.clear(candidates, weights)
+        return Blocks(weights)
+
+
+class FewWeights:
+    """A few candidates' weights exp((x - top) · scale) in Python floats, banned ones 0, and
+    the draw among them by their running sum: what `Blocks` does for them, without its numpy
+    calls, which cost more than the few weights on the caches a decode leaves cold (a trained
+    model's draws mostly have a handful of candidates)."""
+
+    def __init__(
+        self,
+        logits: Floats,
+        candidates: np.ndarray[Any, np.dtype[np.intp]],
+        banned: Banned | None,
+        top: float,
+        scale: float,
+    ) -> None:
+        ids = candidates.tolist()
+        values = logits[candidates].tolist()
+        weights = [
+            0.0 if banned is not None and token in banned.tokens else math.exp((x - top) * scale)
+            for token, x in zip(ids, values, strict=True)
+        ]
+        self.running: list[float] = []
+        total = 0.0
+        for weight in weights:
+            total += weight
+            self.running.append(total)
+        self.weights = weights
+        self.mass = total
+
+    def find(self, target: float) -> int:
+        """The position where the running sum passes `target` (< mass), among those with
+        weight."""
+        for position, upto in enumerate(self.running):
+            if upto > target:
+                return position
+        return max(i for i, weight in enumerate(self.weights) if weight > 0)  # rounded up
 
 
 class Blocks:

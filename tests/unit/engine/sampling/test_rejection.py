@@ -17,7 +17,7 @@ import pytest
 from server.engine.base import SamplingParams
 from server.engine.sampling.banned import Banned
 from server.engine.sampling.numpy_sampler import NumpySampler, Workspace
-from server.engine.sampling.rejection import BLOCKED, RejectionDraw
+from server.engine.sampling.rejection import BLOCKED, FEW, RejectionDraw
 from tests.support.chi_square import exact_distribution, goodness_of_fit
 
 Floats = np.ndarray[Any, np.dtype[np.float32]]
@@ -35,12 +35,14 @@ def flat_logits(seed: int = 3) -> Floats:
     return logits.astype(np.float32)
 
 
-def peaked_logits(temperature: float, banned: frozenset[int], seed: int = 4) -> Floats:
+def peaked_logits(
+    temperature: float, banned: frozenset[int], seed: int = 4, likely: int = 12
+) -> Floats:
     """As a trained model gives: a few likely tokens over a vocabulary too large for uniform
     proposals, and a tail just below the candidates' threshold that still holds some mass."""
     rng = np.random.default_rng(seed)
     logits = np.zeros(PEAKED_VOCAB)
-    logits[rng.choice(PEAKED_VOCAB, 12, replace=False)] = rng.normal(8.0, 1.5, 12)
+    logits[rng.choice(PEAKED_VOCAB, likely, replace=False)] = rng.normal(8.0, 1.5, likely)
     logits[8] = 14.0  # a token the model likes most (banned in RUNS)
     top = max(logits[t] for t in np.flatnonzero(logits) if t not in banned)
     threshold = top - (math.log(PEAKED_VOCAB) + 3.0) * temperature
@@ -96,6 +98,22 @@ def test_candidates_and_the_rest_on_peaked_logits(
     drawn, rejection = draws(logits, temperature, banned, 30_000)
     assert rejection.outcomes.candidates >= 0.9 * len(drawn)  # the rest: uniform proposals
     threshold = tail_threshold(logits, temperature, banned)
+    assert sum(logits[t] < threshold for t in drawn) > 30  # the rest is drawn, by rejection
+    check(logits, temperature, banned, drawn)
+
+
+@pytest.mark.parametrize("banned", BANS, ids=BAN_IDS)
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_a_few_candidates_are_weighed_in_python_exactly(
+    banned: frozenset[int], temperature: float
+) -> None:
+    """At most FEW candidates (a banned one among them, for the runs) are weighed and drawn in
+    Python floats; the rest by rejection, as with more."""
+    logits = peaked_logits(temperature, banned, seed=6, likely=5)
+    threshold = tail_threshold(logits, temperature, banned)
+    assert np.count_nonzero(logits >= threshold) <= FEW
+    drawn, rejection = draws(logits, temperature, banned, 30_000)
+    assert rejection.outcomes.candidates >= 0.9 * len(drawn)
     assert sum(logits[t] < threshold for t in drawn) > 30  # the rest is drawn, by rejection
     check(logits, temperature, banned, drawn)
 
