@@ -30,7 +30,8 @@ to the full draw, which repairs them.
 The candidates' weights are float32 and a draw among them goes by blocks (float32 block sums,
 float64 running sums, one block's float64 cumulative sum), as the full draw does: a few thousand
 candidates cost tens of microseconds, where float64 weights and one cumulative sum over all of
-them took a hundred and more.
+them took a hundred and more. Up to FEW candidates are weighed in Python floats instead
+(`FewWeights`), and more than MAX_CANDIDATES go to the full draw, which is cheaper then.
 """
 
 from __future__ import annotations
@@ -204,8 +205,8 @@ class RejectionDraw:
 class FewWeights:
     """A few candidates' weights exp((x - top) · scale) in Python floats, banned ones 0, and
     the draw among them by their running sum: what `Blocks` does for them, without its numpy
-    calls, which cost more than the few weights on the caches a decode leaves cold (a trained
-    model's draws mostly have a handful of candidates)."""
+    calls, which cost more than the few weights on the caches a decode leaves cold (a model
+    sure of its next token: a quarter of the trained tiny model's positions)."""
 
     def __init__(
         self,
