@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from server.engine.base import SamplingParams
+from server.engine.sampling.running_sums import Running
 from server.engine.sampling.temperature import is_greedy
 
 Floats = np.ndarray[Any, np.dtype[np.float32]]
@@ -53,17 +54,8 @@ def _few(
     top = max(x)
     if not math.isfinite(top) or any(math.isnan(value) for value in x):
         return None
-    weights = [math.exp((value - top) / temperature) for value in x]
-    running, total = [], 0.0
-    for weight in weights:
-        total += weight
-        running.append(total)
-    target = rng.random() * total
-    for token, upto in zip(allowed, running, strict=True):
-        if upto > target:
-            return int(token)
-    last = max(i for i, weight in enumerate(weights) if weight > 0)  # the draw rounded up
-    return int(allowed[last])
+    weights = Running([math.exp((value - top) / temperature) for value in x])
+    return int(allowed[weights.find(rng.random() * weights.mass)])
 
 
 def _staged(

@@ -31,7 +31,7 @@ The candidates' weights are float32 and a draw among them goes by blocks (float3
 float64 running sums, one block's float64 cumulative sum), as the full draw does: a few thousand
 candidates cost tens of microseconds, where float64 weights and one cumulative sum over all of
 them took a hundred and more. Up to FEW candidates are weighed in Python floats instead
-(`FewWeights`), and more than MAX_CANDIDATES go to the full draw, which is cheaper then.
+(`few_weights`), and more than MAX_CANDIDATES go to the full draw, which is cheaper then.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from server.engine.sampling.banned import Banned
-from server.engine.sampling.running_sums import find_in_blocks
+from server.engine.sampling.running_sums import Running, find_in_blocks
 
 Floats = np.ndarray[Any, np.dtype[np.float32]]
 
@@ -57,7 +57,7 @@ MAX_CANDIDATES = 1 << 13  # more than this within GAP of the top: the full draw 
 MAX_ROUNDS = 64  # draws between the candidates and the rest before giving up
 BLOCK = 256  # candidates per block of the draw among them,
 BLOCKED = 2048  # when there are more than this (fewer: one running sum is as fast)
-FEW = 8  # at most this many candidates: weighed and drawn in Python floats (`FewWeights`)
+FEW = 8  # at most this many candidates: weighed and drawn in Python floats (`few_weights`)
 
 
 @dataclass
@@ -186,10 +186,10 @@ class RejectionDraw:
         candidates: np.ndarray[Any, np.dtype[np.intp]],
         banned: Banned | None,
         top: float,
-    ) -> Blocks | FewWeights:
+    ) -> Blocks | Running:
         """The candidates' weights exp((x - top) · scale), banned ones 0, ready to draw from."""
         if len(candidates) <= FEW:
-            return FewWeights(logits, candidates, banned, top, self._scale)
+            return few_weights(logits, candidates, banned, top, self._scale)
         if len(candidates) > BLOCKED:
             # a banned candidate far above the allowed top may overflow: it is cleared below
             with np.errstate(over="ignore"):
@@ -202,41 +202,24 @@ class RejectionDraw:
         return Blocks(weights)
 
 
-class FewWeights:
-    """A few candidates' weights exp((x - top) · scale) in Python floats, banned ones 0, and
-    the draw among them by their running sum: what `Blocks` does for them, without its numpy
-    calls, which cost more than the few weights on the caches a decode leaves cold (a model
-    sure of its next token: a quarter of the trained tiny model's positions)."""
-
-    def __init__(
-        self,
-        logits: Floats,
-        candidates: np.ndarray[Any, np.dtype[np.intp]],
-        banned: Banned | None,
-        top: float,
-        scale: float,
-    ) -> None:
-        ids = candidates.tolist()
-        values = logits[candidates].tolist()
-        weights = [
+def few_weights(
+    logits: Floats,
+    candidates: np.ndarray[Any, np.dtype[np.intp]],
+    banned: Banned | None,
+    top: float,
+    scale: float,
+) -> Running:
+    """A few candidates' weights exp((x - top) · scale) in Python floats, banned ones 0, to
+    draw from as `Blocks` does (a model sure of its next token: a quarter of the trained tiny
+    model's positions)."""
+    ids = candidates.tolist()
+    values = logits[candidates].tolist()
+    return Running(
+        [
             0.0 if banned is not None and token in banned.tokens else math.exp((x - top) * scale)
             for token, x in zip(ids, values, strict=True)
         ]
-        self.running: list[float] = []
-        total = 0.0
-        for weight in weights:
-            total += weight
-            self.running.append(total)
-        self.weights = weights
-        self.mass = total
-
-    def find(self, target: float) -> int:
-        """The position where the running sum passes `target` (< mass), among those with
-        weight."""
-        for position, upto in enumerate(self.running):
-            if upto > target:
-                return position
-        return max(i for i, weight in enumerate(self.weights) if weight > 0)  # rounded up
+    )
 
 
 class Blocks:

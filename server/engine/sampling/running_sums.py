@@ -1,7 +1,9 @@
 """A draw by running sums over blocks of weights: the block where the running sum of the block
 sums passes the target, then the position inside it by that block's own running sum. The full
 draw over the vocabulary (numpy_sampler.py) and the draw among many candidates (rejection.py)
-both go this way: float32 weights and block sums, float64 running sums."""
+both go this way: float32 weights and block sums, float64 running sums. A few weights
+(`Running`: a header token's candidates, a peaked draw's few) go by one running sum in Python
+floats."""
 
 from __future__ import annotations
 
@@ -37,3 +39,25 @@ def find_in_blocks(
     if j == len(row):  # the block's float32 sum was a little above its exact running sum
         j = int(np.flatnonzero(row)[-1])
     return b, j
+
+
+class Running:
+    """A few weights' running sum in Python floats, and the draw by it: for a handful of
+    candidates, numpy's calls on cold caches cost more than the weights themselves."""
+
+    def __init__(self, weights: list[float]) -> None:
+        self.weights = weights
+        self.running: list[float] = []
+        total = 0.0
+        for weight in weights:
+            total += weight
+            self.running.append(total)
+        self.mass = total
+
+    def find(self, target: float) -> int:
+        """The position where the running sum passes `target` (< mass), among those with
+        weight (the last of them when the draw rounded up to the total)."""
+        for position, upto in enumerate(self.running):
+            if upto > target:
+                return position
+        return max(i for i, weight in enumerate(self.weights) if weight > 0)
