@@ -82,7 +82,6 @@ class RejectionDraw:
         self._n = n_vocab
         self._scale = 1.0 / temperature
         self._rng = rng
-        self._temperature = temperature
         self._gap = math.log(n_vocab) + 3.0
         self._accepts, self._tries = TRIALS_PER_ACCEPT, 256.0  # recent uniform proposals
         self._since_probe = 0
@@ -154,7 +153,7 @@ class RejectionDraw:
         """A new stream of proposals (what is left of the last one decided nothing)."""
         self._proposals = self._rng.integers(0, self._n, STREAM)
         uniform = self._rng.random(STREAM)  # [0, 1): ln(1 - u) is never ln 0
-        self._thresholds = (np.log1p(-uniform) * self._temperature).astype(np.float32)
+        self._thresholds = (np.log1p(-uniform) / self._scale).astype(np.float32)  # T·ln(1 - u)
         self._used = 0
 
     def _candidates(self, logits: Floats, banned: Banned | None, top: float) -> int | None:
