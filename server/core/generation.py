@@ -39,6 +39,7 @@ from server.core.visibility import SummaryStyle
 from server.engine.base import Engine, SamplingParams
 from server.grammars.response_format import answer_grammar
 from server.grammars.tools import call_grammar
+from server.harmony.decoder import ParserStock
 from server.harmony.renderer import Renderer
 from server.harmony.steering import SteeringPlan, builtin_recipients, plan_steering
 from server.harmony.token_bytes import TokenBytes
@@ -108,6 +109,7 @@ class Generator:
         self.engine = engine
         self.encoding = encoding
         self.renderer = Renderer(encoding)  # remembers renders across requests
+        self.parsers = ParserStock(encoding, engine.load.slots)  # one ready per running stream
         self.defaults = defaults or SamplingDefaults()
         start = list(self.renderer.assistant_start)
         self.history = history if history is not None else History(start)

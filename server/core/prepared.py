@@ -7,6 +7,7 @@ events of a short summary generation per reasoning segment are merged in (server
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -192,6 +193,8 @@ class Prepared:
                 stream.on_close(
                     lambda result: self._report(result, decoder, steering, stopped=None)
                 )
+        # the next generation's parser, made after this one's last events are queued
+        asyncio.get_running_loop().call_soon(self.generator.parsers.restock)
         if client.stopped:
             async for _ in stream:  # the engine stops within a token; wait for its result
                 pass
@@ -212,7 +215,9 @@ class Prepared:
         """The engine's stream, and the decoder for it (built while the prompt is evaluated)."""
         stream = self.generator.engine.submit(prompt_tokens, params, steering, save_points)
         try:
-            return stream, HarmonyDecoder(self.generator.encoding)
+            return stream, HarmonyDecoder(
+                self.generator.encoding, parser=self.generator.parsers.take()
+            )
         except BaseException:
             stream.cancel()
             raise

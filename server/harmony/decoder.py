@@ -52,15 +52,53 @@ class _Segment:
     parts: list[str] = field(default_factory=list)
 
 
+def new_parser(encoding: HarmonyEncoding) -> StreamableParser:
+    """A lenient streaming parser of one assistant turn."""
+    return StreamableParser(encoding, Role.ASSISTANT, strict=False)
+
+
+class ParserStock:
+    """Streaming parsers made before the generations that use them.
+
+    Making one renders harmony's stop tokens through the tokenizer: 0.1 ms warm, 0.3-0.6 ms in
+    a server between requests. Made when a generation starts, it held the GIL right after the
+    prompt went to the engine, and the engine thread waited for it to start the prefill: half a
+    millisecond on the way to every first token. A generation takes a parser made earlier (one
+    is made on the spot when none is left) and `restock` makes the next ones once it ended.
+    """
+
+    def __init__(self, encoding: HarmonyEncoding, size: int = 1) -> None:
+        self._encoding = encoding
+        self._size = size
+        self._ready: list[StreamableParser] = []
+        self.restock()
+
+    def take(self) -> StreamableParser:
+        return self._ready.pop() if self._ready else new_parser(self._encoding)
+
+    def restock(self) -> None:
+        while len(self._ready) < self._size:
+            self._ready.append(new_parser(self._encoding))
+
+    @property
+    def ready(self) -> int:
+        return len(self._ready)
+
+
 class HarmonyDecoder:
     """Feed sampled tokens one at a time; collect the events each produces."""
 
     def __init__(
-        self, encoding: HarmonyEncoding, new_call_id: Callable[[], str] = new_call_id
+        self,
+        encoding: HarmonyEncoding,
+        new_call_id: Callable[[], str] = new_call_id,
+        *,
+        parser: StreamableParser | None = None,
     ) -> None:
+        """`parser`: a new one from `ParserStock` (made here when None)."""
         self._encoding = encoding
         self._new_call_id = new_call_id
-        self._parser = StreamableParser(encoding, Role.ASSISTANT, strict=False)
+        self._parser = new_parser(encoding) if parser is None else parser
         self._message_tokens: list[int] = []
         self._segment: _Segment | None = None
         self._next_index = 0

@@ -25,7 +25,7 @@ from selenium.webdriver.remote.webelement import WebElement
 from server.engine.llama import LlamaEngine
 from server.ops.runtime import Runtime
 from tests.support import chat_page
-from tests.support.browser import ARTIFACTS, wait_until
+from tests.support.browser import ARTIFACTS
 from tests.support.chat_page import (
     MODEL,
     GatedScript,
@@ -38,6 +38,7 @@ from tests.support.chat_page import (
     serve,
     text_of,
 )
+from tests.support.polling import wait_until
 
 pytestmark = pytest.mark.slow  # a real browser (Debian's chromium)
 

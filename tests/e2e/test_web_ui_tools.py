@@ -29,7 +29,7 @@ from server.engine.llama import LlamaEngine
 from server.ops.runtime import Runtime
 from server.tools.python.sandbox import SandboxUnavailable, configure
 from tests.support import chat_page
-from tests.support.browser import ARTIFACTS, wait_until
+from tests.support.browser import ARTIFACTS
 from tests.support.chat_page import (
     GatedScript,
     assistants,
@@ -43,6 +43,7 @@ from tests.support.chat_page import (
 )
 from tests.support.local_site import serve_site
 from tests.support.mcp_server import ROOT
+from tests.support.polling import wait_until
 from tests.support.scripts import answer, browser_call, mcp_call, python_call, reasoning
 
 pytestmark = pytest.mark.slow  # a real browser (Debian's chromium)

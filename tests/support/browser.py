@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import os
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 from selenium import webdriver
@@ -39,8 +38,6 @@ FLAGS = (
     "--window-size=1280,860",
     "--lang=en-US",
 )
-
-T = TypeVar("T")
 
 
 def require_browser() -> None:
@@ -72,17 +69,6 @@ def chromium() -> Iterator[WebDriver]:
             yield driver
         finally:
             driver.quit()
-
-
-def wait_until(condition: Callable[[], T | None], timeout: float = 60.0) -> T:
-    """The condition's first truthy value, polled until `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.05)
 
 
 def console_log(driver: WebDriver) -> list[dict[str, Any]]:

@@ -22,7 +22,8 @@ from server.engine.base import EngineConfig
 from server.engine.llama import LlamaEngine
 from server.ops.runtime import Runtime
 from server.ops.settings import Settings
-from tests.support.browser import chromium, console_log, wait_until
+from tests.support.browser import chromium, console_log
+from tests.support.polling import wait_until
 from tests.support.responses import served
 
 MODEL = "gpt-oss-tiny"

@@ -14,7 +14,7 @@ from server.contracts.events import (
     SegmentKind,
     SegmentStart,
 )
-from server.harmony.decoder import HarmonyDecoder
+from server.harmony.decoder import HarmonyDecoder, ParserStock
 
 Event = SegmentStart | SegmentDelta | SegmentEnd | DecodeWarning
 
@@ -248,3 +248,22 @@ def test_mutated_sequences_never_raise(encoding: HarmonyEncoding) -> None:
                 tokens.insert(at, rng.randrange(0, 199998))
         events, _ = decode_tokens(encoding, tokens)
         assert_well_formed(events)
+
+
+def test_a_stock_gives_fresh_parsers_and_makes_one_when_empty(encoding: HarmonyEncoding) -> None:
+    stock = ParserStock(encoding, size=2)
+    assert stock.ready == 2
+    taken = [stock.take() for _ in range(3)]  # the third made on the spot
+    assert len({id(parser) for parser in taken}) == 3
+    assert stock.ready == 0
+    stock.restock()
+    assert stock.ready == 2
+    text = (
+        "<|channel|>analysis<|message|>Think.<|end|>"
+        "<|start|>assistant<|channel|>final<|message|>Hi<|return|>"
+    )
+    tokens = encoding.encode(text, allowed_special="all")
+    expected, _ = decode_tokens(encoding, tokens)
+    stocked = HarmonyDecoder(encoding, parser=stock.take())
+    events = [event for token in tokens for event in stocked.feed(token)] + stocked.finish()
+    assert events == expected
