@@ -35,18 +35,47 @@ def sse_event(event: str, payload: Any) -> bytes:
     return format_sse_event(event=event, data_str=encode_json(payload))
 
 
-class TypedEvent(Protocol):
+class Dumpable(Protocol):
+    """A pydantic model."""
+
+    def model_dump(self, *, mode: str, exclude: set[str] | None = None) -> dict[str, Any]: ...
+
+
+class TypedEvent(Dumpable, Protocol):
     """A pydantic stream event that names itself (Responses and Messages events)."""
 
     @property
     def type(self) -> str: ...
 
-    def model_dump(self, *, mode: str) -> dict[str, Any]: ...
-
 
 def sse_typed(event: TypedEvent) -> bytes:
     """`event: <its type>` + `data: <its JSON>`."""
     return sse_event(event.type, event.model_dump(mode="json"))
+
+
+class SharedField:
+    """`sse_typed` for a stream whose events carry one large object in a field, often the
+    same object in events one after the other (a Responses stream opens with two events that
+    carry one response snapshot of some 18 KB for Codex CLI: its instructions and tools): the
+    object's JSON is made once for all the events in a row that carry it."""
+
+    def __init__(self, field: str) -> None:
+        self._field = field
+        self._last: Dumpable | None = None
+        self._last_json = ""
+
+    def __call__(self, event: TypedEvent) -> bytes:
+        shared: Dumpable | None = getattr(event, self._field, None)
+        if shared is None:
+            return sse_typed(event)
+        if shared is not self._last:
+            self._last, self._last_json = shared, encode_json(shared.model_dump(mode="json"))
+        rest = event.model_dump(mode="json", exclude={self._field})
+        head = encode_json(rest)[:-1]  # the other fields, without the closing brace
+        comma = "," if rest else ""
+        return format_sse_event(
+            event=event.type, data_str=f'{head}{comma}"{self._field}":{self._last_json}}}'
+        )
 
 
 _END = b"\x00end"  # a queue item no formatted event can be (events end in a blank line)

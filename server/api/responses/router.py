@@ -38,7 +38,7 @@ from server.api.responses.schemas import (
     StreamEvent,
 )
 from server.api.responses.store import ResponseStore, StoredResponse
-from server.api.sse import sse_typed
+from server.api.sse import SharedField
 from server.api.stream_run import Ended, StreamRun
 from server.contracts.errors import InvalidRequest, NotFound, ServerError
 from server.contracts.events import ToolTarget
@@ -143,7 +143,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
         prepared, emitter, name=f"response {base.id}", finish=finisher
     )
     if body.stream:
-        return run.stream(sse_typed, state.keepalive_s)
+        return run.stream(SharedField("response"), state.keepalive_s)
     return await run.respond(request, _body)
 
 

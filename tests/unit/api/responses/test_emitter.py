@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -10,7 +11,8 @@ import pytest
 
 from server.api.responses.emitter import ResponsesEmitter, fold
 from server.api.responses.items import ItemKind
-from server.api.responses.schemas import ResponseObject
+from server.api.responses.schemas import ResponseCreated, ResponseInProgress, ResponseObject
+from server.api.sse import SharedField, sse_typed
 from server.contracts.events import (
     DecodeWarning,
     Finished,
@@ -331,3 +333,36 @@ def test_a_browser_call_shows_its_action() -> None:
     )
     added = next(e for e in checked.events if e["type"] == "response.output_item.added")
     assert added["item"]["action"] == {"type": "open_page"}  # known from the function called
+
+
+def test_the_shared_snapshot_is_encoded_once_and_every_event_as_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The two opening events carry one snapshot: its JSON is made once, and every event of the
+    stream encodes to the same event name and JSON as sse_typed gives it alone."""
+    instructions = "Follow the rules.\n" * 500  # a long snapshot, as Codex CLI's
+    emitter = ResponsesEmitter(
+        ResponseObject(id="resp_1", created_at=1, model="m", instructions=instructions)
+    )
+    out = [*emitter.start(), *emitter.keepalive()]
+    for event in segment(0, SegmentKind.FINAL, ["Hi", " there"]):
+        out += emitter.feed(event)
+    out += emitter.feed(Finished(FinishReason.STOP, USAGE))
+    dumps: list[int] = []
+    dump = ResponseObject.model_dump
+
+    def counted(self: ResponseObject, **kwargs: Any) -> dict[str, Any]:
+        dumps.append(id(self))
+        return dump(self, **kwargs)
+
+    alone = [sse_typed(event) for event in out]
+    monkeypatch.setattr(ResponseObject, "model_dump", counted)
+    shared = SharedField("response")
+    encoded = [shared(event) for event in out]
+    snapshots = [id(e.response) for e in out if isinstance(e, ResponseCreated | ResponseInProgress)]
+    assert snapshots[0] == snapshots[1]  # the opening events' one snapshot
+    assert sorted(dumps) == sorted({id(e.response) for e in out if hasattr(e, "response")})
+    for one, other in zip(alone, encoded, strict=True):
+        name, data = (line for line in one.decode().splitlines() if line)
+        assert other.decode().splitlines()[0] == name
+        assert json.loads(other.decode().splitlines()[1][6:]) == json.loads(data[6:])
