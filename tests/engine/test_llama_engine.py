@@ -387,6 +387,6 @@ def test_the_vocabulary_trie_is_built_while_no_generation_runs(
         while not build.done and time.monotonic() < deadline:
             time.sleep(0.05)
         assert build.done
-        assert build.slices > 100  # a slice at a time: 201,088 tokens, 2,048 a slice
+        assert build.slices > 400  # a slice at a time: 201,088 tokens, 512 a slice
     finally:
         engine.close()
