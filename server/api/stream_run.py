@@ -24,7 +24,7 @@ import contextlib
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -53,6 +53,15 @@ class EventSource(Protocol):
     """An admitted generation (server.core.prepared.Prepared, server.core.raw.RawGeneration)."""
 
     def events(self) -> AsyncIterator[GenerationEvent]: ...
+
+
+@runtime_checkable
+class BeginningSource(EventSource, Protocol):
+    """A source that can be submitted to the engine before its events are read."""
+
+    async def begin(self) -> None: ...
+
+    def abandon(self) -> None: ...
 
 
 class Emitter(Protocol[W]):
@@ -127,10 +136,15 @@ class StreamRun(Generic[W]):
         return JSONResponse(body(events))
 
     async def events(self, keepalive_s: float | None = None) -> AsyncGenerator[W, None]:
-        """Every wire event of the response; the emitter's terminal ones last."""
+        """Every wire event of the response; the emitter's terminal ones last.
+
+        A source that can (`Prepared.begin`) is submitted before the opening events are made,
+        which are then made while the engine evaluates the prompt.
+        """
         emitter = self._emitter
-        for started in emitter.start():
-            yield started
+        async with aclosing(self._opening()) as opening:
+            async for started in opening:
+                yield started
         ended: list[Ended] = []
         in_order = SequentialItems(emitter.waits_for_summaries)
         try:
@@ -155,6 +169,21 @@ class StreamRun(Generic[W]):
             failure = Finished(FinishReason.ERROR, error="generation ended without a result")
             for out in await self._feed(failure, ended):
                 yield out
+
+    async def _opening(self) -> AsyncGenerator[W, None]:
+        """The emitter's opening events, after the source's submission where it can begin."""
+        source = self._source
+        if not isinstance(source, BeginningSource):
+            for started in self._emitter.start():
+                yield started
+            return
+        try:
+            await source.begin()
+            for started in self._emitter.start():
+                yield started
+        except BaseException:  # the client left (or the start failed) before the events
+            source.abandon()
+            raise
 
     async def _feed(self, event: GenerationEvent, ended: list[Ended]) -> list[W]:
         """The emitter's events for `event`; the finish callback runs before the last ones."""

@@ -12,7 +12,7 @@ import dataclasses
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from server.contracts.events import (
@@ -42,6 +42,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+BEGIN_WAIT_S = 0.02  # `begin` waits this long at most for the engine to take the generation
+
 
 @dataclass(frozen=True)
 class Prepared:
@@ -60,6 +62,31 @@ class Prepared:
     tools: ServerTools | None = None  # tools the server runs itself (server.core.tool_loop)
     # the steering of the rounds after a server-run call: calls allowed, and none (limit reached)
     later_steering: tuple[SteeringPlan, SteeringPlan] | None = None
+    # the first round, submitted by `begin` before the events are read
+    _begun: list[tuple[HarmonySteering, TokenStream, HarmonyDecoder]] = field(
+        default_factory=list, init=False, repr=False, compare=False
+    )
+
+    async def begin(self, within_s: float = BEGIN_WAIT_S) -> None:
+        """Submit the first round now, and wait until the engine evaluates it (`within_s` at
+        most): what a response builds before its first events (the Responses snapshots, chat's
+        role chunk) is then built while the prompt is evaluated, and the engine thread's start
+        does not wait for the GIL meanwhile. `events()` takes the round over; `abandon` ends it
+        if they are never read."""
+        if self._begun:
+            return
+        first = self._start(self.prompt_tokens, self.params, self.steering, self.save_points)
+        self._begun.append(first)
+        await first[1].evaluating(within_s)
+
+    def abandon(self) -> None:
+        """The response ended before its events were read: a begun round is cancelled and the
+        admission place given back."""
+        for _, stream, _ in self._begun:
+            stream.cancel()
+        self._begun.clear()
+        if self.ticket is not None:
+            self.ticket.release()
 
     def events(self) -> AsyncIterator[GenerationEvent]:
         """Decoder events while the engine samples (summary events merged in), then Finished.
@@ -87,7 +114,9 @@ class Prepared:
 
     async def _events(self) -> AsyncGenerator[GenerationEvent, None]:
         if self.tools is None or self.later_steering is None:
-            rounds = self._round(self.prompt_tokens, self.params, self.steering, self.save_points)
+            rounds = self._round(
+                self.prompt_tokens, self.params, self.steering, self.save_points, first=True
+            )
         else:
             rounds = self._tool_rounds(self.tools, self.later_steering)
         async with aclosing(rounds) as events:
@@ -112,7 +141,8 @@ class Prepared:
             ended: list[SegmentEnd] = []
             n_segments = 0
             finished: Finished | None = None
-            async with aclosing(self._round(prompt, params, plan, points, sampled)) as events:
+            round_ = self._round(prompt, params, plan, points, sampled, first=calls == 0)
+            async with aclosing(round_) as events:
                 async for event in events:
                     if isinstance(event, Finished):
                         finished = event
@@ -167,11 +197,14 @@ class Prepared:
         plan: SteeringPlan,
         save_points: tuple[int, ...],
         sampled: list[int] | None = None,
+        *,
+        first: bool = False,
     ) -> AsyncGenerator[GenerationEvent, None]:
         """One engine generation: its events, then its Finished. `sampled` gets every token
-        the engine sampled (a server-run tool's round appends to them)."""
-        steering = plan.start()
-        stream, decoder = self._submit(steering, prompt_tokens, params, save_points)
+        the engine sampled (a server-run tool's round appends to them); the `first` round may
+        have been submitted by `begin`."""
+        begun = self._begun.pop() if first and self._begun else None
+        steering, stream, decoder = begun or self._start(prompt_tokens, params, plan, save_points)
         client = ClientEvents(decoder, StopStrings(self.stop), self.names)
         consumed = False
         try:
@@ -205,18 +238,21 @@ class Prepared:
             self.generator.history.record(client.ended)
         yield self._report(stream.result, decoder, steering, stopped=client.stop_sequence)
 
-    def _submit(
+    def _start(
         self,
-        steering: HarmonySteering,
         prompt_tokens: list[int],
         params: SamplingParams,
+        plan: SteeringPlan,
         save_points: tuple[int, ...],
-    ) -> tuple[TokenStream, HarmonyDecoder]:
-        """The engine's stream, and the decoder for it (built while the prompt is evaluated)."""
+    ) -> tuple[HarmonySteering, TokenStream, HarmonyDecoder]:
+        """A round submitted: its steering, the engine's stream, and the decoder for it."""
+        steering = plan.start()
         stream = self.generator.engine.submit(prompt_tokens, params, steering, save_points)
         try:
-            return stream, HarmonyDecoder(
-                self.generator.encoding, parser=self.generator.parsers.take()
+            return (
+                steering,
+                stream,
+                HarmonyDecoder(self.generator.encoding, parser=self.generator.parsers.take()),
             )
         except BaseException:
             stream.cancel()

@@ -178,6 +178,11 @@ class TokenStream(Protocol):
 
     def cancel(self) -> None: ...
 
+    async def evaluating(self, within_s: float) -> None:
+        """Wait until the engine begins evaluating the generation (or it ended), `within_s` at
+        most; at once where it is not on the engine yet (a model being loaded)."""
+        ...
+
     def unpace(self) -> None:
         """The chunk just taken showed the client nothing (hidden header tokens): `paced` hands
         over the next one as soon as it comes."""

@@ -34,6 +34,7 @@ class TokenChannel:
         self._wake_pending = False
         self._unpaced = False  # the consumer showed nothing of the last chunk
         self._ready = asyncio.Event()
+        self._evaluating = asyncio.Event()  # the engine began evaluating it, or it ended
         self._cancelled = threading.Event()
         self._on_close: list[Callable[[EngineResult], object]] = []
 
@@ -61,13 +62,22 @@ class TokenChannel:
             self._wake_pending = True
         self._call_soon(self._ready.set)
 
+    def begin(self) -> None:
+        """The engine is about to evaluate the generation's first tokens (its decode holds no
+        GIL): a consumer waiting in `evaluating` goes on."""
+        self._call_soon(self._evaluating.set)
+
     def close(self, result: EngineResult) -> None:
         with self._lock:
             self._result = result
             callbacks, self._on_close = self._on_close, []
-        self._call_soon(self._ready.set)  # always: a pacing consumer waits for the end too
+        self._call_soon(self._ended)  # always: a pacing consumer waits for the end too
         for callback in callbacks:
             self._call_soon(callback, result)
+
+    def _ended(self) -> None:
+        self._evaluating.set()
+        self._ready.set()
 
     @property
     def cancelled(self) -> bool:
@@ -83,6 +93,13 @@ class TokenChannel:
 
     def cancel(self) -> None:
         self._cancelled.set()
+
+    async def evaluating(self, within_s: float) -> None:
+        """Wait until the engine evaluates the generation (or it ended), `within_s` at most."""
+        if self._evaluating.is_set():
+            return
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._evaluating.wait(), within_s)
 
     def unpace(self) -> None:
         """The chunk just taken reached the client as nothing it shows: the next one is handed

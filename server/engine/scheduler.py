@@ -110,6 +110,7 @@ class Job:
     drafter: SequenceDrafter | None = None  # with speculation on: what it drafts, and counts
     draft: tuple[int, ...] = ()  # the tokens drafted after `pending` in this step's batch
     guessed: bool = False  # the draft is the batch-invariant mode's one-token guess (_guess)
+    announced: bool = False  # its channel was told the engine evaluates it (TokenChannel.begin)
     cached: int = 0
     evaluated: int = 0
     completed: int = 0
@@ -232,6 +233,10 @@ class Scheduler:
         else:
             batches = [(parts, owners)]
         for batch, jobs in batches:
+            for job in jobs:
+                if not job.announced:  # its consumer goes on while this decode holds no GIL
+                    job.announced = True
+                    job.channel.begin()
             started = time.perf_counter()
             ran = self._decode(batch, jobs)
             if ran is None:

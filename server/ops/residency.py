@@ -464,6 +464,10 @@ class PendingStream:
         else:
             self._end(StopReason.CANCELLED, None)
 
+    async def evaluating(self, within_s: float) -> None:
+        if self._inner is not None:  # none while the model loads: no wait then
+            await self._inner.evaluating(within_s)
+
     def unpace(self) -> None:
         if self._inner is not None:
             self._inner.unpace()

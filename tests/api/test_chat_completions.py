@@ -11,6 +11,7 @@ from openai.types.chat import ChatCompletion
 from openai_harmony import HarmonyEncoding
 
 from devkit.forced import ForcedScript
+from server.api.chat.output import ChatEmitter, ChatEvent
 from server.app import create_app
 from server.contracts.events import Finished
 from server.harmony import decoder
@@ -303,6 +304,28 @@ def test_a_generation_decodes_with_a_parser_made_before_it(
     # the next one, made after the stream's last write (which the client may see first)
     wait_until(lambda: stock.ready == full, timeout=10)
     assert len(made) == 1
+
+
+def test_the_role_chunk_is_made_once_the_engine_has_the_generation(
+    client: TestClient, forced: ForcedScript, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The generation goes to the engine before the stream's opening chunk is made, which is
+    then made while the prompt is evaluated (Prepared.begin)."""
+    engine = client.app.state.generator.engine  # type: ignore[attr-defined]
+    loads: list[int] = []
+    start = ChatEmitter.start
+
+    def watched(self: ChatEmitter) -> list[ChatEvent]:
+        load = engine.load
+        loads.append(load.running + load.waiting)
+        return start(self)
+
+    monkeypatch.setattr(ChatEmitter, "start", watched)
+    forced.push(REASON_THEN_ANSWER)
+    assert joined(chunks_of(stream(client, messages=USER_HI)), "content") == (
+        "Hello! 👋 How can I help?"
+    )
+    assert loads == [1]
 
 
 def test_a_generation_that_raises_mid_stream_ends_with_an_error_and_done(

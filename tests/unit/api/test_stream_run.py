@@ -187,3 +187,54 @@ def test_a_cancelled_completion_stream_just_stops(encoding: HarmonyEncoding) -> 
     assert [json.loads(p)["choices"][0]["text"] for p in payloads] == ["Hi", " there"]
     assert "[DONE]" not in payloads
     assert all("error" not in payload for payload in payloads)
+
+
+class Beginning(Generation):
+    """A scripted generation that can begin before its events are read (Prepared.begin)."""
+
+    def __init__(self, events: list[GenerationEvent], log: list[str]) -> None:
+        super().__init__(events)
+        self.log = log
+
+    async def begin(self) -> None:
+        self.log.append("begin")
+
+    def abandon(self) -> None:
+        self.log.append("abandon")
+
+    async def events(self) -> Any:
+        self.log.append("read")
+        async for event in super().events():
+            yield event
+
+
+class LoggedStart(ChatEmitter):
+    def __init__(self, log: list[str]) -> None:
+        super().__init__(ChunkFactory("chatcmpl-1", 1, "m"), include_reasoning=True)
+        self.log = log
+
+    def start(self) -> list[ChatEvent]:
+        self.log.append("opening")
+        return super().start()
+
+
+def test_a_source_that_can_begin_is_submitted_before_the_opening_events() -> None:
+    log: list[str] = []
+    source = Beginning([*ANSWER, Finished(FinishReason.STOP)], log)
+    events = run_all(StreamRun(source, LoggedStart(log), name="c"))
+    assert log == ["begin", "opening", "read"]
+    assert check_chat_stream(chat_payloads(events)).content == "Hi there"
+
+
+def test_a_begun_source_whose_events_are_never_read_is_abandoned() -> None:
+    """The client left at the opening events: the submitted generation is cancelled."""
+
+    async def leave_after_the_first_event() -> None:
+        events = StreamRun(source, LoggedStart(log), name="c").events()
+        await events.__anext__()
+        await events.aclose()
+
+    log: list[str] = []
+    source = Beginning(ANSWER, log)
+    asyncio.run(leave_after_the_first_event())
+    assert log == ["begin", "opening", "abandon"]

@@ -186,3 +186,32 @@ def test_a_steps_tokens_wake_the_consumer_once_at_the_flush() -> None:
     got, counts = asyncio.run(main())
     assert counts == [0, 1]
     assert got == [[200005, 35644, 200008, 1000]]
+
+
+def test_evaluating_waits_for_the_engine_to_begin_or_end_and_no_longer_than_asked() -> None:
+    """A consumer waits in `evaluating` until the engine thread says it begins (`begin`) or the
+    generation ends, and at most the time it gives."""
+
+    async def main() -> tuple[float, float, float]:
+        loop = asyncio.get_running_loop()
+        waits = []
+        for engine_side in ("begin", "close", None):
+            channel = TokenChannel(loop)
+            started = time.perf_counter()
+            if engine_side is not None:
+                act = (
+                    channel.begin if engine_side == "begin" else lambda c=channel: c.close(result())
+                )
+                threading.Timer(0.05, act).start()
+            await channel.evaluating(LONG if engine_side else 0.1)
+            waits.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            await channel.evaluating(LONG if engine_side else 0.0)  # once begun: at once
+            if engine_side:
+                assert time.perf_counter() - started < LONG / 2
+        return waits[0], waits[1], waits[2]
+
+    begun, ended, never = asyncio.run(main())
+    assert 0.04 < begun < LONG / 2
+    assert 0.04 < ended < LONG / 2
+    assert 0.09 < never < LONG / 2  # nobody began it: the time given
