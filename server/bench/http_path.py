@@ -7,9 +7,11 @@ request's first word differs from the previous one's, which forces a fresh prefi
 
 Per request: prefill tokens/s and time from the server's own timings; time to first token on the
 client's clock (to the first content or reasoning delta, which comes after the hidden harmony
-header tokens) and the server's `ttft_ms`; decode tokens/s on the client's clock, from the
-moment the engine got the prompt (the role chunk, sent just before) plus the server's
-time to first token, to the arrival of the finishing chunk.
+header tokens), the server's `ttft_ms`, and how long beyond the prefill's own time the first
+visible token came (`ttft_overhead_ms`); decode tokens/s on the client's clock, from the first
+token's arrival (the role chunk, sent once the engine began evaluating the prompt, plus the
+server's time to first token; never later than the first visible token) to the arrival of the
+finishing chunk.
 """
 
 from __future__ import annotations
@@ -103,13 +105,16 @@ class ChatTrace:
         }
         if self.first_visible is not None:
             measurement["ttft_ms"] = (self.first_visible - self.sent) * 1000
+            # beyond the prefill: everything from the client's send to its first visible token
+            # but the prompt's evaluation (the role chunk now leaves once the engine has begun)
+            measurement["ttft_overhead_ms"] = measurement["ttft_ms"] - t["prompt_ms"]
         return measurement
 
     def decode(self) -> Measurement:
         n = int(self.usage["completion_tokens"])
-        # the first token's arrival: the first chunk (the role, sent at once) plus the server's
-        # time to it; but the first chunk itself may leave late (the handler's own delay), and
-        # the estimate then lands after tokens already arrived: never later than visible text
+        # the first token's arrival: the first chunk (the role, sent once the engine began)
+        # plus the server's time to it; but the first chunk itself may leave late, and the
+        # estimate then lands after tokens already arrived: never later than visible text
         first_token = self.first_chunk + self.timings["ttft_ms"] / 1000
         if self.first_visible is not None:
             first_token = min(first_token, self.first_visible)
