@@ -173,16 +173,18 @@ class StreamRun(Generic[W]):
     async def _opening(self) -> AsyncGenerator[W, None]:
         """The emitter's opening events, after the source's submission where it can begin."""
         source = self._source
-        if not isinstance(source, BeginningSource):
-            for started in self._emitter.start():
-                yield started
-            return
+        begins = source if isinstance(source, BeginningSource) else None
         try:
-            await source.begin()
+            if begins is not None:
+                try:
+                    await begins.begin()
+                except Exception:  # its events submit it again, and end with the error
+                    log.debug("%s: the generation could not begin", self._name, exc_info=True)
             for started in self._emitter.start():
                 yield started
-        except BaseException:  # the client left (or the start failed) before the events
-            source.abandon()
+        except BaseException:  # the client left before the generation's events were read
+            if begins is not None:
+                begins.abandon()
             raise
 
     async def _feed(self, event: GenerationEvent, ended: list[Ended]) -> list[W]:

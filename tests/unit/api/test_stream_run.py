@@ -192,12 +192,17 @@ def test_a_cancelled_completion_stream_just_stops(encoding: HarmonyEncoding) -> 
 class Beginning(Generation):
     """A scripted generation that can begin before its events are read (Prepared.begin)."""
 
-    def __init__(self, events: list[GenerationEvent], log: list[str]) -> None:
+    def __init__(
+        self, events: list[GenerationEvent], log: list[str], fail_to_begin: bool = False
+    ) -> None:
         super().__init__(events)
         self.log = log
+        self.fail_to_begin = fail_to_begin
 
     async def begin(self) -> None:
         self.log.append("begin")
+        if self.fail_to_begin:
+            raise RuntimeError("the engine is closed")
 
     def abandon(self) -> None:
         self.log.append("abandon")
@@ -238,3 +243,13 @@ def test_a_begun_source_whose_events_are_never_read_is_abandoned() -> None:
     source = Beginning(ANSWER, log)
     asyncio.run(leave_after_the_first_event())
     assert log == ["begin", "opening", "abandon"]
+
+
+def test_a_source_that_fails_to_begin_still_opens_and_reads_its_events() -> None:
+    """Its events submit it again (and end with the error where it fails again): the response
+    is the same as without the early start."""
+    log: list[str] = []
+    source = Beginning([*ANSWER, Finished(FinishReason.STOP)], log, fail_to_begin=True)
+    events = run_all(StreamRun(source, LoggedStart(log), name="c"))
+    assert log == ["begin", "opening", "read"]
+    assert check_chat_stream(chat_payloads(events)).content == "Hi there"
