@@ -58,7 +58,7 @@ WORK = ROOT / ".gpu-check" / "work"
 ARCHIVE = "llama-cpp-python.tar.xz"
 TARGETS = ("llama", "mtmd", "llama-bench", "llama-server")
 PHASES = ("setup", "build", "models", "doctor", "load", "bench", "concurrency", "speculation",
-          "tests", "sampling", "floor")  # fmt: skip
+          "tests", "sampling", "floor", "ubatch")  # fmt: skip
 # Where a driver's unversioned libcuda.so may be (CMake links the VMM pool against it).
 LIBCUDA_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/local/nvidia/lib64")
 REPORT_RESERVE_S = 15.0  # kept at the end for the table and the tarball
@@ -84,6 +84,7 @@ class Mode:
     trained: str
     sampling: str
     floor: str
+    ubatch: str
 
 
 GPU = Mode(
@@ -103,6 +104,7 @@ GPU = Mode(
         "tests": 120,
         "sampling": 60,
         "floor": 90,
+        "ubatch": 60,
     },
     preset="20b",
     ngl="-1",
@@ -113,6 +115,7 @@ GPU = Mode(
     trained="--rounds 2",
     sampling="--prompt 512 --gen 128 --rounds 3",
     floor="--prompt 512 --gen 128 --rounds 3",
+    ubatch="--prompts 512,2048,4096 --ubatches 512,1024,2048 --repetitions 3",
 )
 CPU = Mode(
     gpu=False,
@@ -128,6 +131,7 @@ CPU = Mode(
         "tests": 120,
         "sampling": 120,
         "floor": 180,
+        "ubatch": 120,
     },
     preset="tiny",
     ngl="0",
@@ -138,6 +142,7 @@ CPU = Mode(
     trained="--rounds 1",
     sampling="--prompt 64 --gen 32 --rounds 2",
     floor="--prompt 128 --gen 64 --rounds 2 --threads 2",
+    ubatch="--prompts 512,2048 --ubatches 512,1024 --repetitions 1 --threads 2",
 )
 
 
@@ -519,6 +524,18 @@ class Check:
             keys = ("tokens_per_s", "added_per_token", "medians")
             result.detail.update({k: report[k] for k in keys if k in report})
 
+    def ubatch(self, result: PhaseResult) -> None:
+        """Prefill tokens/s and compute buffers by llama.cpp's ubatch size (scripts/bench/
+        ubatch.py): whether `serve` should evaluate prompts in larger ubatches on this GPU."""
+        out = self.results_dir / "ubatch.json"
+        out.unlink(missing_ok=True)
+        command = [sys.executable, "-m", "scripts.bench.ubatch", "--n-gpu-layers",
+                   self.mode.ngl, "--model", self.model_paths["main"], *self.mode.ubatch.split(),
+                   "--out", str(out)]  # fmt: skip
+        self.run("ubatch", [command], result)
+        if out.is_file():
+            result.detail["by_ubatch"] = json.loads(out.read_text())["by_ubatch"]
+
     def tests(self, result: PhaseResult) -> None:
         junit = self.results_dir / "gpu-tests.xml"
         junit.unlink(missing_ok=True)
@@ -555,7 +572,7 @@ class Check:
         measuring = (("doctor", self.doctor), ("load", self.load), ("bench", self.bench),
                      ("concurrency", self.concurrency), ("speculation", self.speculation),
                      ("tests", self.tests), ("sampling", self.sampling),
-                     ("floor", self.floor))  # fmt: skip
+                     ("floor", self.floor), ("ubatch", self.ubatch))  # fmt: skip
         for name, body in measuring:  # the GPU tests run without the models too
             if name in want and (self.model_paths or name == "tests"):
                 self.phase(name, body)
@@ -856,6 +873,7 @@ JSON_SECTIONS = {
         "floor: where a token's time goes (ms)",
         ("tokens_per_s", "added_per_token", "medians"),
     ),
+    "ubatch": ("ubatch: prefill tokens/s and compute buffers (MiB) by size", ("by_ubatch",)),
 }
 
 
