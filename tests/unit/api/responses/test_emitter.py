@@ -340,7 +340,8 @@ def test_the_shared_snapshot_is_encoded_once_and_every_event_as_alone(
 ) -> None:
     """The two opening events carry one snapshot: its JSON is made once, and every event of the
     stream encodes to the same event name and JSON as sse_typed gives it alone."""
-    instructions = "Follow the rules.\n" * 500  # a long snapshot, as Codex CLI's
+    # a long snapshot, as Codex CLI's, with characters line readers break on (escaped)
+    instructions = "Follow the rules.\n\u2028\x85" * 500
     emitter = ResponsesEmitter(
         ResponseObject(id="resp_1", created_at=1, model="m", instructions=instructions)
     )
@@ -349,14 +350,14 @@ def test_the_shared_snapshot_is_encoded_once_and_every_event_as_alone(
         out += emitter.feed(event)
     out += emitter.feed(Finished(FinishReason.STOP, USAGE))
     dumps: list[int] = []
-    dump = ResponseObject.model_dump
+    dump = ResponseObject.model_dump_json
 
-    def counted(self: ResponseObject, **kwargs: Any) -> dict[str, Any]:
+    def counted(self: ResponseObject, **kwargs: Any) -> str:
         dumps.append(id(self))
         return dump(self, **kwargs)
 
     alone = [sse_typed(event) for event in out]
-    monkeypatch.setattr(ResponseObject, "model_dump", counted)
+    monkeypatch.setattr(ResponseObject, "model_dump_json", counted)
     shared = SharedField("response")
     encoded = [shared(event) for event in out]
     snapshots = [id(e.response) for e in out if isinstance(e, ResponseCreated | ResponseInProgress)]
