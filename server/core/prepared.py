@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
@@ -80,10 +81,12 @@ class Prepared:
         await first[1].evaluating(within_s)
 
     def abandon(self) -> None:
-        """The response ended before its events were read: a begun round is cancelled and the
-        admission place given back."""
-        for _, stream, _ in self._begun:
+        """The response ended before its events were read: a begun round is cancelled (and
+        reported once the engine lets go of it, as a round its client left) and the admission
+        place given back."""
+        for steering, stream, decoder in self._begun:
             stream.cancel()
+            stream.on_close(functools.partial(self._left, decoder=decoder, steering=steering))
         self._begun.clear()
         if self.ticket is not None:
             self.ticket.release()
@@ -223,9 +226,7 @@ class Prepared:
         finally:
             stream.cancel()  # no-op once finished; stops the engine if the consumer left
             if not consumed and not client.stopped:
-                stream.on_close(
-                    lambda result: self._report(result, decoder, steering, stopped=None)
-                )
+                stream.on_close(functools.partial(self._left, decoder=decoder, steering=steering))
         # the next generation's parser, made after this one's last events are queued
         asyncio.get_running_loop().call_soon(self.generator.parsers.restock)
         if client.stopped:
@@ -257,6 +258,12 @@ class Prepared:
         except BaseException:
             stream.cancel()
             raise
+
+    def _left(
+        self, result: EngineResult, *, decoder: HarmonyDecoder, steering: HarmonySteering
+    ) -> Finished:
+        """The report of a round whose client left before its end."""
+        return self._report(result, decoder, steering, stopped=None)
 
     def _report(
         self,

@@ -77,7 +77,7 @@ class TokenChannel:
         for callback in callbacks:
             self._call_soon(callback, result)
 
-    def _ended(self) -> None:
+    def _ended(self) -> None:  # on the consumer's loop
         self._evaluating.set()
         self._ready.set()
 

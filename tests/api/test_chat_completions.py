@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -11,9 +12,11 @@ from openai.types.chat import ChatCompletion
 from openai_harmony import HarmonyEncoding
 
 from devkit.forced import ForcedScript
+from server.api.chat.adapter import generation_options, to_transcript
 from server.api.chat.output import ChatEmitter, ChatEvent
+from server.api.chat.schemas import ChatCompletionRequest
 from server.app import create_app
-from server.contracts.events import Finished
+from server.contracts.events import Finished, FinishReason
 from server.harmony import decoder
 from server.ops.runtime import Runtime
 from server.ops.settings import Settings
@@ -356,3 +359,32 @@ def test_a_generation_that_raises_mid_stream_ends_with_an_error_and_done(
         response = post(failing, messages=USER_HI)
         assert response.status_code == 500
         assert "internal error: RuntimeError" in response.json()["error"]["message"]
+
+
+def test_a_begun_generation_whose_client_left_is_cancelled_reported_and_let_go(
+    client: TestClient,
+) -> None:
+    """`Prepared.begin` submits the first round before the response's events are read; a
+    response that ends there (its client left at the opening events) abandons it: the engine
+    stops it, the generation is reported as cancelled, and its admission place is free."""
+    generator = client.app.state.generator  # type: ignore[attr-defined]
+    reports: list[Finished] = []
+    generator.on_finished = reports.append
+    body = ChatCompletionRequest.model_validate(
+        {"model": "gpt-oss-tiny", "messages": USER_HI, "max_tokens": 4000}
+    )
+    transcript = to_transcript(body, "medium", "2026-01-02")
+
+    async def begin_then_leave() -> None:
+        prepared = generator.prepare(transcript, generation_options(body, None))
+        assert generator.admission.held == 1
+        await prepared.begin()
+        prepared.abandon()
+        assert generator.admission.held == 0  # at once, not when `prepared` is collected
+        while not reports:  # the report comes once the engine lets go of the generation
+            await asyncio.sleep(0.01)
+
+    asyncio.run(asyncio.wait_for(begin_then_leave(), 60))
+    assert [report.reason for report in reports] == [FinishReason.CANCELLED]
+    assert reports[0].usage.completion_tokens < 4000
+    assert generator.engine.load.running == 0
