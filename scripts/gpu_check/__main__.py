@@ -513,28 +513,28 @@ class Check:
     def floor(self, result: PhaseResult) -> None:
         """Where a token's time goes (scripts/bench/token_floor.py): llama-bench, the engine's
         context in a bare Python loop, the same loop sampling, the engine and its steps' split."""
-        out = self.results_dir / "floor.json"
-        out.unlink(missing_ok=True)
-        command = [sys.executable, "-m", "scripts.bench.token_floor", "--n-gpu-layers",
-                   self.mode.ngl, "--model", self.model_paths["main"], *self.mode.floor.split(),
-                   "--out", str(out)]  # fmt: skip
-        self.run("floor", [command], result)
-        if out.is_file():
-            report = json.loads(out.read_text())
-            keys = ("tokens_per_s", "added_per_token", "medians")
-            result.detail.update({k: report[k] for k in keys if k in report})
+        keys = ("tokens_per_s", "added_per_token", "medians")
+        self.script_phase("floor", "scripts.bench.token_floor", self.mode.floor, keys, result)
 
     def ubatch(self, result: PhaseResult) -> None:
         """Prefill tokens/s and compute buffers by llama.cpp's ubatch size (scripts/bench/
         ubatch.py): whether `serve` should evaluate prompts in larger ubatches on this GPU."""
-        out = self.results_dir / "ubatch.json"
+        keys = ("by_ubatch",)
+        self.script_phase("ubatch", "scripts.bench.ubatch", self.mode.ubatch, keys, result)
+
+    def script_phase(
+        self, name: str, module: str, flags: str, keys: Sequence[str], result: PhaseResult
+    ) -> None:
+        """A bench script on the main model with the mode's flags; `keys` of its JSON report
+        go into the phase's detail."""
+        out = self.results_dir / f"{name}.json"
         out.unlink(missing_ok=True)
-        command = [sys.executable, "-m", "scripts.bench.ubatch", "--n-gpu-layers",
-                   self.mode.ngl, "--model", self.model_paths["main"], *self.mode.ubatch.split(),
-                   "--out", str(out)]  # fmt: skip
-        self.run("ubatch", [command], result)
+        command = [sys.executable, "-m", module, "--n-gpu-layers", self.mode.ngl, "--model",
+                   self.model_paths["main"], *flags.split(), "--out", str(out)]  # fmt: skip
+        self.run(name, [command], result)
         if out.is_file():
-            result.detail["by_ubatch"] = json.loads(out.read_text())["by_ubatch"]
+            report = json.loads(out.read_text())
+            result.detail.update({k: report[k] for k in keys if k in report})
 
     def tests(self, result: PhaseResult) -> None:
         junit = self.results_dir / "gpu-tests.xml"
