@@ -362,14 +362,14 @@ def test_a_generation_that_raises_mid_stream_ends_with_an_error_and_done(
 
 
 def test_a_begun_generation_whose_client_left_is_cancelled_reported_and_let_go(
-    client: TestClient,
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`Prepared.begin` submits the first round before the response's events are read; a
     response that ends there (its client left at the opening events) abandons it: the engine
     stops it, the generation is reported as cancelled, and its admission place is free."""
     generator = client.app.state.generator  # type: ignore[attr-defined]
     reports: list[Finished] = []
-    generator.on_finished = reports.append
+    monkeypatch.setattr(generator, "on_finished", reports.append)  # the app's is restored
     body = ChatCompletionRequest.model_validate(
         {"model": "gpt-oss-tiny", "messages": USER_HI, "max_tokens": 4000}
     )
