@@ -117,9 +117,7 @@ class Prepared:
 
     async def _events(self) -> AsyncGenerator[GenerationEvent, None]:
         if self.tools is None or self.later_steering is None:
-            rounds = self._round(
-                self.prompt_tokens, self.params, self.steering, self.save_points, first=True
-            )
+            rounds = self._round(self.prompt_tokens, self.params, self.steering, self.save_points)
         else:
             rounds = self._tool_rounds(self.tools, self.later_steering)
         async with aclosing(rounds) as events:
@@ -144,8 +142,7 @@ class Prepared:
             ended: list[SegmentEnd] = []
             n_segments = 0
             finished: Finished | None = None
-            round_ = self._round(prompt, params, plan, points, sampled, first=calls == 0)
-            async with aclosing(round_) as events:
+            async with aclosing(self._round(prompt, params, plan, points, sampled)) as events:
                 async for event in events:
                     if isinstance(event, Finished):
                         finished = event
@@ -200,13 +197,11 @@ class Prepared:
         plan: SteeringPlan,
         save_points: tuple[int, ...],
         sampled: list[int] | None = None,
-        *,
-        first: bool = False,
     ) -> AsyncGenerator[GenerationEvent, None]:
         """One engine generation: its events, then its Finished. `sampled` gets every token
-        the engine sampled (a server-run tool's round appends to them); the `first` round may
-        have been submitted by `begin`."""
-        begun = self._begun.pop() if first and self._begun else None
+        the engine sampled (a server-run tool's round appends to them). The first round takes
+        over the one `begin` submitted, if it did (the later rounds find none)."""
+        begun = self._begun.pop() if self._begun else None
         steering, stream, decoder = begun or self._start(prompt_tokens, params, plan, save_points)
         client = ClientEvents(decoder, StopStrings(self.stop), self.names)
         consumed = False
