@@ -39,6 +39,7 @@ class TokenChannel:
         self._evaluating = asyncio.Event()  # the engine began evaluating it, or it ended
         self._cancelled = threading.Event()
         self._on_close: list[Callable[[EngineResult], object]] = []
+        self._on_cancel: list[Callable[[], object]] = []
 
     # engine-thread side
 
@@ -89,12 +90,31 @@ class TokenChannel:
         try:
             self._loop.call_soon_threadsafe(callback, *args)
         except RuntimeError:  # the consumer's loop is gone: nobody is listening
-            self._cancelled.set()
+            self.cancel()
+
+    def on_cancel(self, callback: Callable[[], object]) -> Callable[[], None]:
+        """Call `callback()` once the generation is cancelled (on the thread that cancels it;
+        at once if it already is; perhaps twice): a decode under way can stop. Returns what
+        ends the watch."""
+        with self._lock:
+            self._on_cancel.append(callback)
+        if self.cancelled:  # set before the watch: `cancel` may have missed it
+            callback()
+
+        def unwatch() -> None:
+            with self._lock, contextlib.suppress(ValueError):
+                self._on_cancel.remove(callback)
+
+        return unwatch
 
     # consumer side
 
     def cancel(self) -> None:
         self._cancelled.set()
+        with self._lock:
+            callbacks = list(self._on_cancel)
+        for callback in callbacks:
+            callback()
 
     async def evaluating(self, within_s: float) -> None:
         """Wait until the engine evaluates the generation (or it ended), `within_s` at most.

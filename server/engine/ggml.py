@@ -1,5 +1,6 @@
 """The ggml backend functions the engine calls, reached through libllama (the bindings do not
-wrap them): the device registry (placement, RPC hosts) and the abort hook."""
+wrap them): the device registry (placement, RPC hosts), the abort hook, and the tensor test a
+decode's stop flag is read by (stop_flag.py)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ _SIGNATURES: dict[str, tuple[list[Any], Any]] = {
     "ggml_backend_reg_dev_count": ([ctypes.c_void_p], ctypes.c_size_t),
     "ggml_backend_reg_dev_get": ([ctypes.c_void_p, ctypes.c_size_t], ctypes.c_void_p),
     "ggml_set_abort_callback": ([ctypes.c_void_p], ctypes.c_void_p),
+    "ggml_is_empty": ([ctypes.c_void_p], ctypes.c_bool),
+    "ggml_tensor_overhead": ([], ctypes.c_size_t),
 }
 
 

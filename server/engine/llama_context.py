@@ -22,6 +22,7 @@ from server.engine.batch import Batch, BatchPart
 from server.engine.loading import offload
 from server.engine.sampling.llama_chain import LlamaSamplerChain
 from server.engine.sampling.numpy_sampler import Workspace
+from server.engine.stop_flag import StopFlag
 
 __all__ = ["BatchPart", "DecodeError", "LlamaContext"]
 
@@ -85,8 +86,6 @@ class LlamaContext:
         self.workspace = Workspace(self.info.n_vocab)  # the sampling buffers of this thread
         self.llama_sampling = config.sampler == "llama"
         self._logit_views: dict[int, np.ndarray[Any, np.dtype[np.float32]]] = {}
-        self._abort_check: Callable[[], bool] | None = None
-        self._abort_callback = lc.ggml_abort_callback(self._should_abort)  # kept alive here
 
     @staticmethod
     def _load_model(config: EngineConfig, abort: Callable[[], bool] | None) -> Any:
@@ -195,28 +194,25 @@ class LlamaContext:
         buffer = (ctypes.c_uint8 * size).from_buffer(data, offset)
         return int(lc.llama_state_seq_set_data(self._ctx, buffer, size, seq_id)) > 0
 
-    def decode(
-        self, parts: Sequence[BatchPart], abort: Callable[[], bool] | None = None
-    ) -> list[int]:
+    def decode(self, parts: Sequence[BatchPart], stop: StopFlag | None = None) -> list[int]:
         """Evaluate every part in one llama_decode; the batch index of each part's logits.
 
-        With `abort`, llama.cpp asks it between the graph's operations (on the CPU backend) and
-        stops the decode when it answers True: a long prompt chunk stops within its compute, not
-        after it. Ubatches evaluated before the stop stay in the KV cache (`seq_end`).
+        With `stop`, llama.cpp reads the flag between the graph's operations (on the CPU
+        backend; no Python runs for it) and stops the decode once it is set: a long prompt
+        chunk stops within its compute, not after it. Ubatches evaluated before the stop stay
+        in the KV cache (`seq_end`).
 
         Raises DecodeError (code 1: the KV cache has no room for the batch; 2: aborted).
         """
         indices = self._batch.fill(parts)
-        if abort is None:
+        if stop is None:
             code = lc.llama_decode(self._ctx, self._batch.struct)
         else:
-            self._abort_check = abort
-            lc.llama_set_abort_callback(self._ctx, self._abort_callback, None)
+            lc.llama_set_abort_callback(self._ctx, stop.callback, stop.data)
             try:
                 code = lc.llama_decode(self._ctx, self._batch.struct)
             finally:
                 lc.llama_set_abort_callback(self._ctx, _NO_ABORT, None)
-                self._abort_check = None
         if code != 0:
             raise DecodeError(int(code))
         return indices
@@ -225,14 +221,6 @@ class LlamaContext:
         """Wait for the last decode to finish: on a GPU, llama_decode returns once its work is
         queued; reading logits waits too."""
         lc.llama_synchronize(self._ctx)
-
-    def _should_abort(self, _data: Any) -> bool:
-        check = self._abort_check
-        try:
-            return check is not None and bool(check())
-        except Exception:  # a failing check never stops a decode (nor unwinds into C)
-            log.exception("abort check failed")
-            return False
 
     def seq_end(self, seq_id: int) -> int:
         """One past the last position a sequence holds in the KV cache (0 when empty)."""

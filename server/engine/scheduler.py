@@ -43,8 +43,9 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, wait
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -66,6 +67,7 @@ from server.engine.slots import (
 )
 from server.engine.speculative.drafter import SequenceDrafter, Speculator
 from server.engine.speculative.ngram import NgramDrafter
+from server.engine.stop_flag import StopFlag
 
 log = logging.getLogger(__name__)
 
@@ -474,10 +476,11 @@ class Scheduler:
     ) -> tuple[list[BatchPart], list[int]] | None:
         """Run the batch, dropping the drafts, then idle conversations, while the cache has no
         room for it. Returns the parts that ran and the batch index of each one's logits."""
-        abort = _all_left(owners) if any(job.prefilling for job in owners) else None
+        prefilling = any(job.prefilling for job in owners)
         while True:
             try:
-                return parts, self._ctx.decode(parts, abort)
+                with _stop_once_all_left(owners) if prefilling else nullcontext() as stop:
+                    return parts, self._ctx.decode(parts, stop)
             except DecodeError as exc:
                 if exc.code == ABORTED:
                     self._keep_aborted(parts, owners)
@@ -744,7 +747,20 @@ def _undrafted(part: BatchPart, job: Job) -> BatchPart:
     return BatchPart(part.seq_id, tokens, part.start_pos, part.logits, 1, part.all_logits)
 
 
-def _all_left(owners: list[Job]) -> Callable[[], bool]:
-    """Whether every request of a batch was cancelled (its client left): the decode may stop."""
+@contextmanager
+def _stop_once_all_left(owners: list[Job]) -> Iterator[StopFlag]:
+    """A stop flag for one decode of the batch, set once every request of it was cancelled
+    (its client left), on the thread that cancels the last one."""
+    stop = StopFlag()
     channels = [job.channel for job in owners]
-    return lambda: all(channel.cancelled for channel in channels)
+
+    def check() -> None:
+        if all(channel.cancelled for channel in channels):
+            stop.set()
+
+    unwatch = [channel.on_cancel(check) for channel in channels]
+    try:
+        yield stop
+    finally:
+        for end in unwatch:
+            end()

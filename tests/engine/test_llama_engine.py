@@ -273,9 +273,9 @@ def counted_engine(
     steps: list[list[int]] = []
     decode = LlamaContext.decode
 
-    def counted(self: LlamaContext, parts: Sequence[BatchPart], abort: Any = None) -> list[int]:
+    def counted(self: LlamaContext, parts: Sequence[BatchPart], stop: Any = None) -> list[int]:
         steps.append([len(part.tokens) for part in parts])
-        return decode(self, parts, abort)
+        return decode(self, parts, stop)
 
     monkeypatch.setattr(LlamaContext, "decode", counted)
     script = ForcedScript(encoding)

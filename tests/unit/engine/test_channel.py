@@ -215,3 +215,39 @@ def test_evaluating_waits_for_the_engine_to_begin_or_end_and_no_longer_than_aske
     assert 0.04 < begun < LONG / 2
     assert 0.04 < ended < LONG / 2
     assert 0.09 < never < LONG / 2  # nobody began it: the time given
+
+
+def test_a_cancel_watch_hears_the_cancel_once_watched_and_never_after_its_end() -> None:
+    """`on_cancel`: the callback runs on the thread that cancels (at once when the channel was
+    cancelled before the watch began), and not after the watch ended."""
+    loop = asyncio.new_event_loop()
+    try:
+        heard: list[str] = []
+        watched = TokenChannel(loop)
+        watched.on_cancel(lambda: heard.append(threading.current_thread().name))
+        other = TokenChannel(loop)
+        unwatch = other.on_cancel(lambda: heard.append("ended watch"))
+        unwatch()
+        assert heard == []
+        thread = threading.Thread(target=watched.cancel, name="consumer")
+        thread.start()
+        thread.join()
+        other.cancel()
+        assert heard == ["consumer"]
+        watched.on_cancel(lambda: heard.append("late"))
+        assert heard == ["consumer", "late"]
+    finally:
+        loop.close()
+
+
+def test_a_channel_whose_loop_is_gone_is_cancelled_and_says_so() -> None:
+    """The engine finds the consumer's loop closed (nobody listens): the channel is cancelled,
+    and a decode watching it hears it, as from a client that left."""
+    loop = asyncio.new_event_loop()
+    channel = TokenChannel(loop)
+    heard: list[bool] = []
+    channel.on_cancel(lambda: heard.append(channel.cancelled))
+    loop.close()
+    step(channel, 1)
+    assert channel.cancelled
+    assert heard == [True]
