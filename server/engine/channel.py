@@ -22,8 +22,6 @@ from collections.abc import AsyncIterator, Callable
 from server.contracts.events import TokenLogprob
 from server.engine.base import EngineResult, TokenChunk
 
-SETTLE_S = 0.0003  # after `begin`: the engine thread's way from the wake to its decode
-
 
 class TokenChannel:
     """One generation's token stream: written by the engine thread, read by one coroutine."""
@@ -66,8 +64,10 @@ class TokenChannel:
         self._call_soon(self._ready.set)
 
     def begin(self) -> None:
-        """The engine is about to evaluate the generation's first tokens (its decode holds no
-        GIL): a consumer waiting in `evaluating` goes on."""
+        """The engine is about to evaluate the generation's first tokens: a consumer waiting
+        in `evaluating` goes on. Called with the batch ready, just before llama_decode (which
+        holds no GIL): the loop wakes (a write to its socket) while the engine thread enters
+        it."""
         self._call_soon(self._evaluating.set)
 
     def close(self, result: EngineResult) -> None:
@@ -117,20 +117,11 @@ class TokenChannel:
             callback()
 
     async def evaluating(self, within_s: float) -> None:
-        """Wait until the engine evaluates the generation (or it ended), `within_s` at most.
-
-        Woken by `begin`, the loop waits a moment more: the wake (a write to the loop's socket)
-        let go of the GIL on the engine thread, which needs it back for the rest of its Python
-        before the decode; what the consumer does next would otherwise run first (making a
-        Codex CLI request's opening events held the decode back 0.65 ms).
-        """
+        """Wait until the engine evaluates the generation (or it ended), `within_s` at most."""
         if self._evaluating.is_set():
             return
-        try:
+        with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._evaluating.wait(), within_s)
-        except asyncio.TimeoutError:
-            return
-        await asyncio.sleep(SETTLE_S)
 
     def unpace(self) -> None:
         """The chunk just taken reached the client as nothing it shows: the next one is handed

@@ -194,8 +194,16 @@ class LlamaContext:
         buffer = (ctypes.c_uint8 * size).from_buffer(data, offset)
         return int(lc.llama_state_seq_set_data(self._ctx, buffer, size, seq_id)) > 0
 
-    def decode(self, parts: Sequence[BatchPart], stop: StopFlag | None = None) -> list[int]:
+    def decode(
+        self,
+        parts: Sequence[BatchPart],
+        stop: StopFlag | None = None,
+        before: Callable[[], object] | None = None,
+    ) -> list[int]:
         """Evaluate every part in one llama_decode; the batch index of each part's logits.
+
+        `before` runs once the batch is ready, just before llama_decode: what it wakes finds
+        this thread in C, holding no GIL, rather than filling the batch.
 
         With `stop`, llama.cpp reads the flag between the graph's operations (on the CPU
         backend; no Python runs for it) and stops the decode once it is set: a long prompt
@@ -206,10 +214,14 @@ class LlamaContext:
         """
         indices = self._batch.fill(parts)
         if stop is None:
+            if before is not None:
+                before()
             code = lc.llama_decode(self._ctx, self._batch.struct)
         else:
             lc.llama_set_abort_callback(self._ctx, stop.callback, stop.data)
             try:
+                if before is not None:
+                    before()
                 code = lc.llama_decode(self._ctx, self._batch.struct)
             finally:
                 lc.llama_set_abort_callback(self._ctx, _NO_ABORT, None)

@@ -48,6 +48,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import partial
 
 from server.contracts.directives import Constrain, Steering, SteeringStats
 from server.contracts.events import Timings, TokenLogprob, Usage
@@ -235,10 +236,6 @@ class Scheduler:
         else:
             batches = [(parts, owners)]
         for batch, jobs in batches:
-            for job in jobs:
-                if not job.announced:  # its consumer goes on while this decode holds no GIL
-                    job.announced = True
-                    job.channel.begin()
             started = time.perf_counter()
             ran = self._decode(batch, jobs)
             if ran is None:
@@ -477,10 +474,12 @@ class Scheduler:
         """Run the batch, dropping the drafts, then idle conversations, while the cache has no
         room for it. Returns the parts that ran and the batch index of each one's logits."""
         prefilling = any(job.prefilling for job in owners)
+        fresh = [job for job in owners if not job.announced]
+        before = partial(_announce, fresh) if fresh else None
         while True:
             try:
                 with _stop_once_all_left(owners) if prefilling else nullcontext() as stop:
-                    return parts, self._ctx.decode(parts, stop)
+                    return parts, self._ctx.decode(parts, stop, before)
             except DecodeError as exc:
                 if exc.code == ABORTED:
                     self._keep_aborted(parts, owners)
@@ -745,6 +744,15 @@ def _undrafted(part: BatchPart, job: Job) -> BatchPart:
     tokens = part.tokens[: len(part.tokens) - len(job.draft)]
     job.draft = ()
     return BatchPart(part.seq_id, tokens, part.start_pos, part.logits, 1, part.all_logits)
+
+
+def _announce(fresh: list[Job]) -> None:
+    """Tell the consumers of the batch's new generations that the engine evaluates them (their
+    events are made while this thread is in llama_decode)."""
+    for job in fresh:
+        if not job.announced:  # a decode tried again (no room) announces once
+            job.announced = True
+            job.channel.begin()
 
 
 @contextmanager

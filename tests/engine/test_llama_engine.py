@@ -18,7 +18,10 @@ from devkit.forced import ForcedScript
 from server.contracts.directives import Allow, Directive, SteeringStats
 from server.contracts.errors import EngineUnavailable
 from server.contracts.transcript import ToolChoice
+from server.engine import llama_context
 from server.engine.base import EngineConfig, EngineResult, SamplingParams, StopReason
+from server.engine.batch import Batch
+from server.engine.channel import TokenChannel
 from server.engine.llama import LlamaEngine
 from server.engine.llama_context import BatchPart, LlamaContext
 from server.engine.sampling.vocab_trie import trie_build
@@ -390,3 +393,35 @@ def test_the_vocabulary_trie_is_built_while_no_generation_runs(
         assert build.slices > 400  # a slice at a time: 201,088 tokens, 512 a slice
     finally:
         engine.close()
+
+
+def test_a_generation_is_announced_once_with_its_batch_ready_just_before_llama_decode(
+    engine: LlamaEngine, encoding: HarmonyEncoding, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`TokenChannel.begin` wakes the consumer to make its opening events while the prompt is
+    evaluated: it comes after the batch's filling, right before llama_decode (which holds no
+    GIL), so the woken loop does not take the GIL from the engine thread's last Python."""
+    calls: list[str] = []
+    fill, begin, decode = Batch.fill, TokenChannel.begin, llama_context.lc.llama_decode
+
+    def filled(self: Batch, parts: Sequence[BatchPart]) -> list[int]:
+        calls.append("fill")
+        return fill(self, parts)
+
+    def begun(self: TokenChannel) -> None:
+        calls.append("begin")
+        begin(self)
+
+    def decoded(*args: Any) -> int:
+        calls.append("decode")
+        return int(decode(*args))
+
+    monkeypatch.setattr(Batch, "fill", filled)
+    monkeypatch.setattr(TokenChannel, "begin", begun)
+    monkeypatch.setattr(llama_context.lc, "llama_decode", decoded)
+    params = SamplingParams(max_tokens=4, temperature=0.0, stop_tokens=frozenset())
+    tokens, _ = run(engine, unique_prompt(encoding, "announced"), params)
+    assert len(tokens) == 4
+    assert calls[:3] == ["fill", "begin", "decode"]
+    assert calls.count("begin") == 1
+    assert calls.count("fill") == calls.count("decode") > 1
