@@ -93,6 +93,7 @@ class LlamaEngine:
         self._scheduler: Scheduler | None = None
         self._cache: PromptCache | None = None
         self._failure: str | None = None
+        self._parked = False  # the engine thread is stuck for good in a decode (an RPC host left)
         self._watch = AbortWatch(self._fail) if config.rpc_servers else None
         if self._watch is not None:
             self._watch.install()
@@ -133,11 +134,13 @@ class LlamaEngine:
         steering: Steering | None = None,
         save_points: Sequence[int] = (),
     ) -> TokenChannel:
-        if self._failure is not None:
+        if self._failure is not None:  # (never waits for the lock a stuck RPC decode may hold)
             raise EngineUnavailable(f"The server cannot generate: {self._failure}")
         channel = TokenChannel(asyncio.get_running_loop())
         points = tuple(sorted(set(save_points)))
-        with self._lock:  # queued before close() queues its stop, or refused
+        with self._lock:  # queued before close() queues its stop or the thread fails, or refused
+            if self._failure is not None:
+                raise EngineUnavailable(f"The server cannot generate: {self._failure}")
             if self._closed:
                 raise EngineUnavailable(CLOSED)
             self._jobs.put(Job(list(prompt_tokens), params, channel, steering, points))
@@ -164,11 +167,11 @@ class LlamaEngine:
         (see server.engine.rpc.backend.AbortWatch), and the process must still exit."""
         with self._lock:
             self._closed = True  # no submit or vocabulary read from now on
-        if self._failure is not None:  # the engine thread waits for a host that is gone
+        if self._parked:  # the engine thread waits for a host that is gone
             return
         if self._thread.is_alive():
             self._jobs.put(None)
-        while self._thread.is_alive() and self._failure is None:
+        while self._thread.is_alive() and not self._parked:
             self._thread.join(0.1)
         self._refuse_queued(CLOSED)  # submitted while it closed: they end, not hang
 
@@ -199,6 +202,13 @@ class LlamaEngine:
         try:
             while self._receive(scheduler):
                 scheduler.step()
+        except Exception as exc:  # a bug: the thread ends, and the engine says so
+            failure = f"the engine stopped on an internal error ({type(exc).__name__}: {exc})"
+            log.exception("%s", failure)
+            with self._lock:  # a submit from now on is refused; one queued before is ended
+                self._failure = f"{failure}; restart the server"
+            scheduler.fail_all(failure)
+            self._refuse_queued(failure)
         finally:
             scheduler.shutdown()  # saves every conversation to disk
             if self._cache is not None:
@@ -212,6 +222,7 @@ class LlamaEngine:
         The engine thread stays blocked in the decode that needed the host; nothing else runs
         on it again, so its jobs are ended from here.
         """
+        self._parked = True
         down = unreachable(self._config.rpc_servers, attempts=5)
         hosts = "RPC host " + ", ".join(down) if down else "an RPC host"
         self._failure = (

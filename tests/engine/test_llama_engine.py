@@ -25,6 +25,7 @@ from server.engine.channel import TokenChannel
 from server.engine.llama import LlamaEngine
 from server.engine.llama_context import BatchPart, LlamaContext
 from server.engine.sampling.vocab_trie import trie_build
+from server.engine.scheduler import Scheduler
 from server.harmony.steering import plan_steering
 from tests.support.engine_runs import GREEDY, STOPS, run, unique_prompt
 
@@ -276,9 +277,9 @@ def counted_engine(
     steps: list[list[int]] = []
     decode = LlamaContext.decode
 
-    def counted(self: LlamaContext, parts: Sequence[BatchPart], stop: Any = None) -> list[int]:
+    def counted(self: LlamaContext, parts: Sequence[BatchPart], *args: Any) -> list[int]:
         steps.append([len(part.tokens) for part in parts])
-        return decode(self, parts, stop)
+        return decode(self, parts, *args)
 
     monkeypatch.setattr(LlamaContext, "decode", counted)
     script = ForcedScript(encoding)
@@ -425,3 +426,31 @@ def test_a_generation_is_announced_once_with_its_batch_ready_just_before_llama_d
     assert calls[:3] == ["fill", "begin", "decode"]
     assert calls.count("begin") == 1
     assert calls.count("fill") == calls.count("decode") > 1
+
+
+def test_an_engine_thread_stopped_by_an_error_ends_its_requests_and_refuses_more(
+    tiny_gguf: Path, encoding: HarmonyEncoding, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An exception out of a scheduler step (a bug) ends the engine thread: the requests it had
+    end with the error, the engine says why it cannot generate (`failure`: /health and
+    /v1/models show it), and later requests are refused at once instead of waiting in a queue
+    nothing reads."""
+    engine = LlamaEngine(EngineConfig(model_path=str(tiny_gguf), n_ctx=1024, n_threads=1))
+    try:
+
+        def broken(self: Scheduler) -> None:
+            raise RuntimeError("a step that fails")
+
+        monkeypatch.setattr(Scheduler, "step", broken)
+        prompt = unique_prompt(encoding, "a broken step")
+        tokens, result = run(engine, prompt, GREEDY)
+        assert tokens == []
+        assert result.stop_reason is StopReason.ERROR
+        assert result.error is not None
+        assert "a step that fails" in result.error
+        assert engine.failure is not None
+        assert "a step that fails" in engine.failure
+        with pytest.raises(EngineUnavailable, match="a step that fails"):
+            run(engine, prompt, GREEDY)
+    finally:
+        engine.close()
