@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import suppress
 from typing import Any, Protocol
 
 from fastapi.responses import StreamingResponse
 from fastapi.sse import format_sse_event
+from starlette.types import Receive, Scope, Send
 
 DONE = format_sse_event(data_str="[DONE]")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -128,6 +129,26 @@ async def coalesced(events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
             await producer
 
 
-def sse_response(events: AsyncIterator[bytes]) -> StreamingResponse:
-    """The streaming HTTP response of formatted events, coalesced."""
+class _EventStream(StreamingResponse):
+    """A streaming response that calls `on_end` once it ended, however it ended (also when the
+    client left before its body ran: the body's own code then never runs)."""
+
+    def __init__(self, content: AsyncIterator[bytes], on_end: Callable[[], object]) -> None:
+        super().__init__(content, media_type="text/event-stream", headers=SSE_HEADERS)
+        self._on_end = on_end
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_end()
+
+
+def sse_response(
+    events: AsyncIterator[bytes], on_end: Callable[[], object] | None = None
+) -> StreamingResponse:
+    """The streaming HTTP response of formatted events, coalesced; `on_end` runs once it
+    ended."""
+    if on_end is not None:
+        return _EventStream(coalesced(events), on_end)
     return StreamingResponse(coalesced(events), media_type="text/event-stream", headers=SSE_HEADERS)

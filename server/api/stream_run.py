@@ -113,14 +113,26 @@ class StreamRun(Generic[W]):
         self._name = name  # for the log: "response resp_...", "message msg_..."
         self._finish = finish
 
-    def stream(self, encode: Callable[[W], bytes], keepalive_s: float | None) -> StreamingResponse:
-        """The streaming HTTP response: every wire event, encoded as SSE."""
+    async def stream(
+        self, encode: Callable[[W], bytes], keepalive_s: float | None
+    ) -> StreamingResponse:
+        """The streaming HTTP response: every wire event, encoded as SSE.
+
+        A source that can begin is submitted here, before the response exists: its headers
+        and opening events are made while the engine evaluates the prompt (not before the
+        submission, as from inside the response's body: 0.5-0.8 ms of a streamed response's
+        start). A response that never reads its events (the client left first) abandons the
+        generation at its end (a no-op once the events took it over).
+        """
+        begins = self._begins()
+        if begins is not None:
+            await self._begin(begins)
 
         async def encoded() -> AsyncIterator[bytes]:
             async for event in self.events(keepalive_s):
                 yield encode(event)
 
-        return sse_response(encoded())
+        return sse_response(encoded(), on_end=begins.abandon if begins is not None else None)
 
     async def respond(self, request: Request, body: Callable[[list[W]], Any]) -> Response:
         """The non-streaming HTTP response: the events folded by `body` into the JSON body.
@@ -170,16 +182,27 @@ class StreamRun(Generic[W]):
             for out in await self._feed(failure, ended):
                 yield out
 
-    async def _opening(self) -> AsyncGenerator[W, None]:
-        """The emitter's opening events, after the source's submission where it can begin."""
+    def _begins(self) -> BeginningSource | None:
         source = self._source
-        begins = source if isinstance(source, BeginningSource) else None
+        return source if isinstance(source, BeginningSource) else None
+
+    async def _begin(self, begins: BeginningSource) -> None:
+        """Submit the source, and wait until the engine evaluates it (or briefly)."""
+        try:
+            await begins.begin()
+        except Exception:  # its events submit it again, and end with the error
+            log.debug("%s: the generation could not begin", self._name, exc_info=True)
+        except BaseException:  # cancelled while it began: nobody reads its events
+            begins.abandon()
+            raise
+
+    async def _opening(self) -> AsyncGenerator[W, None]:
+        """The emitter's opening events, after the source's submission where it can begin
+        (already begun by `stream`)."""
+        begins = self._begins()
         try:
             if begins is not None:
-                try:
-                    await begins.begin()
-                except Exception:  # its events submit it again, and end with the error
-                    log.debug("%s: the generation could not begin", self._name, exc_info=True)
+                await self._begin(begins)
             for started in self._emitter.start():
                 yield started
         except BaseException:  # the client left before the generation's events were read

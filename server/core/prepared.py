@@ -74,11 +74,10 @@ class Prepared:
         role chunk) is then built while the prompt is evaluated, and the engine thread's start
         does not wait for the GIL meanwhile. `events()` takes the round over; `abandon` ends it
         if they are never read."""
-        if self._begun:
-            return
-        first = self._start(self.prompt_tokens, self.params, self.steering, self.save_points)
-        self._begun.append(first)
-        await first[1].evaluating(within_s)
+        if not self._begun:
+            first = self._start(self.prompt_tokens, self.params, self.steering, self.save_points)
+            self._begun.append(first)
+        await self._begun[0][1].evaluating(within_s)  # at once when it already does
 
     def abandon(self) -> None:
         """The response ended before its events were read: a begun round is cancelled (and

@@ -72,7 +72,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     if n == 1:
         run, emitter = runs[0], emitters[0]
         if body.stream:
-            return run.stream(encode, keepalive_s=None)
+            return await run.stream(encode, keepalive_s=None)
         return await run.respond(request, lambda events: fold(events, emitter))
     if body.stream:
 

@@ -77,7 +77,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
         for run, emitter in zip(runs, emitters, strict=True)
     ]
     if body.stream:
-        return streams[0].stream(encode, keepalive_s=None)
+        return await streams[0].stream(encode, keepalive_s=None)
 
     def folded(events: list[list[CompletionEvent]]) -> Completion:
         return _body(identity, runs, emitters, prefixes, events)

@@ -87,7 +87,7 @@ async def create_message(body: MessagesRequest, request: Request) -> Response:
         finish=partial(_log_usage, emitter.message_id),
     )
     if body.stream:
-        return run.stream(sse_typed, state.ping_s)
+        return await run.stream(sse_typed, state.ping_s)
     return await run.respond(request, _body)
 
 

@@ -143,7 +143,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
         prepared, emitter, name=f"response {base.id}", finish=finisher
     )
     if body.stream:
-        return run.stream(SharedField("response"), state.keepalive_s)
+        return await run.stream(SharedField("response"), state.keepalive_s)
     return await run.respond(request, _body)
 
 

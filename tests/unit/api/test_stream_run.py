@@ -6,6 +6,7 @@ or completion stream just stops; a completion stream that raises ends with an er
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from typing import Any
 
@@ -253,3 +254,47 @@ def test_a_source_that_fails_to_begin_still_opens_and_reads_its_events() -> None
     events = run_all(StreamRun(source, LoggedStart(log), name="c"))
     assert log == ["begin", "opening", "read"]
     assert check_chat_stream(chat_payloads(events)).content == "Hi there"
+
+
+def call_response(response: Any, sent: list[dict[str, Any]], refuse: bool) -> None:
+    """Run an ASGI response; `refuse`: the client is gone before the headers could go out."""
+
+    async def receive() -> dict[str, Any]:
+        await asyncio.sleep(3600)  # the client sends nothing more
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        if refuse:
+            raise OSError("the client is gone")
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"spec_version": "2.4"}, "method": "POST", "headers": []}
+    with contextlib.suppress(Exception):
+        asyncio.run(response(scope, receive, send))
+
+
+def test_a_streamed_response_is_made_once_its_source_began() -> None:
+    """`stream` submits the source before the response exists (its headers and opening events
+    are then made while the engine evaluates the prompt); its events take the round over, and
+    the response's end lets nothing more go (abandon is a no-op for a round taken over)."""
+    log: list[str] = []
+    source = Beginning([*ANSWER, Finished(FinishReason.STOP)], log)
+    run = StreamRun(source, LoggedStart(log), name="c")
+    response = asyncio.run(run.stream(encode, keepalive_s=None))
+    assert log == ["begin"]
+    sent: list[dict[str, Any]] = []
+    call_response(response, sent, refuse=False)
+    assert log == ["begin", "begin", "opening", "read", "abandon"]
+    body = b"".join(message.get("body", b"") for message in sent).decode()
+    payloads = [event.data for event in parse_sse(body.splitlines())]
+    assert check_chat_stream(payloads).content == "Hi there"
+
+
+def test_a_streamed_response_whose_client_left_before_its_body_abandons_the_begun_source() -> None:
+    """The body's own code never runs when the headers cannot go out: the response's end
+    abandons the generation begun for it (cancelled, its admission place given back)."""
+    log: list[str] = []
+    source = Beginning(ANSWER, log)
+    response = asyncio.run(StreamRun(source, LoggedStart(log), name="c").stream(encode, None))
+    call_response(response, [], refuse=True)
+    assert log == ["begin", "abandon"]
