@@ -12,7 +12,11 @@ flash attention `auto`, no mmap) measures the prefill at each prompt size, and i
 gives the compute buffers llama.cpp reserved on each device; so a GPU run says whether `serve`
 should take a larger one there. llama.cpp caps the ubatch at the context, which llama-bench
 sizes to the prompt: a prompt shorter than the ubatch runs as with a ubatch of its size.
-Prints JSON.
+An odd size tells what a ubatch a few tokens larger costs: `serve` evaluates the forced
+`<|channel|>` and the guessed header (three tokens) with a prompt's last chunk, so a prompt of
+510-512 tokens past a multiple of 512 takes one more ubatch (a decode step's time) than llama.cpp
+evaluating the bare prompt; a ubatch of 515 would hold them, if its products cost no more per
+token than 512's (the GPU check's run measures 515 last). Prints JSON.
 """
 
 from __future__ import annotations

@@ -104,7 +104,7 @@ GPU = Mode(
         "tests": 120,
         "sampling": 60,
         "floor": 90,
-        "ubatch": 60,
+        "ubatch": 75,
     },
     preset="20b",
     ngl="-1",
@@ -115,7 +115,9 @@ GPU = Mode(
     trained="--rounds 2",
     sampling="--prompt 512 --gen 128 --rounds 3",
     floor="--prompt 512 --gen 128 --rounds 3",
-    ubatch="--prompts 512,2048,4096 --ubatches 512,1024,2048 --repetitions 3",
+    # 515: 512 and the three header tokens evaluated with a prompt's last chunk (last: the
+    # first the phase's budget cuts)
+    ubatch="--prompts 512,2048,4096 --ubatches 512,1024,2048,515 --repetitions 3",
 )
 CPU = Mode(
     gpu=False,
