@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import llama_cpp.llama_cpp as lc
 import pytest
 from openai_harmony import HarmonyEncoding
 
@@ -18,7 +19,6 @@ from devkit.forced import ForcedScript
 from server.contracts.directives import Allow, Directive, SteeringStats
 from server.contracts.errors import EngineUnavailable
 from server.contracts.transcript import ToolChoice
-from server.engine import llama_context
 from server.engine.base import EngineConfig, EngineResult, SamplingParams, StopReason
 from server.engine.batch import Batch
 from server.engine.channel import TokenChannel
@@ -403,7 +403,7 @@ def test_a_generation_is_announced_once_with_its_batch_ready_just_before_llama_d
     evaluated: it comes after the batch's filling, right before llama_decode (which holds no
     GIL), so the woken loop does not take the GIL from the engine thread's last Python."""
     calls: list[str] = []
-    fill, begin, decode = Batch.fill, TokenChannel.begin, llama_context.lc.llama_decode
+    fill, begin, decode = Batch.fill, TokenChannel.begin, lc.llama_decode
 
     def filled(self: Batch, parts: Sequence[BatchPart]) -> list[int]:
         calls.append("fill")
@@ -419,7 +419,7 @@ def test_a_generation_is_announced_once_with_its_batch_ready_just_before_llama_d
 
     monkeypatch.setattr(Batch, "fill", filled)
     monkeypatch.setattr(TokenChannel, "begin", begun)
-    monkeypatch.setattr(llama_context.lc, "llama_decode", decoded)
+    monkeypatch.setattr(lc, "llama_decode", decoded)
     params = SamplingParams(max_tokens=4, temperature=0.0, stop_tokens=frozenset())
     tokens, _ = run(engine, unique_prompt(encoding, "announced"), params)
     assert len(tokens) == 4

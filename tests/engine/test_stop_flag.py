@@ -10,9 +10,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import llama_cpp.llama_cpp as lc
 import pytest
 
-from server.engine import llama_context
 from server.engine.base import EngineConfig
 from server.engine.llama_context import ABORTED, BatchPart, DecodeError, LlamaContext
 from server.engine.stop_flag import StopFlag
@@ -44,7 +44,7 @@ def test_a_stoppable_decode_runs_no_python_while_llama_cpp_evaluates(
     callback each answer took the GIL (and waited while the event loop held it)."""
     inside = [False]  # a plain flag: setting it calls nothing the profile would see
     called: list[str] = []
-    decode = llama_context.lc.llama_decode
+    decode = lc.llama_decode
 
     def marked(*args: Any) -> int:
         inside[0] = True
@@ -56,7 +56,7 @@ def test_a_stoppable_decode_runs_no_python_while_llama_cpp_evaluates(
         if event == "call" and inside[0]:
             called.append(frame.f_code.co_name)
 
-    monkeypatch.setattr(llama_context.lc, "llama_decode", marked)
+    monkeypatch.setattr(lc, "llama_decode", marked)
     ctx.truncate(0, 0)
     sys.setprofile(profile)
     try:
