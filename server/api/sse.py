@@ -130,10 +130,11 @@ async def coalesced(events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
 
 
 class _EventStream(StreamingResponse):
-    """A streaming response that calls `on_end` once it ended, however it ended (also when the
-    client left before its body ran: the body's own code then never runs)."""
+    """A streaming response of SSE events that calls `on_end` (if any) once it ended, however
+    it ended (also when the client left before its body ran: the body's own code then never
+    runs)."""
 
-    def __init__(self, content: AsyncIterator[bytes], on_end: Callable[[], object]) -> None:
+    def __init__(self, content: AsyncIterator[bytes], on_end: Callable[[], object] | None) -> None:
         super().__init__(content, media_type="text/event-stream", headers=SSE_HEADERS)
         self._on_end = on_end
 
@@ -141,7 +142,8 @@ class _EventStream(StreamingResponse):
         try:
             await super().__call__(scope, receive, send)
         finally:
-            self._on_end()
+            if self._on_end is not None:
+                self._on_end()
 
 
 def sse_response(
@@ -149,6 +151,4 @@ def sse_response(
 ) -> StreamingResponse:
     """The streaming HTTP response of formatted events, coalesced; `on_end` runs once it
     ended."""
-    if on_end is not None:
-        return _EventStream(coalesced(events), on_end)
-    return StreamingResponse(coalesced(events), media_type="text/event-stream", headers=SSE_HEADERS)
+    return _EventStream(coalesced(events), on_end)

@@ -213,17 +213,14 @@ class LlamaContext:
         Raises DecodeError (code 1: the KV cache has no room for the batch; 2: aborted).
         """
         indices = self._batch.fill(parts)
-        if stop is None:
+        if stop is not None:
+            lc.llama_set_abort_callback(self._ctx, stop.callback, stop.data)
+        try:
             if before is not None:
                 before()
             code = lc.llama_decode(self._ctx, self._batch.struct)
-        else:
-            lc.llama_set_abort_callback(self._ctx, stop.callback, stop.data)
-            try:
-                if before is not None:
-                    before()
-                code = lc.llama_decode(self._ctx, self._batch.struct)
-            finally:
+        finally:
+            if stop is not None:
                 lc.llama_set_abort_callback(self._ctx, _NO_ABORT, None)
         if code != 0:
             raise DecodeError(int(code))
