@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from openai_harmony import HarmonyEncoding
 
 from devkit.forced import ForcedScript
 from server.ops.runtime import Runtime
@@ -56,6 +57,44 @@ def test_malformed_json_is_a_400(
     response = client.post(path, content=raw, headers={"content-type": "application/json"})
     assert_error(response, 400)
     assert len(forced.prompts) == before
+
+
+# request bodies as their bytes: a JSON string whose `\\u` escapes spell lone surrogates
+LONE_SURROGATES = {
+    "/v1/chat/completions": b'{"model": "%s", "messages": [{"role": "user", "content": "a%sb"}]}',
+    "/v1/responses": b'{"model": "%s", "input": "a%sb"}',
+    "/v1/completions": b'{"model": "%s", "prompt": "a%sb", "max_tokens": 4}',
+}
+
+
+@pytest.mark.parametrize("path", sorted(LONE_SURROGATES))
+@pytest.mark.parametrize(
+    "escape", [b"\\ud800", b"\\uDC00", b"\\ud83d x"], ids=["high", "low", "unpaired"]
+)
+def test_a_lone_surrogate_is_a_400_not_a_500(
+    client: TestClient, forced: ForcedScript, path: str, escape: bytes
+) -> None:
+    """Regression: harmony's render raised on a str with a lone surrogate (a 500)."""
+    before = len(forced.prompts)
+    raw = LONE_SURROGATES[path] % (MODEL.encode(), escape)
+    response = client.post(path, content=raw, headers={"content-type": "application/json"})
+    error = assert_error(response, 400)
+    assert "lone UTF-16 surrogate" in error["message"]
+    assert len(forced.prompts) == before
+    assert_still_serving(client, forced)
+
+
+def test_a_surrogate_pair_and_an_escaped_backslash_are_text(
+    client: TestClient, forced: ForcedScript, encoding: HarmonyEncoding
+) -> None:
+    forced.push("<|channel|>final<|message|>ok<|return|>")
+    content = b"a \\ud83d\\ude00 and \\\\ud800 b"  # an emoji's pair, then the text \\ud800
+    raw = LONE_SURROGATES["/v1/chat/completions"] % (MODEL.encode(), content)
+    response = client.post(
+        "/v1/chat/completions", content=raw, headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 200, response.text
+    assert "a \U0001f600 and \\ud800 b" in encoding.decode_utf8(forced.prompts[-1])
 
 
 @pytest.mark.parametrize(

@@ -209,3 +209,18 @@ def test_the_server_keeps_serving_after_a_barrage(client: TestClient, forced: Fo
             assert 400 <= response.status_code < 500
     assert client.get("/health").status_code == 200
     assert_still_serving(client, forced)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_lone_surrogate_is_a_400_not_a_500(
+    client: TestClient, forced: ForcedScript, path: str
+) -> None:
+    """Regression: harmony's render raised on a str with a lone surrogate (a 500)."""
+    raw = b'{"model": "%s", "max_tokens": 8, "messages": [{"role": "user", "content": "\\udc00"}]}'
+    before = len(forced.prompts)
+    response = client.post(
+        path, content=raw % MODEL.encode(), headers={"content-type": "application/json"}
+    )
+    assert "lone UTF-16 surrogate" in assert_error(response, 400)
+    assert len(forced.prompts) == before
+    assert_still_serving(client, forced)

@@ -22,6 +22,7 @@ from server.api.chat.schemas import ChatCompletionRequest
 from server.api.response_fields import new_id, now
 from server.api.sse import sse_response
 from server.api.stream_run import StreamRun, respond_all
+from server.api.unicode_body import UnicodeRoute
 from server.contracts.errors import InvalidRequest, ServerError
 from server.contracts.transcript import Transcript
 from server.core.generation import GenerationOptions, Generator
@@ -29,7 +30,7 @@ from server.core.prepared import Prepared
 from server.ops.settings import Settings
 
 log = logging.getLogger(__name__)
-router = APIRouter()
+router = APIRouter(route_class=UnicodeRoute)  # no lone surrogate in a body (unicode_body.py)
 
 
 @router.post("/v1/chat/completions", response_model=None)

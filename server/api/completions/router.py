@@ -39,13 +39,14 @@ from server.api.completions.schemas import Completion, CompletionRequest, Comple
 from server.api.logprobs import LegacyLogprobs, TextOffsets, legacy
 from server.api.response_fields import new_id, now
 from server.api.stream_run import StreamRun, respond_all
+from server.api.unicode_body import UnicodeRoute
 from server.contracts.errors import ServerError
 from server.contracts.events import TokenLogprob
 from server.core.generation import Generator
 from server.core.raw import RawGeneration, prepare_raw
 from server.harmony.token_bytes import TokenBytes
 
-router = APIRouter()
+router = APIRouter(route_class=UnicodeRoute)  # no lone surrogate in a body (unicode_body.py)
 
 
 @router.post("/v1/completions", response_model=None)

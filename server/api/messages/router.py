@@ -37,13 +37,14 @@ from server.api.messages.signature import ThinkingSigner
 from server.api.response_fields import new_id
 from server.api.sse import sse_typed
 from server.api.stream_run import Ended, StreamRun
+from server.api.unicode_body import UnicodeRoute
 from server.contracts.errors import ContextLengthExceeded, ServerError
 from server.contracts.transcript import Transcript
 from server.core.generation import Generator
 from server.ops.settings import Settings
 
 log = logging.getLogger(__name__)
-router = APIRouter()
+router = APIRouter(route_class=UnicodeRoute)  # no lone surrogate in a body (unicode_body.py)
 
 
 @dataclass

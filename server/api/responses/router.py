@@ -40,6 +40,7 @@ from server.api.responses.schemas import (
 from server.api.responses.store import ResponseStore, StoredResponse
 from server.api.sse import SharedField
 from server.api.stream_run import Ended, StreamRun
+from server.api.unicode_body import UnicodeRoute
 from server.contracts.errors import InvalidRequest, NotFound, ServerError
 from server.contracts.events import ToolTarget
 from server.contracts.transcript import Item, Transcript
@@ -50,7 +51,7 @@ from server.ops.settings import Settings
 from server.tools.python.tool import container_id
 
 log = logging.getLogger(__name__)
-router = APIRouter()
+router = APIRouter(route_class=UnicodeRoute)  # no lone surrogate in a body (unicode_body.py)
 
 MAX_PINNED_DATES = 1024
 
