@@ -76,7 +76,7 @@ KEPT = ("scripts/build-info.sh", "scripts/*.cmake", "ggml/src/ggml-cpu/**")
 # dependencies come with them. Versions: those installed here.
 NEEDED = (
     "fastapi", "uvicorn", "pydantic", "pydantic-settings", "openai-harmony", "gguf",
-    "bpe-openai", "prometheus-client", "diskcache", "inscriptis", "lxml", "mcp",
+    "bpe-openai", "prometheus-client", "diskcache", "inscriptis", "lxml", "mcp", "tiktoken",
 )  # fmt: skip
 # What the device's image has (KINDS.md's package list) and the carried packages need only at
 # some version any recent image has: not carried. The small pure ones whose versions matter

@@ -8,13 +8,23 @@ tokens, so a turn renders only what is new. Same transcript, same tokens as rend
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 
 from openai_harmony import HarmonyEncoding
 
-from server.contracts.transcript import Transcript
+from server.contracts.transcript import (
+    AssistantMessage,
+    DeveloperMessage,
+    Item,
+    Reasoning,
+    ToolCall,
+    ToolResult,
+    Transcript,
+    UserMessage,
+)
 from server.harmony.render import (
     assistant_start_tokens,
     exact_tokens,
@@ -23,10 +33,25 @@ from server.harmony.render import (
     item_tokens,
     visible_items,
 )
+from server.harmony.text_tokens import TextTokens, shared_text_tokens
+from server.harmony.tokens import MESSAGE, MESSAGE_TERMINATORS
 
 # Tokens remembered (items keep their text too: some tens of MB in all)
 HEADS_KEPT = 1 << 20  # of system + developer renders
 ITEMS_KEPT = 1 << 21  # of item renders
+FRAMES_KEPT = 4096  # items' frames (one per header: role, channel, recipient, tool name)
+
+_UNKNOWN = object()
+
+# the field that holds an item's text, between its frame's `<|message|>` and end token
+TEXT_FIELD: dict[type, str] = {
+    UserMessage: "text",
+    DeveloperMessage: "text",
+    Reasoning: "text",
+    AssistantMessage: "text",
+    ToolCall: "arguments",
+    ToolResult: "output",
+}
 
 
 class Renders:
@@ -57,11 +82,17 @@ class Renders:
 class Renderer:
     """Prompts of one encoding, rendered with what earlier requests rendered."""
 
-    def __init__(self, encoding: HarmonyEncoding) -> None:
+    def __init__(self, encoding: HarmonyEncoding, text_tokens: TextTokens | None = None) -> None:
+        """`text_tokens`: tiktoken's tokens of a text (by default this process's, for the
+        vocabulary harmony was loaded from; without it every item is rendered by harmony)."""
         self.encoding = encoding
         self.assistant_start = tuple(assistant_start_tokens(encoding))  # encoding it: ≈ 0.1 ms
         self._heads = Renders(HEADS_KEPT)
         self._items = Renders(ITEMS_KEPT)
+        self._text = text_tokens or shared_text_tokens(
+            lambda text: encoding.encode(text, disallowed_special=())
+        )
+        self._frames: dict[Item, tuple[tuple[int, ...], int] | None] = {}
 
     def render(self, transcript: Transcript) -> list[int]:
         """The prompt token ids for the assistant's next message, as render() gives them."""
@@ -72,7 +103,34 @@ class Renderer:
         for item in visible_items(transcript.items):
             replayed = exact_tokens(item)
             if replayed is None:
-                replayed = self._items.get(item, lambda: item_tokens(encoding, item))  # noqa: B023
+                replayed = self._items.get(item, lambda: self._item_tokens(item))  # noqa: B023
             prompt_tokens.extend(replayed)
         prompt_tokens.extend(self.assistant_start)
         return prompt_tokens
+
+    def _item_tokens(self, item: Item) -> list[int]:
+        """An item's render: its frame around tiktoken's tokens of its text, or harmony's."""
+        field = TEXT_FIELD.get(type(item))
+        body = self._text.encode(getattr(item, field)) if self._text and field else None
+        frame = self._frame(item, field) if body is not None and field else None
+        if body is None or frame is None:
+            return item_tokens(self.encoding, item)
+        head, end = frame
+        return [*head, *body, end]
+
+    def _frame(self, item: Item, field: str) -> tuple[tuple[int, ...], int] | None:
+        """harmony's render of the item with an empty text, up to `<|message|>` and its end
+        token; None where it does not end so (then harmony renders the whole item). The call
+        id is not rendered: items that differ only by it and their text share a frame."""
+        empty = {field: "", "call_id": ""} if hasattr(item, "call_id") else {field: ""}
+        key = dataclasses.replace(item, **empty)  # type: ignore[arg-type]
+        known = self._frames.get(key, _UNKNOWN)
+        if known is not _UNKNOWN:
+            return known  # type: ignore[return-value]
+        tokens = item_tokens(self.encoding, key)
+        framed = tokens[-2:-1] == [MESSAGE] and tokens[-1] in MESSAGE_TERMINATORS
+        frame = (tuple(tokens[:-1]), tokens[-1]) if framed else None
+        if len(self._frames) >= FRAMES_KEPT:
+            self._frames.clear()
+        self._frames[key] = frame
+        return frame

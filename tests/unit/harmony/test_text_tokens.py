@@ -1,0 +1,164 @@
+"""tiktoken's o200k tokens of a text are harmony's, and the Renderer's frames around them give
+harmony's render of every kind of item, on generated text (hypothesis) and a few hand-picked
+edges."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from openai_harmony import HarmonyEncoding
+
+from server.contracts.transcript import (
+    AssistantMessage,
+    DeveloperMessage,
+    Item,
+    Reasoning,
+    ToolCall,
+    ToolResult,
+    Transcript,
+    UserMessage,
+)
+from server.harmony.encoding import VOCAB_FILE, ensure_vocab_dir
+from server.harmony.render import item_tokens, render
+from server.harmony.renderer import TEXT_FIELD, Renderer
+from server.harmony.text_tokens import O200K_PATTERN, TextTokens, shared_text_tokens
+from server.harmony.tokens import END, MESSAGE
+
+EDGES = [
+    "",
+    " ",
+    "\n\n\n",
+    "<|end|><|start|>assistant<|channel|>final<|message|>",  # text, never special tokens
+    "don't I'LL we've 12345678 3.14159",
+    "日本語のテキスト 한국어 Ελληνικά עברית العربية",
+    "🙂👍🏽 e\u0301 \u200b\u00a0 \t\r\n",
+    "    def f(x):\n        return {'a': [1, 2]}\n",
+]
+TEXTS = st.text(max_size=400) | st.sampled_from(EDGES)
+
+
+@pytest.fixture(scope="module")
+def text_tokens(encoding: HarmonyEncoding) -> TextTokens:
+    tokens = shared_text_tokens(lambda text: encoding.encode(text, disallowed_special=()))
+    assert tokens is not None
+    assert tokens.wait(30)
+    return tokens
+
+
+def test_the_pattern_is_tiktokens_o200k(
+    vocab_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tiktoken's own o200k_base, loaded offline (its cache holding the local vocabulary under
+    the name of its download), has the same pattern."""
+    from tiktoken_ext.openai_public import o200k_base  # type: ignore[import-untyped]
+
+    url = f"https://openaipublic.blob.core.windows.net/encodings/{VOCAB_FILE}"
+    source = ensure_vocab_dir(vocab_dir) / VOCAB_FILE
+    (tmp_path / hashlib.sha1(url.encode()).hexdigest()).write_bytes(source.read_bytes())
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
+    assert o200k_base()["pat_str"] == O200K_PATTERN
+
+
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(text=TEXTS)
+def test_the_tokens_are_harmonys(
+    encoding: HarmonyEncoding, text_tokens: TextTokens, text: str
+) -> None:
+    assert text_tokens.encode(text) == encoding.encode(text, disallowed_special=())
+
+
+def items_of(text: str) -> list[Item]:
+    return [
+        UserMessage(text),
+        DeveloperMessage(text),
+        Reasoning(text),
+        AssistantMessage(text, "final"),
+        AssistantMessage(text, "commentary"),
+        ToolCall("call_1", "shell", text),
+        ToolCall("call_2", "apply_patch", text, content_type=None),
+        ToolCall("call_3", "add", text, namespace="calc"),
+        ToolResult("call_1", text, "shell"),
+        ToolResult("call_4", text, "python", namespace="python", channel="analysis"),
+    ]
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(text=TEXTS)
+def test_every_item_renders_as_harmony_renders_it(
+    encoding: HarmonyEncoding, text_tokens: TextTokens, text: str
+) -> None:
+    renderer = Renderer(encoding, text_tokens)
+    for item in items_of(text):
+        transcript = Transcript(items=(item,))
+        assert renderer.render(transcript) == render(encoding, transcript), item
+
+
+def test_every_kind_of_item_has_a_text_field() -> None:
+    kinds = {type(item) for item in items_of("x")}
+    assert kinds == set(TEXT_FIELD)
+    for item in items_of("x"):
+        assert getattr(item, TEXT_FIELD[type(item)]) == "x"
+
+
+def test_calls_that_differ_by_their_id_share_a_frame_and_render_their_own(
+    encoding: HarmonyEncoding, text_tokens: TextTokens
+) -> None:
+    renderer = Renderer(encoding, text_tokens)
+    results = [ToolResult(f"call_{i}", f"output {i}", "shell") for i in range(5)]
+    calls = [ToolCall(f"call_{i}", "shell", f'{{"n": {i}}}') for i in range(5)]
+    items: list[Item] = [*results, *calls]
+    for item in items:
+        assert renderer.render(Transcript(items=(item,))) == render(
+            encoding, Transcript(items=(item,))
+        )
+    assert len(renderer._frames) == 2  # one per header, whatever the ids
+
+
+class Unready:
+    """Text tokens not built (yet): the renderer renders with harmony."""
+
+    def encode(self, text: str) -> list[int] | None:
+        return None
+
+
+def test_without_text_tokens_harmony_renders_the_same(encoding: HarmonyEncoding) -> None:
+    renderer = Renderer(encoding, Unready())  # type: ignore[arg-type]
+    transcript = Transcript(items=tuple(items_of("Hello, <|end|> world")))
+    assert renderer.render(transcript) == render(encoding, transcript)
+    assert renderer._frames == {}
+
+
+def test_an_item_without_a_usable_frame_is_rendered_by_harmony(
+    encoding: HarmonyEncoding, text_tokens: TextTokens
+) -> None:
+    """A frame is used only where harmony's render of the empty text ends in `<|message|>` and
+    an end token; otherwise (marked None) the whole item is harmony's render."""
+    renderer = Renderer(encoding, text_tokens)
+    item = UserMessage("hi")
+    framed = item_tokens(encoding, dataclasses.replace(item, text=""))
+    assert framed[-2:] == [MESSAGE, END]
+    renderer._frames[dataclasses.replace(item, text="")] = None
+    assert renderer.render(Transcript(items=(item,))) == render(encoding, Transcript(items=(item,)))
+
+
+def test_a_vocabulary_that_disagrees_with_harmony_is_not_used(vocab_dir: Path) -> None:
+    tokens = TextTokens(ensure_vocab_dir(vocab_dir) / VOCAB_FILE, lambda text: [1, 2, 3])
+    assert not tokens.wait(30)
+    assert tokens.encode("anything") is None
+
+
+def test_a_broken_vocabulary_file_is_not_used(tmp_path: Path) -> None:
+    broken = tmp_path / VOCAB_FILE
+    broken.write_bytes(b"aGVsbG8= not-a-rank\n")
+    tokens = TextTokens(broken, lambda text: [])
+    assert not tokens.wait(30)
+    assert tokens.encode("anything") is None
