@@ -35,7 +35,6 @@ from server.core.tool_names import ToolNames
 from server.core.visibility import SummaryStyle
 from server.engine.base import EngineResult, SamplingParams, TokenStream
 from server.harmony.decoder import HarmonyDecoder
-from server.harmony.render import tool_message_tokens
 from server.harmony.steering import HarmonySteering, SteeringPlan
 
 if TYPE_CHECKING:
@@ -164,8 +163,8 @@ class Prepared:
             calls += 1
             result = await tools.run(call.target, call.text)
             channel = tools.result_channel(call)
-            result_tokens = tool_message_tokens(
-                generator.encoding, call.recipient, result.text, channel
+            result_tokens = generator.renderer.tool_result_tokens(
+                call.recipient, result.text, channel
             )
             yield ToolOutput(
                 index=call.index + offset,

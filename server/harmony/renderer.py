@@ -31,6 +31,7 @@ from server.harmony.render import (
     head_key,
     head_tokens,
     item_tokens,
+    tool_message_tokens,
     visible_items,
 )
 from server.harmony.text_tokens import TextTokens, shared_text_tokens
@@ -107,6 +108,14 @@ class Renderer:
             prompt_tokens.extend(replayed)
         prompt_tokens.extend(self.assistant_start)
         return prompt_tokens
+
+    def tool_result_tokens(self, author: str, text: str, channel: str) -> list[int]:
+        """A server-run tool's result message, as tool_message_tokens() renders it."""
+        namespace, _, name = author.partition(".")
+        item = ToolResult("", text, name or namespace, namespace, channel)
+        if item.author != author:  # a name this split does not give back: harmony renders it
+            return tool_message_tokens(self.encoding, author, text, channel)
+        return self._item_tokens(item)
 
     def _item_tokens(self, item: Item) -> list[int]:
         """An item's render: its frame around tiktoken's tokens of its text, or harmony's."""

@@ -24,7 +24,7 @@ from server.contracts.transcript import (
     UserMessage,
 )
 from server.harmony.encoding import VOCAB_FILE, ensure_vocab_dir
-from server.harmony.render import item_tokens, render
+from server.harmony.render import item_tokens, render, tool_message_tokens
 from server.harmony.renderer import TEXT_FIELD, Renderer
 from server.harmony.text_tokens import O200K_PATTERN, TextTokens, shared_text_tokens
 from server.harmony.tokens import END, MESSAGE
@@ -162,3 +162,23 @@ def test_a_broken_vocabulary_file_is_not_used(tmp_path: Path) -> None:
     tokens = TextTokens(broken, lambda text: [])
     assert not tokens.wait(30)
     assert tokens.encode("anything") is None
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(text=TEXTS)
+def test_a_server_run_tools_result_renders_as_harmony_renders_it(
+    encoding: HarmonyEncoding, text_tokens: TextTokens, text: str
+) -> None:
+    renderer = Renderer(encoding, text_tokens)
+    for author, channel in [
+        ("python", "analysis"),
+        ("browser.search", "analysis"),
+        ("browser.open", "commentary"),
+        ("web.add", "commentary"),
+        ("files.read.text", "commentary"),
+        ("shell", "commentary"),  # no namespace of its own: harmony renders it
+    ]:
+        expected = tool_message_tokens(encoding, author, text, channel)
+        assert renderer.tool_result_tokens(author, text, channel) == expected, author
