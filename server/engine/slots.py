@@ -15,11 +15,25 @@ from dataclasses import dataclass, field
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens `a` and `b` share. Two lists are compared a slice at a time (in
+    C: a 35k-token conversation's prompt against its slot took ≈ 1 ms token by token, twice per
+    request, on the engine thread before the prefill), narrowing down to the first difference."""
     n = min(len(a), len(b))
-    for i in range(n):
+    start = 0
+    if isinstance(a, list) and isinstance(b, list):
+        for step in _STEPS:
+            while start < n:
+                end = min(start + step, n)
+                if a[start:end] != b[start:end]:
+                    break
+                start = end
+    for i in range(start, n):
         if a[i] != b[i]:
             return i
     return n
+
+
+_STEPS = (4096, 128)  # slice lengths of the list comparison, each narrowing the one before
 
 
 @dataclass

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from server.engine.slots import Slot, choose_slot, eviction_order
+import random
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from server.engine.slots import Slot, choose_slot, common_prefix_length, eviction_order
 
 
 def test_prompt_goes_to_the_slot_with_its_prefix() -> None:
@@ -49,3 +54,40 @@ def test_no_idle_slot() -> None:
 def test_eviction_order_is_least_recently_used_idle_caches() -> None:
     slots = [Slot(0, [1], 3.0), Slot(1, [2], 1.0, busy=True), Slot(2, [3], 2.0), Slot(3, [], 0.0)]
     assert [s.seq_id for s in eviction_order(slots)] == [2, 0]
+
+
+def first_difference(a: list[int], b: list[int]) -> int:
+    """The reference: token by token."""
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
+
+
+@given(
+    length=st.integers(0, 20_000),
+    cut=st.integers(0, 20_000),
+    changed=st.one_of(st.none(), st.integers(0, 20_000)),
+)
+def test_the_common_prefix_is_where_the_first_token_differs(
+    length: int, cut: int, changed: int | None
+) -> None:
+    """Long lists are compared a slice at a time: the first difference anywhere (at a slice's
+    edge, inside one, past the shorter list's end) is found, as a token-by-token scan finds it."""
+    rng = random.Random(length)
+    a = [rng.randrange(201_088) for _ in range(length)]
+    b = a[:cut] + [rng.randrange(201_088) for _ in range(rng.randrange(3))]
+    if changed is not None and changed < len(b):
+        b[changed] += 1
+    expected = first_difference(a, b)
+    assert common_prefix_length(a, b) == expected
+    assert common_prefix_length(b, a) == expected
+    assert common_prefix_length(tuple(a), b) == expected  # not two lists: token by token
+
+
+def test_a_difference_at_each_slice_edge_is_found() -> None:
+    a = list(range(10_000))
+    for position in (0, 127, 128, 129, 4095, 4096, 4097, 8191, 8192, 9999):
+        b = list(a)
+        b[position] = -1
+        assert common_prefix_length(a, b) == position
+    assert common_prefix_length(a, a[:8192]) == 8192
+    assert common_prefix_length(a, [*a, 5]) == 10_000
