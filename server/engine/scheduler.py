@@ -5,7 +5,8 @@ prompt of the oldest request still being prefilled (a small chunk while others g
 streams keep flowing). After the decode, each request whose logits came back picks its next
 token(s) with its own sampler and steering; tokens the steering then leaves no choice about (most
 of a harmony header) are emitted at once and evaluated in the same next step (`_forced_ahead`);
-those forced before the model's first choice go with the prompt's last chunk (`_lead`).
+those forced before the model's first choice go with the prompt's last chunk (`_lead`), and
+after them the header the model most likely writes first, as a draft.
 Requests wait when every slot is busy; a prompt goes
 to the slot with the longest cached prefix (see slots.py); when the KV cache is full, the least
 recently used idle conversation is dropped. With the prompt cache on disk (prompt_cache.py), a
@@ -342,10 +343,13 @@ class Scheduler:
             job.drafter = self._speculator.follow(job.prompt_tokens, earlier)
         if not job.params.prompt_logprobs and job.params.max_tokens > 0:
             job.lead = self._lead(job)
-            # a guess only where a pick follows the lead (it neither stops nor fills max_tokens)
+            # a guess only where a pick follows the lead (it neither stops nor fills max_tokens);
+            # also without a lead: where tools are offered nothing is forced after the prompt's
+            # `<|start|>assistant` (a recipient may come before the channel), and the guess is
+            # the whole `<|channel|>analysis<|message|>`
             ends = bool(set(job.lead) & job.params.stop_tokens)
             ends = ends or job.params.max_tokens <= len(job.lead)
-            if job.lead and job.steering is not None and self._guess_header and not ends:
+            if job.steering is not None and self._guess_header and not ends:
                 job.guess = job.steering.likely()
         self._running.append(job)
 
@@ -413,11 +417,12 @@ class Scheduler:
             # the lead after the prompt's last chunk, when it fits (a save point at the prompt's
             # end caps the chunk there: the state saved is the prompt's alone)
             outputs = 1
-            if last and 0 < len(prefill.lead) <= cap - len(chunk):
+            if last and len(prefill.lead) <= cap - len(chunk):
                 chunk = [*chunk, *prefill.lead]
                 # and the header the model most likely picks after it, as a draft: its first
                 # pick and the next come from this step's logits while they match the guess
-                # (`_pick`; a miss drops the guess's cells), one step fewer to the first text
+                # (`_pick`; a miss drops the guess's cells), a step fewer to the first text for
+                # each token guessed right after the lead (three where there is no lead)
                 room = self._ctx.n_ctx - 1 - len(prefill.prompt_tokens) - len(prefill.lead)
                 guess = prefill.guess[: max(0, min(cap - len(chunk), room))]
                 if guess:  # (a job has one only where self._guess_header: _start)

@@ -349,6 +349,83 @@ def test_a_first_header_other_than_the_guess_is_picked_as_always(
         assert continued == expected
 
 
+WEATHER = "functions.get_weather"
+
+
+@pytest.mark.parametrize(
+    ("text", "accepted"),
+    [
+        (
+            "<|channel|>analysis<|message|>Need it.<|end|><|start|>assistant<|channel|>final"
+            "<|message|>Ok.<|return|>",
+            3,  # the guess, whole
+        ),
+        (
+            '<|channel|>commentary to=functions.get_weather json<|message|>{"city":"Oslo"}<|call|>',
+            1,
+        ),
+        (
+            ' to=functions.get_weather<|channel|>commentary json<|message|>{"city":"Oslo"}<|call|>',
+            0,
+        ),
+    ],
+    ids=["reasoning", "channel-then-recipient", "recipient-first"],
+)
+def test_with_tools_the_likely_header_is_evaluated_with_the_prompt(
+    tiny_gguf: Path,
+    encoding: HarmonyEncoding,
+    monkeypatch: pytest.MonkeyPatch,
+    text: str,
+    accepted: int,
+) -> None:
+    """Where tools are offered the header may name its recipient before its channel, so the
+    steering forces nothing after `<|start|>assistant` (no lead); the likely header
+    (`<|channel|>analysis<|message|>`) is still evaluated with the prompt's last chunk as a
+    draft: a reasoning turn's first text comes from that step's logits, two steps earlier, and
+    any other header gets its own tokens, the guess's cells dropped where it parted from it
+    (the cache then gives what a fresh evaluation gives)."""
+    with counted_engine(tiny_gguf, encoding, monkeypatch) as counted:
+        turn = counted.script.push(text)
+        prompt = unique_prompt(encoding, f"tools {accepted}")
+        plan = plan_steering(encoding, [WEATHER], ToolChoice())
+        params = SamplingParams(max_tokens=64, temperature=0.0, stop_tokens=STOPS)
+        tokens, _ = run(counted.engine, prompt, params, plan.start())
+        assert tokens == turn
+        assert counted.steps[0] == [len(prompt) + 3]  # the prompt and the guessed header
+        if accepted == 3:  # the first text came from the prefill's logits
+            assert counted.steps[1] == [1]
+        after = [*prompt, *turn[:-1], 200007, 200006]  # <|end|><|start|> after the turn
+        free = SamplingParams(max_tokens=1, temperature=0.0, stop_tokens=STOPS)
+        (continued,), _ = run(counted.engine, after, free)
+        fresh = LlamaEngine(counted.config)
+        try:
+            (expected,), _ = run(fresh, after, free)
+        finally:
+            fresh.close()
+        assert continued == expected
+
+
+def test_with_tools_a_one_token_generation_leaves_no_guessed_cells(
+    tiny_gguf: Path, encoding: HarmonyEncoding
+) -> None:
+    config = EngineConfig(model_path=str(tiny_gguf), n_ctx=2048, n_threads=1, speculative="off")
+    engine = LlamaEngine(config)
+    try:
+        prompt = unique_prompt(encoding, "one token, tools")
+        plan = plan_steering(encoding, [WEATHER], ToolChoice())
+        one = SamplingParams(max_tokens=1, temperature=0.0, stop_tokens=STOPS)
+        tokens, _ = run(engine, prompt, one, plan.start())
+        assert len(tokens) == 1  # picked from the prompt's logits: never evaluated
+        scheduler, ctx = engine._scheduler, engine._ctx
+        assert scheduler is not None
+        assert ctx is not None
+        held = [slot for slot in scheduler.slots if slot.tokens]
+        assert [slot.tokens for slot in held] == [prompt]
+        assert ctx.seq_end(held[0].seq_id) == len(prompt)
+    finally:
+        engine.close()
+
+
 def test_a_generation_the_lead_ends_leaves_no_guessed_cells(
     tiny_gguf: Path, encoding: HarmonyEncoding
 ) -> None:
