@@ -291,6 +291,21 @@ def counted_engine(
         engine.close()
 
 
+def assert_continues_as_fresh(counted: CountedEngine, turn: list[int]) -> None:
+    """The conversation continues from the cache: a greedy token after the whole turn (its
+    stop token as `<|end|>`, then `<|start|>`) is the one a fresh evaluation of the same tokens
+    gives."""
+    after = [*turn[:-1], 200007, 200006]
+    free = SamplingParams(max_tokens=1, temperature=0.0, stop_tokens=STOPS)
+    (continued,), _ = run(counted.engine, after, free)
+    fresh = LlamaEngine(counted.config)
+    try:
+        (expected,), _ = run(fresh, after, free)
+    finally:
+        fresh.close()
+    assert continued == expected
+
+
 def test_tokens_the_steering_forces_share_the_step_of_the_token_before(
     tiny_gguf: Path, encoding: HarmonyEncoding, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -336,17 +351,7 @@ def test_a_first_header_other_than_the_guess_is_picked_as_always(
         assert result.steering.choices == 1  # final: the model's pick, not the guess's
         assert counted.steps[0] == [len(prompt) + 3]  # the guess was evaluated
         assert counted.steps[1] == [2]  # final<|message|>, in the dropped guess's cells
-        # the conversation continues from the cache: a greedy token after the whole turn is
-        # the one a fresh evaluation of the same tokens gives
-        after = [*prompt, *turn[:-1], 200007, 200006]  # <|end|><|start|>
-        free = SamplingParams(max_tokens=1, temperature=0.0, stop_tokens=STOPS)
-        (continued,), _ = run(counted.engine, after, free)
-        fresh = LlamaEngine(counted.config)
-        try:
-            (expected,), _ = run(fresh, after, free)
-        finally:
-            fresh.close()
-        assert continued == expected
+        assert_continues_as_fresh(counted, [*prompt, *turn])
 
 
 WEATHER = "functions.get_weather"
@@ -394,15 +399,7 @@ def test_with_tools_the_likely_header_is_evaluated_with_the_prompt(
         assert counted.steps[0] == [len(prompt) + 3]  # the prompt and the guessed header
         if accepted == 3:  # the first text came from the prefill's logits
             assert counted.steps[1] == [1]
-        after = [*prompt, *turn[:-1], 200007, 200006]  # <|end|><|start|> after the turn
-        free = SamplingParams(max_tokens=1, temperature=0.0, stop_tokens=STOPS)
-        (continued,), _ = run(counted.engine, after, free)
-        fresh = LlamaEngine(counted.config)
-        try:
-            (expected,), _ = run(fresh, after, free)
-        finally:
-            fresh.close()
-        assert continued == expected
+        assert_continues_as_fresh(counted, [*prompt, *turn])
 
 
 def test_with_tools_a_one_token_generation_leaves_no_guessed_cells(
