@@ -182,3 +182,27 @@ def test_a_server_run_tools_result_renders_as_harmony_renders_it(
     ]:
         expected = tool_message_tokens(encoding, author, text, channel)
         assert renderer.tool_result_tokens(author, text, channel) == expected, author
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["a" * 20_000, "=-" * 10_000, "".join(chr(97 + (i * 7919) % 26) for i in range(20_000))],
+    ids=["letters", "punctuation", "mixed-letters"],
+)
+def test_a_long_run_without_spaces_is_tokenized_as_harmony_does(
+    encoding: HarmonyEncoding, text_tokens: TextTokens, text: str
+) -> None:
+    """Minified code, base64, a long hash: one piece for the pre-tokenizer, where harmony's own
+    tokenizer takes time growing with the square of its length (docs/benchmarks.md)."""
+    assert text_tokens.encode(text) == encoding.encode(text, disallowed_special=())
+
+
+def test_a_text_during_the_build_waits_for_it(vocab_dir: Path, encoding: HarmonyEncoding) -> None:
+    """Right after start the encoder is still being built: the text waits for it rather than
+    going to harmony's tokenizer."""
+
+    def reference(text: str) -> list[int]:
+        return encoding.encode(text, disallowed_special=())
+
+    tokens = TextTokens(ensure_vocab_dir(vocab_dir) / VOCAB_FILE, reference)
+    assert tokens.encode("Hello there") == reference("Hello there")
