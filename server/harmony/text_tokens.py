@@ -19,13 +19,16 @@ the same either way (tests/unit/harmony/test_text_tokens.py compares them on gen
 from __future__ import annotations
 
 import base64
+import functools
 import logging
 import os
+import re
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import tiktoken
+from openai_harmony import HarmonyEncoding
 
 from server.harmony.encoding import ENV_VAR, VOCAB_FILE
 
@@ -118,3 +121,33 @@ def shared_text_tokens(reference: Reference) -> TextTokens | None:
 
 _SHARED: dict[Path, TextTokens] = {}
 _LOCK = threading.Lock()
+
+
+def encode_text(encoding: HarmonyEncoding, text: str, allow_special: bool) -> list[int]:
+    """`encoding.encode(text, allowed_special="all" if allow_special else set())`, its ordinary
+    text tokenized by tiktoken: the text between special tokens' names is tokenized piece by
+    piece, as harmony does. Special-token text that is not allowed goes to harmony, which
+    raises on it (HarmonyError) before tokenizing anything."""
+    pattern = _special_pattern(frozenset(encoding.special_tokens_set))
+    found = pattern.search(text)
+    text_tokens = shared_text_tokens(lambda piece: encoding.encode(piece, disallowed_special=()))
+    if (found is not None and not allow_special) or text_tokens is None:
+        return encoding.encode(text, allowed_special="all" if allow_special else set())
+    tokens: list[int] = []
+    at = 0
+    for special in pattern.finditer(text) if found is not None else ():
+        piece = text_tokens.encode(text[at : special.start()])
+        if piece is None:
+            return encoding.encode(text, allowed_special="all")
+        tokens.extend(piece)
+        tokens.extend(encoding.encode(special.group(), allowed_special="all"))
+        at = special.end()
+    rest = text_tokens.encode(text[at:])
+    if rest is None:
+        return encoding.encode(text, allowed_special="all" if allow_special else set())
+    return [*tokens, *rest]
+
+
+@functools.cache
+def _special_pattern(specials: frozenset[str]) -> re.Pattern[str]:
+    return re.compile("|".join(re.escape(name) for name in sorted(specials, key=len, reverse=True)))

@@ -13,6 +13,7 @@ from openai_harmony import HarmonyEncoding, HarmonyError
 from server.api.completions.schemas import CompletionRequest
 from server.contracts.errors import InvalidRequest, RequestField
 from server.core.generation import GenerationOptions
+from server.harmony.text_tokens import encode_text
 
 WIRE_NAMES = {
     RequestField.CONVERSATION: "prompt",
@@ -49,9 +50,7 @@ def prompt_tokens(body: CompletionRequest, encoding: HarmonyEncoding) -> list[li
             out.append(item)
             continue
         try:
-            out.append(
-                encoding.encode(item, allowed_special="all" if body.allow_special_tokens else set())
-            )
+            out.append(encode_text(encoding, item, bool(body.allow_special_tokens)))
         except HarmonyError as exc:
             raise InvalidRequest(
                 f"{exc}".splitlines()[0] + " Send allow_special_tokens: true to use harmony's "

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from openai_harmony import HarmonyEncoding
+from openai_harmony import HarmonyEncoding, HarmonyError
 
 from server.contracts.transcript import (
     AssistantMessage,
@@ -26,7 +26,12 @@ from server.contracts.transcript import (
 from server.harmony.encoding import VOCAB_FILE, ensure_vocab_dir
 from server.harmony.render import item_tokens, render, tool_message_tokens
 from server.harmony.renderer import TEXT_FIELD, Renderer
-from server.harmony.text_tokens import O200K_PATTERN, TextTokens, shared_text_tokens
+from server.harmony.text_tokens import (
+    O200K_PATTERN,
+    TextTokens,
+    encode_text,
+    shared_text_tokens,
+)
 from server.harmony.tokens import END, MESSAGE
 
 EDGES = [
@@ -206,3 +211,25 @@ def test_a_text_during_the_build_waits_for_it(vocab_dir: Path, encoding: Harmony
 
     tokens = TextTokens(ensure_vocab_dir(vocab_dir) / VOCAB_FILE, reference)
     assert tokens.encode("Hello there") == reference("Hello there")
+
+
+SPECIALS = ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|return|>", "<|call|>"]
+WITH_SPECIALS = st.lists(TEXTS | st.sampled_from(SPECIALS), max_size=8).map("".join)
+
+
+@settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(text=WITH_SPECIALS, allow=st.booleans())
+def test_a_raw_prompt_is_encoded_as_harmony_encodes_it(
+    encoding: HarmonyEncoding, text_tokens: TextTokens, text: str, allow: bool
+) -> None:
+    """/v1/completions' text prompts: special tokens' names become the tokens where allowed,
+    and are refused (harmony's error) where not."""
+    try:
+        expected = encoding.encode(text, allowed_special="all" if allow else set())
+    except HarmonyError:
+        with pytest.raises(HarmonyError):
+            encode_text(encoding, text, allow)
+        return
+    assert encode_text(encoding, text, allow) == expected
