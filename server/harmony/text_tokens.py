@@ -11,7 +11,8 @@ code, base64, a long hash): 160,000 letters took it 9.2 s, with the GIL held, th
 standing still; tiktoken 47 ms.
 
 The encoder is built from the verified o200k file harmony was pointed at (encoding.py), in a
-background thread (≈ 0.3 s), once per process; a text that comes meanwhile waits for it. Where
+background thread (≈ 0.3 s; ≈ 117 MB of memory: tiktoken's tables and the ranks it keeps),
+once per process; a text that comes meanwhile waits for it. Where
 it cannot be built, `encode` answers None and the caller renders with harmony. The tokens are
 the same either way (tests/unit/harmony/test_text_tokens.py compares them on generated text).
 """
