@@ -12,9 +12,9 @@ standing still; tiktoken 47 ms.
 
 The encoder is built from the verified o200k file harmony was pointed at (encoding.py), in a
 background thread (≈ 0.3 s; ≈ 117 MB of memory: tiktoken's tables and the ranks it keeps),
-once per process; a text that comes meanwhile waits for it. Where
-it cannot be built, `encode` answers None and the caller renders with harmony. The tokens are
-the same either way (tests/unit/harmony/test_text_tokens.py compares them on generated text).
+once per process; a text that comes meanwhile waits for it. Where it cannot be built, `encode`
+answers None and the caller renders with harmony. The tokens are the same either way
+(tests/unit/harmony/test_text_tokens.py compares them on generated text).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ Reference = Callable[[str], list[int]]
 
 
 class TextTokens:
-    """The ordinary o200k tokens of a text, once the encoder is built (None before)."""
+    """The ordinary o200k tokens of a text (None where the encoder could not be built)."""
 
     def __init__(self, vocab_file: Path, reference: Reference) -> None:
         self._encoder: tiktoken.Encoding | None = None
