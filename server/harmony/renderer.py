@@ -9,6 +9,7 @@ tokens, so a turn renders only what is new. Same transcript, same tokens as rend
 from __future__ import annotations
 
 import dataclasses
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
@@ -43,6 +44,8 @@ ITEMS_KEPT = 1 << 21  # of item renders
 FRAMES_KEPT = 4096  # items' frames (one per header: role, channel, recipient, tool name)
 
 _UNKNOWN = object()
+_LONG_RUN = re.compile(r"\S{256,}")  # a run without spaces this long goes to tiktoken in a head
+_MARK = "\ue000"  # a private-use character around a placeholder's number
 
 # the field that holds an item's text, between its frame's `<|message|>` and end token
 TEXT_FIELD: dict[type, str] = {
@@ -97,10 +100,7 @@ class Renderer:
 
     def render(self, transcript: Transcript) -> list[int]:
         """The prompt token ids for the assistant's next message, as render() gives them."""
-        encoding = self.encoding
-        prompt_tokens = list(
-            self._heads.get(head_key(transcript), lambda: head_tokens(encoding, transcript))
-        )
+        prompt_tokens = list(self._heads.get(head_key(transcript), lambda: self._head(transcript)))
         for item in visible_items(transcript.items):
             replayed = exact_tokens(item)
             if replayed is None:
@@ -108,6 +108,64 @@ class Renderer:
             prompt_tokens.extend(replayed)
         prompt_tokens.extend(self.assistant_start)
         return prompt_tokens
+
+    def _head(self, transcript: Transcript) -> list[int]:
+        """The system and developer messages as head_tokens() renders them. A long run without
+        spaces in the instructions or a tool's description (harmony's tokenizer is quadratic in
+        one) is rendered by harmony as a short placeholder, and the message's text, the run put
+        back, is tokenized by tiktoken: harmony tokenizes a message's text as one piece."""
+        texts = [transcript.instructions or "", *(spec.description for spec in transcript.tools)]
+        if self._text is None or any(_MARK in text for text in texts):
+            return head_tokens(self.encoding, transcript)
+        runs: list[str] = []
+
+        def shrunk(text: str) -> str:
+            def placeholder(run: re.Match[str]) -> str:
+                runs.append(run.group())
+                return f"{_MARK}{len(runs) - 1}{_MARK}"
+
+            return _LONG_RUN.sub(placeholder, text)
+
+        small = dataclasses.replace(
+            transcript,
+            instructions=shrunk(transcript.instructions) if transcript.instructions else None,
+            tools=tuple(
+                dataclasses.replace(spec, description=shrunk(spec.description))
+                for spec in transcript.tools
+            ),
+        )
+        if not runs:
+            return head_tokens(self.encoding, transcript)
+        spliced = self._put_back(head_tokens(self.encoding, small), runs)
+        return spliced if spliced is not None else head_tokens(self.encoding, transcript)
+
+    def _put_back(self, tokens: list[int], runs: list[str]) -> list[int] | None:
+        """`tokens` with each message's text re-tokenized, its placeholders replaced by `runs`;
+        None where a placeholder is not found once, as it was written."""
+        out: list[int] = []
+        found = [0] * len(runs)
+        at = 0
+        while MESSAGE in tokens[at:]:
+            start = tokens.index(MESSAGE, at) + 1
+            end = next(
+                (i for i in range(start, len(tokens)) if tokens[i] in MESSAGE_TERMINATORS), None
+            )
+            if end is None:
+                return None
+            text = self.encoding.decode_utf8(tokens[start:end])
+            for index, run in enumerate(runs):
+                mark = f"{_MARK}{index}{_MARK}"
+                if mark in text:
+                    found[index] += text.count(mark)
+                    text = text.replace(mark, run)
+            body = self._text.encode(text) if self._text is not None else None
+            if body is None:
+                return None
+            out.extend(tokens[at:start])
+            out.extend(body)
+            at = end
+        out.extend(tokens[at:])
+        return out if found == [1] * len(runs) else None
 
     def tool_result_tokens(self, author: str, text: str, channel: str) -> list[int]:
         """A server-run tool's result message, as tool_message_tokens() renders it."""

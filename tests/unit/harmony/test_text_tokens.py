@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from openai_harmony import HarmonyEncoding, HarmonyError
 
+from server.api.responses.adapter import to_tools
 from server.contracts.transcript import (
     AssistantMessage,
     DeveloperMessage,
@@ -20,6 +22,7 @@ from server.contracts.transcript import (
     Reasoning,
     ToolCall,
     ToolResult,
+    ToolSpec,
     Transcript,
     UserMessage,
 )
@@ -233,3 +236,64 @@ def test_a_raw_prompt_is_encoded_as_harmony_encodes_it(
             encode_text(encoding, text, allow)
         return
     assert encode_text(encoding, text, allow) == expected
+
+
+RUN = st.text(
+    alphabet=st.characters(blacklist_categories=("Zs", "Zl", "Zp", "Cc", "Cs")),
+    min_size=256,
+    max_size=1200,
+)
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    before=TEXTS,
+    run=RUN,
+    after=TEXTS,
+    described=st.booleans(),
+)
+def test_a_head_with_a_long_run_renders_as_harmony_renders_it(
+    encoding: HarmonyEncoding,
+    text_tokens: TextTokens,
+    *,
+    before: str,
+    run: str,
+    after: str,
+    described: bool,
+) -> None:
+    """A long run without spaces in the instructions or a tool's description is rendered by
+    harmony as a placeholder and put back into the message's text, which tiktoken tokenizes:
+    the same tokens as harmony's render of the whole head."""
+    text = f"{before} {run} {after}"
+    tool = ToolSpec(
+        "lookup",
+        description=text if described else "Looks things up.",
+        parameters={"type": "object", "properties": {"q": {"type": "string"}}},
+    )
+    transcript = Transcript(
+        items=(UserMessage("hi"),),
+        instructions=None if described else text,
+        tools=(tool,),
+        reasoning_effort="low",
+    )
+    renderer = Renderer(encoding, text_tokens)
+    assert renderer.render(transcript) == render(encoding, transcript)
+
+
+def test_codexs_head_with_a_long_run_renders_as_harmony_renders_it(
+    encoding: HarmonyEncoding, text_tokens: TextTokens
+) -> None:
+    body = json.loads((Path(__file__).parents[2] / "data/codex/exec_round2.json").read_text())
+    tools = to_tools(body["tools"])
+    first = body["input"][0]["content"]
+    instructions = first[0]["text"] if isinstance(first, list) else first
+    long_run = "x" * 3000 + "=" * 500 + "é" * 300
+    transcript = Transcript(
+        items=(UserMessage("hi"),),
+        instructions=f"{instructions}\nkey: {long_run}\n",
+        tools=tools,
+    )
+    renderer = Renderer(encoding, text_tokens)
+    assert renderer.render(transcript) == render(encoding, transcript)
