@@ -20,7 +20,7 @@ import dataclasses
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 
 from openai_harmony import HarmonyEncoding
 
@@ -101,9 +101,7 @@ class Renderer:
         self.assistant_start = tuple(assistant_start_tokens(encoding))  # encoding it: ≈ 0.1 ms
         self._heads = Renders(HEADS_KEPT)
         self._items = Renders(ITEMS_KEPT)
-        self._text = text_tokens or shared_text_tokens(
-            lambda text: encoding.encode(text, disallowed_special=())
-        )
+        self._text = text_tokens or shared_text_tokens(encoding)
         self._frames: dict[Item, tuple[tuple[int, ...], int] | None] = {}
 
     def render(self, transcript: Transcript) -> list[int]:
@@ -153,12 +151,8 @@ class Renderer:
         out: list[int] = []
         found = [0] * len(runs)
         at = 0
-        while MESSAGE in tokens[at:]:
-            start = tokens.index(MESSAGE, at) + 1
-            end = next(
-                (i for i in range(start, len(tokens)) if tokens[i] in MESSAGE_TERMINATORS), None
-            )
-            if end is None:
+        for start, end in _bodies(tokens):
+            if end == len(tokens):  # a message without its end token
                 return None
             text = self.encoding.decode_utf8(tokens[start:end])
             for index, run in enumerate(runs):
@@ -209,3 +203,19 @@ class Renderer:
             self._frames.clear()
         self._frames[key] = frame
         return frame
+
+
+def _bodies(tokens: list[int]) -> Iterator[tuple[int, int]]:
+    """Where each message's text is: after its `<|message|>`, up to its end token (or the end
+    of `tokens` where it has none)."""
+    start = 0
+    while True:
+        try:
+            start = tokens.index(MESSAGE, start) + 1
+        except ValueError:
+            return
+        end = start
+        while end < len(tokens) and tokens[end] not in MESSAGE_TERMINATORS:
+            end += 1
+        yield start, end
+        start = end

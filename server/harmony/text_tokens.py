@@ -106,9 +106,9 @@ def build_encoder(vocab_file: Path) -> tiktoken.Encoding:
     )
 
 
-def shared_text_tokens(reference: Reference) -> TextTokens | None:
-    """This process's TextTokens for the vocabulary harmony was pointed at (None when harmony
-    was not loaded from a local file)."""
+def shared_text_tokens(encoding: HarmonyEncoding) -> TextTokens | None:
+    """This process's TextTokens for the vocabulary harmony was pointed at, checked against
+    `encoding` (None when harmony was not loaded from a local file)."""
     directory = os.environ.get(ENV_VAR)
     if not directory or not (Path(directory) / VOCAB_FILE).is_file():
         return None
@@ -116,6 +116,10 @@ def shared_text_tokens(reference: Reference) -> TextTokens | None:
     with _LOCK:
         shared = _SHARED.get(vocab_file)
         if shared is None:
+
+            def reference(text: str) -> list[int]:
+                return encoding.encode(text, disallowed_special=())
+
             shared = _SHARED[vocab_file] = TextTokens(vocab_file, reference)
     return shared
 
@@ -130,23 +134,21 @@ def encode_text(encoding: HarmonyEncoding, text: str, allow_special: bool) -> li
     piece, as harmony does. Special-token text that is not allowed goes to harmony, which
     raises on it (HarmonyError) before tokenizing anything."""
     pattern = _special_pattern(frozenset(encoding.special_tokens_set))
-    found = pattern.search(text)
-    text_tokens = shared_text_tokens(lambda piece: encoding.encode(piece, disallowed_special=()))
-    if (found is not None and not allow_special) or text_tokens is None:
+    text_tokens = shared_text_tokens(encoding)
+    if (
+        text_tokens is None
+        or not text_tokens.wait(LOAD_WAIT_S)  # (encode answers None then)
+        or (not allow_special and pattern.search(text) is not None)
+    ):
         return encoding.encode(text, allowed_special="all" if allow_special else set())
     tokens: list[int] = []
     at = 0
-    for special in pattern.finditer(text) if found is not None else ():
-        piece = text_tokens.encode(text[at : special.start()])
-        if piece is None:
-            return encoding.encode(text, allowed_special="all")
-        tokens.extend(piece)
+    for special in pattern.finditer(text):  # none where they are not allowed (checked above)
+        tokens.extend(text_tokens.encode(text[at : special.start()]) or ())
         tokens.extend(encoding.encode(special.group(), allowed_special="all"))
         at = special.end()
-    rest = text_tokens.encode(text[at:])
-    if rest is None:
-        return encoding.encode(text, allowed_special="all" if allow_special else set())
-    return [*tokens, *rest]
+    tokens.extend(text_tokens.encode(text[at:]) or ())
+    return tokens
 
 
 @functools.cache

@@ -52,7 +52,7 @@ TEXTS = st.text(max_size=400) | st.sampled_from(EDGES)
 
 @pytest.fixture(scope="module")
 def text_tokens(encoding: HarmonyEncoding) -> TextTokens:
-    tokens = shared_text_tokens(lambda text: encoding.encode(text, disallowed_special=()))
+    tokens = shared_text_tokens(encoding)
     assert tokens is not None
     assert tokens.wait(30)
     return tokens
