@@ -50,6 +50,16 @@ EDGES = [
 TEXTS = st.text(max_size=400) | st.sampled_from(EDGES)
 
 
+def generated(examples: int) -> settings:
+    """Hypothesis's settings here: the module's fixtures serve every example (they are read
+    only), no deadline (harmony's own render of a long run is slow)."""
+    return settings(
+        max_examples=examples,
+        deadline=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture],
+    )
+
+
 @pytest.fixture(scope="module")
 def text_tokens(encoding: HarmonyEncoding) -> TextTokens:
     tokens = shared_text_tokens(encoding)
@@ -72,9 +82,7 @@ def test_the_pattern_is_tiktokens_o200k(
     assert o200k_base()["pat_str"] == O200K_PATTERN
 
 
-@settings(
-    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
+@generated(300)
 @given(text=TEXTS)
 def test_the_tokens_are_harmonys(
     encoding: HarmonyEncoding, text_tokens: TextTokens, text: str
@@ -97,9 +105,7 @@ def items_of(text: str) -> list[Item]:
     ]
 
 
-@settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
+@generated(60)
 @given(text=TEXTS)
 def test_every_item_renders_as_harmony_renders_it(
     encoding: HarmonyEncoding, text_tokens: TextTokens, text: str
@@ -172,9 +178,7 @@ def test_a_broken_vocabulary_file_is_not_used(tmp_path: Path) -> None:
     assert tokens.encode("anything") is None
 
 
-@settings(
-    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
+@generated(40)
 @given(text=TEXTS)
 def test_a_server_run_tools_result_renders_as_harmony_renders_it(
     encoding: HarmonyEncoding, text_tokens: TextTokens, text: str
@@ -220,9 +224,7 @@ SPECIALS = ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|return|>", 
 WITH_SPECIALS = st.lists(TEXTS | st.sampled_from(SPECIALS), max_size=8).map("".join)
 
 
-@settings(
-    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
+@generated(200)
 @given(text=WITH_SPECIALS, allow=st.booleans())
 def test_a_raw_prompt_is_encoded_as_harmony_encodes_it(
     encoding: HarmonyEncoding, text_tokens: TextTokens, text: str, allow: bool
@@ -245,9 +247,7 @@ RUN = st.text(
 )
 
 
-@settings(
-    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
+@generated(40)
 @given(
     before=TEXTS,
     run=RUN,
