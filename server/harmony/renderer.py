@@ -10,17 +10,19 @@ tokenized by tiktoken (text_tokens.py: the same tokens, about three times as fas
 quadratic in a run without spaces as harmony's tokenizer is): harmony renders the item with an
 empty text once per header (role, channel, recipient, ...), and the text's tokens go between that
 frame's `<|message|>` and its end token. The system and developer messages are harmony's render,
-except where the instructions or a tool's description hold a long run without spaces
-(`Renderer._head`).
+except where their texts (instructions, tools' descriptions and parameter schemas, the response
+format) hold a long run without spaces (`Renderer._head`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator
+from typing import Any
 
 from openai_harmony import HarmonyEncoding
 
@@ -54,6 +56,10 @@ FRAMES_KEPT = 4096  # items' frames (one per header: role, channel, recipient, t
 _UNKNOWN = object()
 _LONG_RUN = re.compile(r"\S{256,}")  # a run without spaces this long goes to tiktoken in a head
 _MARK = "\ue000"  # a private-use character around a placeholder's number
+_ESCAPED_MARK = "\\ue000"  # the mark as json.dumps writes it (a response format's schema)
+# a tool schema's texts harmony renders (as comments, or quoted as given): runs in them are
+# placeholders; other keys' strings (names, types, patterns) are left as they are
+_SCHEMA_TEXTS = frozenset({"description", "title", "enum", "default", "examples", "const"})
 
 # the field that holds an item's text, between its frame's `<|message|>` and end token
 TEXT_FIELD: dict[type, str] = {
@@ -117,57 +123,60 @@ class Renderer:
 
     def _head(self, transcript: Transcript) -> list[int]:
         """The system and developer messages as head_tokens() renders them. A long run without
-        spaces in the instructions or a tool's description (harmony's tokenizer is quadratic in
-        one) is rendered by harmony as a short placeholder, and the message's text, the run put
-        back, is tokenized by tiktoken: harmony tokenizes a message's text as one piece."""
-        texts = [transcript.instructions or "", *(spec.description for spec in transcript.tools)]
-        if self._text is None or any(_MARK in text for text in texts):
+        spaces (harmony's tokenizer is quadratic in one) in the instructions, a tool's or its
+        namespace's description, the texts of a tool's parameter schema (descriptions, titles,
+        enum values, defaults, examples) or the response format (its description, its schema's
+        strings) is rendered by harmony as a short placeholder, and the message's text, the run
+        put back, is tokenized by tiktoken: harmony tokenizes a message's text as one piece.
+
+        A placeholder harmony does not render (a schema text it leaves out) is put back into
+        the transcript and harmony renders the head again: a run that does not show costs
+        nothing, and one that shows otherwise than as written is harmony's to tokenize."""
+        if self._text is None or _marked(transcript):
             return head_tokens(self.encoding, transcript)
-        runs: list[str] = []
+        kept: set[int] = set()  # runs harmony renders as it was given them
+        while True:
+            shrink = _Shrink(kept)
+            small = shrink.transcript(transcript)
+            if not shrink.runs or len(kept) == len(shrink.runs):
+                return head_tokens(self.encoding, transcript)
+            spliced, missing = self._put_back(head_tokens(self.encoding, small), shrink.runs)
+            if spliced is None:
+                return head_tokens(self.encoding, transcript)
+            if not missing - kept:
+                return spliced
+            kept |= missing
 
-        def shrunk(text: str) -> str:
-            def placeholder(run: re.Match[str]) -> str:
-                runs.append(run.group())
-                return f"{_MARK}{len(runs) - 1}{_MARK}"
-
-            return _LONG_RUN.sub(placeholder, text)
-
-        small = dataclasses.replace(
-            transcript,
-            instructions=shrunk(transcript.instructions) if transcript.instructions else None,
-            tools=tuple(
-                dataclasses.replace(spec, description=shrunk(spec.description))
-                for spec in transcript.tools
-            ),
-        )
-        if not runs:
-            return head_tokens(self.encoding, transcript)
-        spliced = self._put_back(head_tokens(self.encoding, small), runs)
-        return spliced if spliced is not None else head_tokens(self.encoding, transcript)
-
-    def _put_back(self, tokens: list[int], runs: list[str]) -> list[int] | None:
-        """`tokens` with each message's text re-tokenized, its placeholders replaced by `runs`;
-        None where a placeholder is not found once, as it was written."""
+    def _put_back(self, tokens: list[int], runs: list[str]) -> tuple[list[int] | None, set[int]]:
+        """`tokens` with each message's text re-tokenized, its placeholders replaced by `runs`
+        (as written, or JSON-escaped where the text holds them so: a response format's schema),
+        and the runs whose placeholder is nowhere; None where a placeholder is left in a form
+        not written here."""
         out: list[int] = []
         found = [0] * len(runs)
         at = 0
         for start, end in _bodies(tokens):
             if end == len(tokens):  # a message without its end token
-                return None
+                return None, set()
             text = self.encoding.decode_utf8(tokens[start:end])
-            for index, run in enumerate(runs):
-                mark = f"{_MARK}{index}{_MARK}"
-                if mark in text:
-                    found[index] += text.count(mark)
-                    text = text.replace(mark, run)
+            if _MARK in text or _ESCAPED_MARK in text:
+                for index, run in enumerate(runs):
+                    for mark, written in (
+                        (_placeholder(index), run),
+                        (_ESCAPED_MARK + str(index) + _ESCAPED_MARK, json.dumps(run)[1:-1]),
+                    ):
+                        found[index] += text.count(mark)
+                        text = text.replace(mark, written)
+                if _MARK in text or _ESCAPED_MARK in text:
+                    return None, set()
             body = self._text.encode(text) if self._text is not None else None
             if body is None:
-                return None
+                return None, set()
             out.extend(tokens[at:start])
             out.extend(body)
             at = end
         out.extend(tokens[at:])
-        return out if found == [1] * len(runs) else None
+        return out, {index for index, count in enumerate(found) if not count}
 
     def tool_result_tokens(self, author: str, text: str, channel: str) -> list[int]:
         """A server-run tool's result message, as tool_message_tokens() renders it."""
@@ -219,3 +228,84 @@ def _bodies(tokens: list[int]) -> Iterator[tuple[int, int]]:
             end += 1
         yield start, end
         start = end
+
+
+def _placeholder(index: int) -> str:
+    return f"{_MARK}{index}{_MARK}"
+
+
+def _marked(transcript: Transcript) -> bool:
+    """Whether the head's texts hold the placeholders' mark already, as the character or as its
+    JSON escape (then no placeholder is used: one could be taken for another). repr writes the
+    character as that escape and doubles a backslash, so either spells the escape there."""
+    return _ESCAPED_MARK in repr(head_key(transcript))
+
+
+class _Shrink:
+    """A transcript's head with its long runs as placeholders, numbered in the order they are
+    met (the same order at every call); the runs numbered in `kept` stay as they are."""
+
+    def __init__(self, kept: set[int]) -> None:
+        self.kept = kept
+        self.runs: list[str] = []
+
+    def transcript(self, transcript: Transcript) -> Transcript:
+        response_format = transcript.response_format
+        if response_format is not None:
+            response_format = dataclasses.replace(
+                response_format,
+                description=self.text(response_format.description),
+                schema=self.json(response_format.schema),
+            )
+        return dataclasses.replace(
+            transcript,
+            instructions=self.text(transcript.instructions) if transcript.instructions else None,
+            tools=tuple(
+                dataclasses.replace(
+                    spec,
+                    description=self.text(spec.description),
+                    namespace_description=self.text(spec.namespace_description),
+                    parameters=self.schema(spec.parameters),
+                )
+                for spec in transcript.tools
+            ),
+            response_format=response_format,
+        )
+
+    def text(self, text: str) -> str:
+        def placeholder(run: re.Match[str]) -> str:
+            self.runs.append(run.group())
+            index = len(self.runs) - 1
+            return run.group() if index in self.kept else _placeholder(index)
+
+        return _LONG_RUN.sub(placeholder, text)
+
+    def schema(self, schema: Any) -> Any:
+        """A tool's parameter schema with the runs of the texts harmony renders (by their key:
+        `_SCHEMA_TEXTS`) as placeholders; names, types and the rest as they are."""
+        if isinstance(schema, list):
+            return [self.schema(value) for value in schema]
+        if not isinstance(schema, dict):
+            return schema
+        shrunk: dict[str, Any] = {}
+        for key, value in schema.items():
+            if key in _SCHEMA_TEXTS and isinstance(value, (str, list)):
+                shrunk[key] = self._texts(value)
+            else:
+                shrunk[key] = self.schema(value)
+        return shrunk
+
+    def _texts(self, value: str | list[Any]) -> str | list[Any]:
+        if isinstance(value, str):
+            return self.text(value)
+        return [self.text(item) if isinstance(item, str) else item for item in value]
+
+    def json(self, value: Any) -> Any:
+        """A JSON value with every string's runs as placeholders (keys as they are)."""
+        if isinstance(value, str):
+            return self.text(value)
+        if isinstance(value, list):
+            return [self.json(item) for item in value]
+        if isinstance(value, dict):
+            return {key: self.json(item) for key, item in value.items()}
+        return value

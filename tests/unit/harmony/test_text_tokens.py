@@ -20,14 +20,16 @@ from server.contracts.transcript import (
     DeveloperMessage,
     Item,
     Reasoning,
+    ResponseFormat,
     ToolCall,
     ToolResult,
     ToolSpec,
     Transcript,
     UserMessage,
 )
+from server.harmony import renderer as renderer_module
 from server.harmony.encoding import VOCAB_FILE, ensure_vocab_dir
-from server.harmony.render import item_tokens, render, tool_message_tokens
+from server.harmony.render import head_tokens, item_tokens, render, tool_message_tokens
 from server.harmony.renderer import TEXT_FIELD, Renderer
 from server.harmony.text_tokens import (
     O200K_PATTERN,
@@ -247,39 +249,104 @@ RUN = st.text(
 )
 
 
-@generated(40)
-@given(
-    before=TEXTS,
-    run=RUN,
-    after=TEXTS,
-    described=st.booleans(),
-)
+def _head_with(place: str, text: str) -> Transcript:
+    """A transcript whose head holds `text` at `place` (and ordinary texts elsewhere)."""
+    prop: dict[str, object] = {"type": "string", "description": "A query."}
+    schema: dict[str, object] = {"type": "object", "properties": {"q": prop}, "required": ["q"]}
+    spec = ToolSpec("lookup", description="Looks things up.", parameters=schema)
+    response_format = None
+    instructions = "Be brief."
+    if place == "instructions":
+        instructions = text
+    elif place == "tool description":
+        spec = dataclasses.replace(spec, description=text)
+    elif place == "namespace description":
+        spec = dataclasses.replace(spec, namespace="search", namespace_description=text)
+    elif place in ("description", "title", "default", "const"):
+        prop[place] = text
+    elif place in ("enum", "examples"):
+        prop[place] = ["plain", text]
+    elif place == "items description":
+        prop.update(type="array", items={"type": "string", "description": text})
+    elif place == "anyOf description":
+        schema["properties"] = {"q": {"anyOf": [{"type": "string", "description": text}]}}
+    elif place == "response format description":
+        response_format = ResponseFormat("json_schema", "answer", {"type": "object"}, text)
+    else:  # a response format's schema: its strings are JSON-escaped there
+        assert place == "response format schema"
+        answer = {"type": "object", "properties": {"a": {"type": "string", "enum": [text]}}}
+        response_format = ResponseFormat("json_schema", "answer", answer)
+    return Transcript(
+        items=(UserMessage("hi"),),
+        instructions=instructions,
+        tools=(spec,),
+        reasoning_effort="low",
+        response_format=response_format,
+    )
+
+
+HEAD_PLACES = [
+    "instructions",
+    "tool description",
+    "namespace description",
+    "description",
+    "title",
+    "default",
+    "const",
+    "enum",
+    "examples",
+    "items description",
+    "anyOf description",
+    "response format description",
+    "response format schema",
+]
+
+
+@pytest.mark.parametrize("place", HEAD_PLACES)
+@generated(8)
+@given(before=TEXTS, run=RUN, after=TEXTS)
 def test_a_head_with_a_long_run_renders_as_harmony_renders_it(
     encoding: HarmonyEncoding,
     text_tokens: TextTokens,
+    monkeypatch: pytest.MonkeyPatch,
     *,
     before: str,
     run: str,
     after: str,
-    described: bool,
+    place: str,
 ) -> None:
-    """A long run without spaces in the instructions or a tool's description is rendered by
-    harmony as a placeholder and put back into the message's text, which tiktoken tokenizes:
-    the same tokens as harmony's render of the whole head."""
-    text = f"{before} {run} {after}"
-    tool = ToolSpec(
-        "lookup",
-        description=text if described else "Looks things up.",
-        parameters={"type": "object", "properties": {"q": {"type": "string"}}},
-    )
-    transcript = Transcript(
-        items=(UserMessage("hi"),),
-        instructions=None if described else text,
-        tools=(tool,),
-        reasoning_effort="low",
-    )
-    renderer = Renderer(encoding, text_tokens)
-    assert renderer.render(transcript) == render(encoding, transcript)
+    """A long run without spaces anywhere in the system and developer messages' texts is
+    rendered by harmony as a placeholder and put back into the message's text, which tiktoken
+    tokenizes: the same tokens as harmony's render of the whole head, and harmony never
+    renders (so never tokenizes) the run itself — where a text does not show in the render at
+    all (a constant, an array's items), harmony renders it as given, and it does not show."""
+    transcript = _head_with(place, f"{before} {run} {after}")
+    expected = render(encoding, transcript)
+    rendered: list[str] = []
+
+    def seen(encoding: HarmonyEncoding, transcript: Transcript) -> list[int]:
+        tokens = head_tokens(encoding, transcript)
+        rendered.append(encoding.decode_utf8(tokens))
+        return tokens
+
+    with monkeypatch.context() as patch:
+        patch.setattr(renderer_module, "head_tokens", seen)
+        assert Renderer(encoding, text_tokens).render(transcript) == expected
+    assert rendered
+    assert not any(run in text for text in rendered)
+
+
+@pytest.mark.parametrize("place", HEAD_PLACES)
+def test_a_head_that_holds_the_mark_is_harmonys_render(
+    encoding: HarmonyEncoding, text_tokens: TextTokens, place: str
+) -> None:
+    """A head whose texts hold the placeholders' mark (as the character, or as the JSON escape
+    a response format's schema would write) is harmony's render as it is, even where the mark
+    spells a placeholder."""
+    for mark in ("\ue000", "\\ue000"):
+        text = f"{mark}0{mark} {'x' * 300}"  # the run's placeholder would be the text's first
+        transcript = _head_with(place, text)
+        assert Renderer(encoding, text_tokens).render(transcript) == render(encoding, transcript)
 
 
 def test_codexs_head_with_a_long_run_renders_as_harmony_renders_it(
