@@ -29,8 +29,7 @@ def stream_events(
         if response.status_code != 200:
             response.read()
             raise BenchError(f"{url} answered {response.status_code}: {response.text[:500]}")
-        for line in response.iter_lines():
-            arrived = time.perf_counter()
+        for arrived, line in _lines(response):
             if not line.startswith("data:"):
                 continue
             data = line[len("data:") :].strip()
@@ -40,3 +39,18 @@ def stream_events(
             if isinstance(event, dict) and "error" in event:
                 raise BenchError(f"{url} streamed an error: {event['error']}")
             yield arrived, event
+
+
+def _lines(response: httpx.Response) -> Iterator[tuple[float, str]]:
+    """The stream's lines, each with the perf_counter of the read that completed it. An event
+    stream's lines end at a line feed (after a carriage return or not); httpx's `iter_lines`
+    also ends one at U+2028, U+0085 and the other separators `str.splitlines` knows, which a
+    JSON string may hold as they are (a sampled token's text)."""
+    pending = b""
+    for chunk in response.iter_bytes():
+        arrived = time.perf_counter()
+        *lines, pending = (pending + chunk).split(b"\n")
+        for line in lines:
+            yield arrived, line.removesuffix(b"\r").decode()
+    if pending:
+        yield time.perf_counter(), pending.decode()
