@@ -14,6 +14,16 @@ keeps its logits for the server's sampler at the same temperature. Decode tokens
 (medians of the rounds; and the median of each round's own ratio, since a shared machine's speed
 moves whole rounds). At temperature 0 both are greedy and must agree token for token (reported
 as `greedy_identical`; the check of the wiring). Prints JSON; no engine, no HTTP.
+
+What a switch costs (`--switches N`, after the rounds): a generation's header tokens are picked
+among a few allowed ones, from the logits, so an engine that samples content on the backend
+would take the sequence's chain off for each header and put it back after. Each
+`llama_set_sampler` makes llama.cpp reserve its scheduler's graphs again at the next decode, and
+a chain is set up on the backend once (a second `llama_set_sampler` of the same chain fails an
+assertion), so a new one goes back. The backend context's decode loop runs on with N switches:
+the chain taken off for one token (drawn on the host from the raw logits), then a new one set;
+`switch_ms` is the median of those two steps' time less two steady backend steps' (the step:
+the decode and the token read back).
 """
 
 from __future__ import annotations
@@ -37,6 +47,18 @@ from server.engine.sampling.numpy_sampler import NumpySampler, Workspace
 from server.engine.sampling.temperature import is_greedy
 
 _QUIET = lc.llama_log_callback(lambda *_: None)  # kept alive: llama.cpp calls it until exit
+STEADY_STEPS = 5  # backend steps timed before each switch
+
+
+def new_chain(temperature: float, seed: int) -> Any:
+    """A backend chain: greedy, or the temperature and the seeded draw."""
+    chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
+    if is_greedy(temperature):
+        lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_greedy())
+    else:
+        lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_temp(temperature))
+        lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_dist(seed))
+    return chain
 
 
 class Loop:
@@ -44,7 +66,7 @@ class Loop:
 
     def __init__(self, model: Any, args: argparse.Namespace, backend: bool) -> None:
         params = lc.llama_context_default_params()
-        params.n_ctx = args.prompt + args.gen + 64
+        params.n_ctx = args.prompt + args.gen + args.switches * (STEADY_STEPS + 2) + 64
         params.n_batch = params.n_ubatch = max(args.prompt, 1)
         params.n_seq_max = 1
         params.n_threads = params.n_threads_batch = args.threads
@@ -56,12 +78,7 @@ class Loop:
         self.n_vocab = int(lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(model)))
         self.chain = None
         if backend:
-            self.chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
-            if is_greedy(args.temperature):
-                lc.llama_sampler_chain_add(self.chain, lc.llama_sampler_init_greedy())
-            else:
-                lc.llama_sampler_chain_add(self.chain, lc.llama_sampler_init_temp(args.temperature))
-                lc.llama_sampler_chain_add(self.chain, lc.llama_sampler_init_dist(args.seed))
+            self.chain = new_chain(args.temperature, args.seed)
             if not lc.llama_set_sampler(self.ctx, 0, self.chain):
                 raise RuntimeError("this build cannot sample on the backend")
         self.batch = Batch(params.n_batch)
@@ -91,6 +108,39 @@ class Loop:
             self._decode([token], position)
         return (args.gen - 1) / (time.perf_counter() - started), out
 
+    def switches(self, start: int, args: argparse.Namespace) -> list[float]:
+        """After `run`: per switch, the two steps around it less two steady steps (ms)."""
+        assert self.chain is not None
+        params = SamplingParams(max_tokens=1, temperature=args.temperature)
+        sampler = NumpySampler(self.workspace, params, np.random.default_rng(args.seed))
+        position = start
+        token = int(lc.llama_get_sampled_token_ith(self.ctx, -1))
+        extra: list[float] = []
+        for _ in range(args.switches):
+            steady = []
+            for _ in range(STEADY_STEPS):
+                began = time.perf_counter()
+                self._decode([token], position)
+                token = int(lc.llama_get_sampled_token_ith(self.ctx, -1))
+                steady.append(time.perf_counter() - began)
+                position += 1
+            began = time.perf_counter()
+            lc.llama_set_sampler(self.ctx, 0, None)  # off: the next token from the raw logits
+            self._decode([token], position)
+            pointer = lc.llama_get_logits_ith(self.ctx, -1)
+            token = sampler.sample(np.ctypeslib.as_array(pointer, (self.n_vocab,)))
+            # a chain is set up on the backend once: a new one goes back (seeded anew)
+            lc.llama_sampler_free(self.chain)
+            self.chain = new_chain(args.temperature, args.seed + position)
+            if not lc.llama_set_sampler(self.ctx, 0, self.chain):
+                raise RuntimeError("the chain could not be put back")
+            self._decode([token], position + 1)
+            token = int(lc.llama_get_sampled_token_ith(self.ctx, -1))
+            took = time.perf_counter() - began
+            position += 2
+            extra.append((took - 2 * statistics.median(steady)) * 1000)
+        return extra
+
     def close(self) -> None:
         lc.llama_free(self.ctx)
         if self.chain is not None:
@@ -107,6 +157,7 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--switches", type=int, default=8, help="chain off and on again: 0 none")
     parser.add_argument("--out", type=Path, default=None)
     return parser.parse_args(argv)
 
@@ -126,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(0)
     rates: dict[str, list[float]] = {name: [] for name in loops}
     outputs: dict[str, list[list[int]]] = {name: [] for name in loops}
+    switch_ms: list[float] = []
     try:
         for r in range(args.rounds):
             prompt = [int(t) for t in rng.integers(100, 199_000, args.prompt)]
@@ -134,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
                 rate, out = loops[name].run(prompt, args)
                 rates[name].append(rate)
                 outputs[name].append(out)
+        if args.switches > 0:
+            switch_ms = loops["backend"].switches(args.prompt + args.gen, args)
     finally:
         for loop in loops.values():
             loop.close()
@@ -149,6 +203,9 @@ def main(argv: list[str] | None = None) -> int:
         "median_tokens_per_s": {name: round(statistics.median(v), 1) for name, v in rates.items()},
         "backend_vs_host": round(statistics.median(ratios), 3),
     }
+    if switch_ms:
+        report["switch_ms"] = round(statistics.median(switch_ms), 3)
+        report["switch_ms_each"] = [round(x, 3) for x in switch_ms]
     if is_greedy(args.temperature):
         report["greedy_identical"] = outputs["backend"] == outputs["host"]
     text = json.dumps(report, indent=2)
