@@ -17,7 +17,14 @@ import pytest
 from server.engine.base import SamplingParams
 from server.engine.sampling.banned import Banned
 from server.engine.sampling.numpy_sampler import NumpySampler, Workspace
-from server.engine.sampling.rejection import BLOCKED, FEW, RejectionDraw
+from server.engine.sampling.rejection import (
+    BLOCKED,
+    FEW,
+    FIRST_STREAM,
+    MAX_TRIALS,
+    STREAM,
+    RejectionDraw,
+)
 from tests.support.chi_square import exact_distribution, goodness_of_fit
 
 Floats = np.ndarray[Any, np.dtype[np.float32]]
@@ -240,6 +247,28 @@ def test_a_generation_without_uniform_acceptances_stops_proposing_within_two_bat
         assert rejection.draw(logits, None) is not None
         tried.append(rejection.rate != before)
     assert tried == [True, True, False, False, False, False]
+
+
+def test_the_first_stream_is_small_and_the_next_ones_double() -> None:
+    """A generation's first token waits for its first stream of proposals (16,384 of them took
+    0.13 ms): it holds FIRST_STREAM, each next one twice the last, up to STREAM; a batch larger
+    than the stream's size gets a stream of its size."""
+    logits = flat_logits()
+    rejection = RejectionDraw(VOCAB, 1.0, np.random.default_rng(5))
+    sizes: list[int] = []
+    for _ in range(3000):
+        stream = rejection._proposals
+        rejection._uniform(logits, None, float(logits.max()), 64)
+        if rejection._proposals is not stream:
+            sizes.append(len(rejection._proposals))
+    expected = [FIRST_STREAM]
+    while expected[-1] < STREAM:
+        expected.append(min(2 * expected[-1], STREAM))
+    assert sizes[: len(expected)] == expected
+    assert set(sizes[len(expected) :]) == {STREAM}
+    rejection = RejectionDraw(VOCAB, 1.0, np.random.default_rng(5))
+    rejection._uniform(logits, None, float(logits.max()), MAX_TRIALS)
+    assert len(rejection._proposals) == MAX_TRIALS
 
 
 @pytest.mark.parametrize("banned", BANS, ids=BAN_IDS)
