@@ -60,6 +60,7 @@ _ESCAPED_MARK = "\\ue000"  # the mark as json.dumps writes it (a response format
 # a tool schema's texts harmony renders (as comments, or quoted as given): runs in them are
 # placeholders; other keys' strings (names, types, patterns) are left as they are
 _SCHEMA_TEXTS = frozenset({"description", "title", "enum", "default", "examples", "const"})
+_SCHEMA_DEPTH = 64  # levels of a schema searched for runs (deeper ones: a request's own error)
 
 # the field that holds an item's text, between its frame's `<|message|>` and end token
 TEXT_FIELD: dict[type, str] = {
@@ -280,11 +281,14 @@ class _Shrink:
 
         return _LONG_RUN.sub(placeholder, text)
 
-    def schema(self, schema: Any) -> Any:
+    def schema(self, schema: Any, depth: int = 0) -> Any:
         """A tool's parameter schema with the runs of the texts harmony renders (by their key:
-        `_SCHEMA_TEXTS`) as placeholders; names, types and the rest as they are."""
+        `_SCHEMA_TEXTS`) as placeholders; names, types and the rest as they are. Below
+        `_SCHEMA_DEPTH` levels the schema stays as it is (harmony's to tokenize)."""
+        if depth > _SCHEMA_DEPTH:
+            return schema
         if isinstance(schema, list):
-            return [self.schema(value) for value in schema]
+            return [self.schema(value, depth + 1) for value in schema]
         if not isinstance(schema, dict):
             return schema
         shrunk: dict[str, Any] = {}
@@ -292,7 +296,7 @@ class _Shrink:
             if key in _SCHEMA_TEXTS and isinstance(value, (str, list)):
                 shrunk[key] = self._texts(value)
             else:
-                shrunk[key] = self.schema(value)
+                shrunk[key] = self.schema(value, depth + 1)
         return shrunk
 
     def _texts(self, value: str | list[Any]) -> str | list[Any]:
@@ -300,12 +304,15 @@ class _Shrink:
             return self.text(value)
         return [self.text(item) if isinstance(item, str) else item for item in value]
 
-    def json(self, value: Any) -> Any:
-        """A JSON value with every string's runs as placeholders (keys as they are)."""
+    def json(self, value: Any, depth: int = 0) -> Any:
+        """A JSON value with every string's runs as placeholders (keys as they are), down to
+        `_SCHEMA_DEPTH` levels."""
         if isinstance(value, str):
             return self.text(value)
+        if depth > _SCHEMA_DEPTH:
+            return value
         if isinstance(value, list):
-            return [self.json(item) for item in value]
+            return [self.json(item, depth + 1) for item in value]
         if isinstance(value, dict):
-            return {key: self.json(item) for key, item in value.items()}
+            return {key: self.json(item, depth + 1) for key, item in value.items()}
         return value

@@ -364,3 +364,27 @@ def test_codexs_head_with_a_long_run_renders_as_harmony_renders_it(
     )
     renderer = Renderer(encoding, text_tokens)
     assert renderer.render(transcript) == render(encoding, transcript)
+
+
+@pytest.mark.parametrize(
+    ("place", "levels"),
+    [("description", 40), ("response format schema", 400)],  # harmony's JSON stops at 128
+)
+def test_a_schema_nested_deeper_than_the_search_renders_as_harmony_renders_it(
+    encoding: HarmonyEncoding, text_tokens: TextTokens, place: str, levels: int
+) -> None:
+    """Runs are looked for down to a depth (a deeper schema is left to harmony as it is, and
+    the request's checks refuse one too deep): nothing recurses without end on the way."""
+    transcript = _head_with(place, f"{'x' * 300} deep")
+    deep: dict[str, object] = {"type": "string", "description": "y" * 300}
+    for _ in range(levels):
+        deep = {"type": "object", "properties": {"a": deep}}
+    if transcript.response_format is not None:
+        response_format = dataclasses.replace(transcript.response_format, schema=deep)
+        transcript = dataclasses.replace(transcript, response_format=response_format)
+    else:
+        (spec,) = transcript.tools
+        transcript = dataclasses.replace(
+            transcript, tools=(dataclasses.replace(spec, parameters=deep),)
+        )
+    assert Renderer(encoding, text_tokens).render(transcript) == render(encoding, transcript)
