@@ -357,7 +357,8 @@ def test_sampled_distribution_matches_with_partly_wrong_drafts(
         result = run(pair.engines["on"], prompt, params)[1]
         drafted += result.timings.draft_n
         accepted += result.timings.draft_n_accepted
-    assert 0.2 * drafted < accepted < 0.9 * drafted
+    assert accepted >= 10  # both often: the test exercises acceptance and rollback alike
+    assert drafted - accepted >= 10
     assert worst_ratio(off, on) < 1.0
     monkeypatch.setattr(Scheduler, "_pick", second_chance(Scheduler._pick))
     biased = positions(pair.engines["on"], prompt, 20_000)
