@@ -201,6 +201,9 @@ class Prepared:
         over the one `begin` submitted, if it did (the later rounds find none)."""
         begun = self._begun.pop() if self._begun else None
         steering, stream, decoder = begun or self._start(prompt_tokens, params, plan, save_points)
+        # the header it most likely starts with, parsed while the prompt is evaluated (known
+        # once the engine started it: a begun round's is)
+        decoder.expect(stream.likely, self.generator.parsers)
         client = ClientEvents(decoder, StopStrings(self.stop), self.names)
         consumed = False
         try:

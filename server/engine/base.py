@@ -188,6 +188,13 @@ class TokenStream(Protocol):
         over the next one as soon as it comes."""
         ...
 
+    @property
+    def likely(self) -> tuple[int, ...]:
+        """The tokens the generation most likely starts with (the header its steering forces
+        and then most likely lets the model pick), once the engine started it; () before, or
+        where it guesses none. What comes may differ: it is a guess to prepare for."""
+        ...
+
     def on_close(self, callback: Callable[[EngineResult], object]) -> None:
         """Call `callback(result)` on the consumer's event loop once the engine is done."""
         ...

@@ -33,6 +33,7 @@ class TokenChannel:
         self._result: EngineResult | None = None
         self._wake_pending = False
         self._unpaced = False  # the consumer showed nothing of the last chunk
+        self.likely: tuple[int, ...] = ()  # set once by the engine thread as the job starts
         self._ready = asyncio.Event()
         self._evaluating = asyncio.Event()  # the engine began evaluating it, or it ended
         self._cancelled = threading.Event()

@@ -351,6 +351,8 @@ class Scheduler:
             ends = ends or job.params.max_tokens <= len(job.lead)
             if job.steering is not None and self._guess_header and not ends:
                 job.guess = job.steering.likely()
+            # what the consumer may parse ahead, while the prompt is evaluated
+            job.channel.likely = (*job.lead, *job.guess)
         self._running.append(job)
 
     def _lead(self, job: Job) -> tuple[int, ...]:

@@ -472,6 +472,10 @@ class PendingStream:
         if self._inner is not None:
             self._inner.unpace()
 
+    @property
+    def likely(self) -> tuple[int, ...]:
+        return self._inner.likely if self._inner is not None else ()
+
     def on_close(self, callback: Callable[[EngineResult], object]) -> None:
         if self._inner is not None:
             self._inner.on_close(lambda result: callback(self._with_wait(result)))

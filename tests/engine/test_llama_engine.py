@@ -403,6 +403,31 @@ def test_with_tools_the_likely_header_is_evaluated_with_the_prompt(
         assert_continues_as_fresh(counted, [*prompt, *turn])
 
 
+@pytest.mark.parametrize("tools", [[], [WEATHER]], ids=["chat", "tools"])
+def test_the_stream_says_which_tokens_likely_come_first(
+    tiny_gguf: Path, encoding: HarmonyEncoding, tools: list[str]
+) -> None:
+    """Once the engine started a generation, its stream holds the header it most likely
+    starts with (the lead the steering forces, then the guess), for the consumer to parse
+    ahead. Chat and tools alike: `<|channel|>analysis<|message|>`."""
+    config = EngineConfig(model_path=str(tiny_gguf), n_ctx=2048, n_threads=1, speculative="off")
+    engine = LlamaEngine(config)
+
+    async def likely() -> tuple[int, ...]:
+        plan = plan_steering(encoding, tools, ToolChoice())
+        stream = engine.submit(unique_prompt(encoding, f"likely {tools}"), GREEDY, plan.start())
+        async for _ in stream:
+            pass
+        return stream.likely
+
+    try:
+        likely_tokens = asyncio.run(likely())
+    finally:
+        engine.close()
+    header = encoding.encode("<|channel|>analysis<|message|>", allowed_special="all")
+    assert likely_tokens == tuple(header)
+
+
 def test_with_tools_a_one_token_generation_leaves_no_guessed_cells(
     tiny_gguf: Path, encoding: HarmonyEncoding
 ) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -267,3 +268,71 @@ def test_a_stock_gives_fresh_parsers_and_makes_one_when_empty(encoding: HarmonyE
     stocked = HarmonyDecoder(encoding, parser=stock.take())
     events = [event for token in tokens for event in stocked.feed(token)] + stocked.finish()
     assert events == expected
+
+
+def _without_call_ids(events: list[Event]) -> list[Event]:
+    """Events with their call ids left out (each decoder draws its own)."""
+    return [
+        dataclasses.replace(e, call_id=None) if isinstance(e, SegmentStart | SegmentEnd) else e
+        for e in events
+    ]
+
+
+def _sequences(encoding: HarmonyEncoding) -> list[list[int]]:
+    """The samples, their truncations at every point of the first header, and mutations."""
+    rng = random.Random(99)
+    base = [encoding.encode(s, allowed_special="all") for s in SAMPLES]
+    sequences = [tokens[:cut] for tokens in base for cut in range(len(tokens) + 1)]
+    specials = [200002, 200005, 200006, 200007, 200008, 200012]
+    for _ in range(60):
+        tokens = list(rng.choice(base))
+        at = rng.randrange(6)
+        tokens.insert(at, rng.choice([*specials, rng.randrange(0, 199998)]))
+        sequences.append(tokens)
+    return sequences
+
+
+def _rejects(encoding: HarmonyEncoding, tokens: list[int]) -> bool:
+    decoder = HarmonyDecoder(encoding)
+    for token in tokens:
+        decoder.feed(token)
+    return bool(decoder._rejected)
+
+
+def test_tokens_parsed_ahead_give_the_events_of_tokens_parsed_as_they_come(
+    encoding: HarmonyEncoding,
+) -> None:
+    """Whatever was expected — the sequence's own first tokens, fewer or more of them, another
+    header — the events, the reasoning count and the grammar flag are those of a decoder that
+    expected nothing; the stock gets the unused parser back when the expected tokens came."""
+    analysis = encoding.encode("<|channel|>analysis<|message|>", allowed_special="all")
+    final = encoding.encode("<|channel|>final<|message|>", allowed_special="all")
+    for tokens in _sequences(encoding):
+        plain, plain_decoder = decode_tokens(encoding, tokens)
+        for likely in (tokens[:1], tokens[:2], tokens[:3], analysis, final, [*tokens, 7]):
+            stock = ParserStock(encoding, size=2)
+            decoder = HarmonyDecoder(encoding, parser=stock.take())
+            decoder.expect(likely, stock)
+            events = [event for token in tokens for event in decoder.feed(token)]
+            events += decoder.finish()
+            assert _without_call_ids(events) == _without_call_ids(plain), (tokens, likely)
+            assert decoder.reasoning_tokens == plain_decoder.reasoning_tokens
+            assert decoder.left_grammar == plain_decoder.left_grammar
+            # a parse ahead takes a parser; the decoder's own, unused, goes back when the
+            # tokens came (and the parse ahead was kept: harmony took them)
+            came = bool(likely) and tokens[: len(likely)] == list(likely)
+            came = came and not _rejects(encoding, likely)
+            assert (stock.ready, stock.spare) == ((2, 0) if came else (1, int(not likely)))
+
+
+def test_nothing_is_parsed_ahead_without_a_spare_parser(encoding: HarmonyEncoding) -> None:
+    """A parse ahead takes a spare, never a parser a generation starting meanwhile needs."""
+    stock = ParserStock(encoding, size=1, spares=0)
+    decoder = HarmonyDecoder(encoding, parser=stock.take())
+    stock.restock()
+    analysis = encoding.encode("<|channel|>analysis<|message|>", allowed_special="all")
+    decoder.expect(analysis, stock)  # no spare: nothing is made for it, nor taken
+    assert (stock.ready, stock.spare) == (1, 0)
+    events = [event for token in analysis for event in decoder.feed(token)]
+    assert [type(event) for event in events] == [SegmentStart]
+    assert (stock.ready, stock.spare) == (1, 0)
