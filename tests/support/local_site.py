@@ -5,12 +5,13 @@ the site by path (or any other URL as it is)."""
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+from tests.support.local_http import serve_handler
 
 Page = tuple[str, str]  # content type, body
 
@@ -46,7 +47,8 @@ def serve_site(
                 self._send(404, "text/plain", "no")
 
         def root(self) -> str:
-            return f"http://127.0.0.1:{port}"
+            assert isinstance(self.server, HTTPServer)
+            return f"http://127.0.0.1:{self.server.server_port}"
 
         def _send(self, status: int, kind: str, body: str) -> None:
             data = body.encode("utf-8")
@@ -59,15 +61,8 @@ def serve_site(
         def log_message(self, *args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    port = server.server_port
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve_handler(Handler) as root:
+        yield root
 
 
 def _absolute(result: dict[str, Any], root: str) -> dict[str, Any]:

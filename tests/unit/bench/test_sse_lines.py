@@ -8,15 +8,15 @@ event. A real HTTP server streams the body in pieces that split lines and events
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import httpx
 import pytest
 
 from server.bench.sse import stream_events
+from tests.support.local_http import serve_handler
 
 EVENTS = [
     {"content": "line\u2028separator"},
@@ -51,14 +51,8 @@ class _Handler(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def url() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/stream"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve_handler(_Handler) as root:
+        yield f"{root}/stream"
 
 
 def test_unicode_line_separators_stay_inside_their_event(url: str) -> None:
