@@ -202,8 +202,9 @@ class Prepared:
         begun = self._begun.pop() if self._begun else None
         steering, stream, decoder = begun or self._start(prompt_tokens, params, plan, save_points)
         # the header it most likely starts with, parsed while the prompt is evaluated (known
-        # once the engine started it: a begun round's is)
-        decoder.expect(stream.likely, self.generator.parsers)
+        # once the engine started it: a begun round's is); after the events queued so far
+        # went out (the opening events: their writer runs first), and not once tokens came
+        asyncio.get_running_loop().call_soon(decoder.expect, stream.likely, self.generator.parsers)
         client = ClientEvents(decoder, StopStrings(self.stop), self.names)
         consumed = False
         try:
