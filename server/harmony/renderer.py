@@ -135,7 +135,7 @@ class Renderer:
         nothing, and one that shows otherwise than as written is harmony's to tokenize."""
         if self._text is None or _marked(transcript):
             return head_tokens(self.encoding, transcript)
-        kept: set[int] = set()  # runs harmony renders as it was given them
+        kept: set[int] = set()  # runs given to harmony as they are (their placeholder did not show)
         while True:
             shrink = _Shrink(kept)
             small = shrink.transcript(transcript)
