@@ -113,7 +113,8 @@ class Renderer:
 
     def render(self, transcript: Transcript) -> list[int]:
         """The prompt token ids for the assistant's next message, as render() gives them."""
-        prompt_tokens = list(self._heads.get(head_key(transcript), lambda: self._head(transcript)))
+        key = head_key(transcript)
+        prompt_tokens = list(self._heads.get(key, lambda: self._head(transcript, key)))
         for item in visible_items(transcript.items):
             replayed = exact_tokens(item)
             if replayed is None:
@@ -122,7 +123,7 @@ class Renderer:
         prompt_tokens.extend(self.assistant_start)
         return prompt_tokens
 
-    def _head(self, transcript: Transcript) -> list[int]:
+    def _head(self, transcript: Transcript, key: Hashable) -> list[int]:
         """The system and developer messages as head_tokens() renders them. A long run without
         spaces (harmony's tokenizer is quadratic in one) in the instructions, a tool's or its
         namespace's description, the texts of a tool's parameter schema (descriptions, titles,
@@ -132,8 +133,9 @@ class Renderer:
 
         A placeholder harmony does not render (a schema text it leaves out) is put back into
         the transcript and harmony renders the head again: a run that does not show costs
-        nothing, and one that shows otherwise than as written is harmony's to tokenize."""
-        if self._text is None or _marked(transcript):
+        nothing, and one that shows otherwise than as written is harmony's to tokenize.
+        `key`: the head's `head_key`."""
+        if self._text is None or _marked(key):
             return head_tokens(self.encoding, transcript)
         kept: set[int] = set()  # runs given to harmony as they are (their placeholder did not show)
         while True:
@@ -235,11 +237,12 @@ def _placeholder(index: int) -> str:
     return f"{_MARK}{index}{_MARK}"
 
 
-def _marked(transcript: Transcript) -> bool:
-    """Whether the head's texts hold the placeholders' mark already, as the character or as its
-    JSON escape (then no placeholder is used: one could be taken for another). repr writes the
-    character as that escape and doubles a backslash, so either spells the escape there."""
-    return _ESCAPED_MARK in repr(head_key(transcript))
+def _marked(key: Hashable) -> bool:
+    """Whether the head's texts (its `head_key`) hold the placeholders' mark already, as the
+    character or as its JSON escape (then no placeholder is used: one could be taken for
+    another). repr writes the character as that escape and doubles a backslash, so either spells
+    the escape there."""
+    return _ESCAPED_MARK in repr(key)
 
 
 class _Shrink:
