@@ -3,7 +3,7 @@
     python -m scripts.bench.token_floor [--model PATH] [--n-gpu-layers 0] [--threads N]
         [--n-slots N] [--prompt 512] [--gen 128] [--rounds 3] [--out FILE]
 
-Four loops decode `--gen` tokens after a `--prompt`-token prompt on one model file, in turns,
+Five loops decode `--gen` tokens after a `--prompt`-token prompt on one model file, in turns,
 round by round (the order rotates; a shared machine's speed moves whole rounds):
 
 - `llama-bench` (`-p 0 -n GEN -d PROMPT`, the flags `gpt-oss-server bench` gives it; its binary
@@ -13,8 +13,13 @@ round by round (the order rotates; a shared machine's speed moves whole rounds):
   Python loop of one-token decodes, each waited for (`llama_synchronize`) and fed a random
   token, as llama-bench feeds them: what llama-cpp-python and a Python loop add (in a child
   process of its own, as `Loops` says why);
+- `read`: the same loop reading each step's row of logits once for its maximum (a random token
+  fed still): the one pass over the vocabulary any exact draw on the host makes — numpy's
+  maximum where llama.cpp left the row, from a GPU after its copy; that pass timed alone too
+  (`row_pass_ms`);
 - `sampled`: the same loop, each token drawn at temperature 1 from the logits by the server's
-  sampler (NumpySampler: the row read where llama.cpp left it, from a GPU after its copy);
+  sampler (NumpySampler: the row read where llama.cpp left it, from a GPU after its copy); the
+  draws timed alone too (`draw_ms`);
 - `engine`: the engine in-process (LlamaEngine as `serve` builds it; speculation off, so every
   step is one token), temperature 1, its tokens taken as `serve` takes them (a wake per
   `--stream-interval-ms`), its own decode timing; inside its steps, the time in the decode
@@ -23,6 +28,9 @@ round by round (the order rotates; a shared machine's speed moves whole rounds):
 Prints JSON: ms per token of each loop (medians of the rounds) and the differences in turn —
 what the binding's loop adds over llama-bench, what sampling adds over that, what the engine
 adds over a sampled loop — so a GPU run tells which of them the server's gap to llama-bench is.
+The loops' differences move with a shared machine's speed from pass to pass; the parts timed
+inside the loops (`row_pass_ms`, `draw_ms`, the engine's split) do not, and `row_pass_ms` is
+the least any exact sampling on the host adds to a token: no draw can skip a logit.
 """
 
 from __future__ import annotations
@@ -59,7 +67,8 @@ from server.engine.scheduler import Scheduler
 from server.ops.settings import Settings
 from server.ops.startup import engine_config
 
-ARMS = ("llama-bench", "bare", "sampled", "engine")
+ARMS = ("llama-bench", "bare", "read", "sampled", "engine")
+CHILD_ARMS = ("bare", "read", "sampled")  # the bare loops' process runs these
 
 
 @dataclass(frozen=True)
@@ -93,7 +102,9 @@ class BareLoop:
         self.ctx = LlamaContext(setup.config)
         self.rng = np.random.default_rng(1)
 
-    def run(self, sampled: bool) -> dict[str, float]:
+    def run(self, arm: str) -> dict[str, float]:
+        """One pass of the `bare`, `read` or `sampled` loop; the last two also time their
+        work on the row alone (the pass for its maximum, the draw)."""
         args, ctx = self.args, self.ctx
         ctx.truncate(0, 0)
         prompt = self.rng.integers(100, 199_000, args.prompt).tolist()
@@ -102,12 +113,24 @@ class BareLoop:
         params = SamplingParams(max_tokens=args.gen, temperature=1.0, seed=1)
         sampler = NumpySampler(ctx.workspace, params, np.random.default_rng(1))
         feed = self.rng.integers(100, 199_000, args.gen).tolist()
+        on_row = 0.0  # seconds in the pass over the row, or in the draw
         started = time.perf_counter()
         for step, position in enumerate(range(args.prompt, args.prompt + args.gen)):
-            token = sampler.sample(ctx.logits(index)) if sampled else feed[step]
+            token = feed[step]
+            if arm != "bare":
+                logits = ctx.logits(index)
+                before = time.perf_counter()
+                if arm == "read":
+                    logits.max()
+                else:
+                    token = sampler.sample(logits)
+                on_row += time.perf_counter() - before
             index = ctx.decode([BatchPart(0, [token], position, True)])[0]
             ctx.synchronize()
-        return {"ms_per_token": (time.perf_counter() - started) * 1e3 / args.gen}
+        result = {"ms_per_token": (time.perf_counter() - started) * 1e3 / args.gen}
+        if arm != "bare":
+            result["row_pass_ms" if arm == "read" else "draw_ms"] = on_row * 1e3 / args.gen
+        return result
 
 
 def child_main(args: argparse.Namespace, model: Path) -> int:
@@ -115,14 +138,14 @@ def child_main(args: argparse.Namespace, model: Path) -> int:
     loop = BareLoop(args, Setup.of(args, model))
     try:
         for line in sys.stdin:
-            print(json.dumps(loop.run(sampled=line.strip() == "sampled")), flush=True)
+            print(json.dumps(loop.run(line.strip())), flush=True)
     finally:
         loop.ctx.close()
     return 0
 
 
 class Loops:
-    """The four loops on one model file. The bare loops run in a child process: llama.cpp's
+    """The five loops on one model file. The bare loops run in a child process: llama.cpp's
     CPU backend (OpenMP) slows every thread's decodes once two threads of one process have
     decoded (libgomp then counts more threads than cores and its workers sleep between the
     graph's barriers instead of spinning: 1.1 to 3.4 ms a token on the tiny model, 2 threads),
@@ -134,7 +157,7 @@ class Loops:
         self.setup = Setup.of(args, model)
         self.rng = np.random.default_rng(0)
         self.child: subprocess.Popen[str] | None = None
-        if "bare" in args.arms or "sampled" in args.arms:
+        if set(CHILD_ARMS) & set(args.arms):
             argv = ["--model", str(model), "--n-gpu-layers", str(args.n_gpu_layers),
                     "--threads", str(self.setup.threads), "--n-slots", str(args.n_slots),
                     "--prompt", str(args.prompt), "--gen", str(args.gen), "--child"]  # fmt: skip
@@ -295,6 +318,7 @@ def summary(rounds: list[dict[str, dict[str, float]]]) -> dict[str, Any]:
     ms = {arm: medians[arm]["ms_per_token"] for arm in arms}
     added: dict[str, float] = {}
     for name, upper, lower in (("binding_loop", "bare", "llama-bench"),
+                               ("row_pass", "read", "bare"),
                                ("sampling", "sampled", "bare"),
                                ("engine", "engine", "sampled"),
                                ("engine_over_llama_bench", "engine", "llama-bench")):  # fmt: skip

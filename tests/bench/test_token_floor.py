@@ -18,18 +18,23 @@ def test_every_loop_is_measured_and_the_engine_split(tiny_gguf: Path, tmp_path: 
     argv = [
         sys.executable, "-m", "scripts.bench.token_floor", "--model", str(tiny_gguf),
         "--threads", "1", "--prompt", "32", "--gen", "24", "--rounds", "2",
-        "--arms", "bare", "sampled", "engine", "--out", str(out),
+        "--arms", "bare", "read", "sampled", "engine", "--out", str(out),
     ]  # fmt: skip
     done = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(out.read_text())
-    assert [sorted(r) for r in report["rounds"]] == [["bare", "engine", "sampled"]] * 2
-    assert list(report["rounds"][1]) == ["sampled", "engine", "bare"]  # the order rotates
-    for arm in ("bare", "sampled", "engine"):
+    assert [sorted(r) for r in report["rounds"]] == [["bare", "engine", "read", "sampled"]] * 2
+    assert list(report["rounds"][1]) == ["read", "sampled", "engine", "bare"]  # the order rotates
+    for arm in ("bare", "read", "sampled", "engine"):
         assert report["medians"][arm]["ms_per_token"] > 0
+    # the work on the row, timed inside its loop: a part of each token's time
+    medians = report["medians"]
+    assert 0 < medians["read"]["row_pass_ms"] < medians["read"]["ms_per_token"]
+    assert 0 < medians["sampled"]["draw_ms"] < medians["sampled"]["ms_per_token"]
+    assert set(medians["bare"]) == {"ms_per_token"}
     engine = report["medians"]["engine"]
     # every token after the first is a step of its own (speculation off)
     assert engine["one_token_steps"] == 23
     assert 0 < engine["decode_ms"] < engine["step_ms"]
     assert 0 < engine["pick_ms"] < engine["step_ms"]
-    assert set(report["added_per_token"]) == {"sampling_ms", "engine_ms"}
+    assert set(report["added_per_token"]) == {"row_pass_ms", "sampling_ms", "engine_ms"}
