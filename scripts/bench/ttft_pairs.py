@@ -10,7 +10,9 @@ requests of a prompt of `--prompt-tokens` evaluated tokens (the bench's words, c
 same way), alternately, the order flipped every pair: the two requests of a pair run within a
 tenth of a second. For each version: the median time to the first visible delta at the client,
 and that time less the server's own prefill timing (what the server adds beyond the prefill);
-and the paired differences B - A of both, with a bootstrap 95 % interval of their median.
+and the paired differences B - A of both, with a bootstrap 95 % interval of their median. The
+same for the decode, by the server's own timing of it (ms a token from its first to its last
+sampled token; `--gen-tokens 256` makes it a measure of the decode loop).
 
 Why pairs: on the development VM, medians of 40 requests of the same code moved by ±0.5 ms
 from run to run, more than the changes to measure; the paired difference of 200 pairs resolves
@@ -45,12 +47,13 @@ from server.ops.settings import default_cache_dir
 BOOTSTRAP = 2000  # resamples of the paired differences
 
 
-def median_interval(values: list[float], seed: int = 0) -> list[float]:
+def median_interval(values: list[float], seed: int = 0, digits: int = 3) -> list[float]:
     """The bootstrap 95 % interval of the median of `values`."""
     rng = random.Random(seed)
     n = len(values)
     medians = sorted(statistics.median(rng.choices(values, k=n)) for _ in range(BOOTSTRAP))
-    return [round(medians[int(0.025 * BOOTSTRAP)], 3), round(medians[int(0.975 * BOOTSTRAP)], 3)]
+    low, high = medians[int(0.025 * BOOTSTRAP)], medians[int(0.975 * BOOTSTRAP)]
+    return [round(low, digits), round(high, digits)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     trees = {"a": args.a.resolve(), "b": args.b.resolve()}
     beyond: dict[str, list[float]] = {"a": [], "b": []}
     ttft: dict[str, list[float]] = {"a": [], "b": []}
+    decode: dict[str, list[float | None]] = {"a": [], "b": []}  # ms a token, the server's
     with ExitStack() as stack:
         logs = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ttft-pairs-")))
         urls, clients, tails = {}, {}, {}
@@ -99,9 +103,21 @@ def main(argv: list[str] | None = None) -> int:
                 first = (trace.first_visible - trace.sent) * 1000
                 ttft[name].append(first)
                 beyond[name].append(first - float(trace.timings["prompt_ms"]))
+                per_s = float(trace.timings["predicted_per_second"])
+                decode[name].append(1000 / per_s if per_s > 0 else None)  # None: one token
                 time.sleep(0.02)
     diff_beyond = [b - a for a, b in zip(beyond["a"], beyond["b"], strict=True)]
     diff_ttft = [b - a for a, b in zip(ttft["a"], ttft["b"], strict=True)]
+    decoded = [(a, b) for a, b in zip(decode["a"], decode["b"], strict=True) if a and b]
+    diff_decode = [b - a for a, b in decoded]
+    decode_b_minus_a = (
+        {
+            "decode_ms_per_token": round(statistics.median(diff_decode), 4),
+            "decode_interval_95": median_interval(diff_decode, digits=4),
+        }
+        if decoded
+        else {}
+    )
     report: dict[str, Any] = {
         "model": str(model),
         "trees": {name: str(tree) for name, tree in trees.items()},
@@ -110,11 +126,16 @@ def main(argv: list[str] | None = None) -> int:
         "prompt_tokens": args.prompt_tokens,
         "ttft_ms": {name: round(statistics.median(v), 3) for name, v in ttft.items()},
         "beyond_prefill_ms": {name: round(statistics.median(v), 3) for name, v in beyond.items()},
+        "decode_ms_per_token": {
+            name: round(statistics.median(pair[i] for pair in decoded), 4) if decoded else None
+            for i, name in enumerate(("a", "b"))
+        },
         "b_minus_a": {
             "beyond_prefill_ms": round(statistics.median(diff_beyond), 3),
             "beyond_prefill_interval_95": median_interval(diff_beyond),
             "ttft_ms": round(statistics.median(diff_ttft), 3),
             "ttft_interval_95": median_interval(diff_ttft),
+            **decode_b_minus_a,
         },
     }
     print_json(report, args.out)

@@ -1,7 +1,7 @@
 """Smoke test of the paired time-to-first-token script: two servers of this tree, a few pairs.
 
-The report has its shape, every time is positive and above the server's own prefill, and each
-bootstrap interval holds its median.
+The report has its shape, every time is positive and above the server's own prefill, the decode
+is timed (ms a token), and each bootstrap interval holds its median.
 """
 
 from __future__ import annotations
@@ -32,7 +32,10 @@ def test_two_servers_measured_by_pairs(tiny_gguf: Path, tmp_path: Path) -> None:
     assert set(report["ttft_ms"]) == set(report["beyond_prefill_ms"]) == {"a", "b"}
     for name in ("a", "b"):
         assert report["ttft_ms"][name] > report["beyond_prefill_ms"][name] > 0
+        assert report["decode_ms_per_token"][name] > 0
     paired = report["b_minus_a"]
-    for key in ("beyond_prefill_ms", "ttft_ms"):
-        low, high = paired[f"{key.removesuffix('_ms')}_interval_95"]
+    for key, interval in (("beyond_prefill_ms", "beyond_prefill_interval_95"),
+                          ("ttft_ms", "ttft_interval_95"),
+                          ("decode_ms_per_token", "decode_interval_95")):  # fmt: skip
+        low, high = paired[interval]
         assert low <= paired[key] <= high
