@@ -102,6 +102,8 @@ def test_idle_model_is_unloaded_and_loaded_again_on_demand(
     freed = rss_loaded - rss_unloaded
     assert freed > 0.7 * model.stat().st_size, (rss_loaded, rss_unloaded)
 
+    # reading the RSS may have taken reloads (an unload 1 s after an answer, on a busy machine)
+    reloads = metric(server, "gpt_oss_model_reloads_total")
     seen: list[str] = []
     done = threading.Event()
 
@@ -120,7 +122,7 @@ def test_idle_model_is_unloaded_and_loaded_again_on_demand(
         watcher.join()
     assert statuses == [200, 429]  # the waiting one holds the only place: the bound holds
     assert "loading" in seen
-    assert metric(server, "gpt_oss_model_reloads_total") == 1
+    assert metric(server, "gpt_oss_model_reloads_total") == reloads + 1
     reload_s = httpx.get(f"{base(server)}/v1/server").json()["last_reload_s"]
     assert reload_s > 0
     log = server.log_path.read_text()
