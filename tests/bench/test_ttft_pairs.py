@@ -22,7 +22,7 @@ def test_two_servers_measured_by_pairs(tiny_gguf: Path, tmp_path: Path) -> None:
     out = tmp_path / "pairs.json"
     argv = [
         sys.executable, "-m", "scripts.bench.ttft_pairs", "--a", str(ROOT), "--b", str(ROOT),
-        "--pairs", "4", "--prompt-tokens", "128", "--gen-tokens", "4",
+        "--pairs", "4", "--prompt-tokens", "128", "--gen-tokens", "8",
         "--model", str(tiny_gguf), "--out", str(out),
     ]  # fmt: skip
     done = subprocess.run(argv, cwd=ROOT, check=False, capture_output=True, timeout=600)
