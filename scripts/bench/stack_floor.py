@@ -50,7 +50,6 @@ from devkit.models import cached_gguf
 from scripts.bench.ttft_pairs import median_interval
 from server.api.chat.schemas import ChatCompletionRequest
 from server.bench.http_path import chat, free_port, server_command, tail_tokens
-from server.bench.llama_bench import llama_binary
 from server.bench.llama_server import complete
 from server.bench.llama_server import server_command as llama_server_command
 from server.bench.plan import BenchError, Plan
@@ -188,13 +187,12 @@ def measure(model: Path, args: argparse.Namespace) -> dict[str, list[float]]:
                 client, serve_url, prompts.text(0, i, args.prompt_tokens - tail), i
             ),
         }
+        port = free_port()
         try:
-            llama_binary("llama-server")
+            command = llama_server_command(plan, port)  # finds the binary, or says why not
         except BenchError as exc:
             logging.warning("no llama-server: %s", exc)
         else:
-            port = free_port()
-            command = llama_server_command(plan, port)
             base = start("llama-server", command, f"http://127.0.0.1:{port}/health")
             completion_url = f"{base}/completion"
             paths["llama-server"] = lambda i: beyond_completion(
