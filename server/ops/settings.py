@@ -145,9 +145,11 @@ class Settings(BaseSettings):
     python_tool: bool = Field(
         False,
         description="Offer gpt-oss's python tool, run by the server: a stateful kernel per "
-        "conversation in a bubblewrap sandbox (no network, a private scratch directory, CPU, "
-        "memory and process limits). Needs Linux and bubblewrap; where its sandbox cannot run, "
-        "the tool stays off and the start-up log says why.",
+        "conversation in a bubblewrap sandbox with a seccomp filter (no network, no host files "
+        "but the system's, a private /mnt/data) and a cgroup of its own (memory, processes and "
+        "CPU bounded for the sandbox as a whole). Needs Linux, bubblewrap and a cgroup (root, "
+        "or a delegated cgroup v2 scope); where its sandbox cannot run, the tool stays off and "
+        "the start-up log says why.",
     )
     python_tool_interpreter: str | None = Field(
         None,
@@ -159,7 +161,29 @@ class Settings(BaseSettings):
         60.0, gt=0, le=3600, description="Wall-clock time of one python call."
     )
     python_tool_memory_mb: int = Field(
-        1024, ge=64, description="Address space of the python tool's kernel, in MiB."
+        1024,
+        ge=64,
+        description="Memory of one python sandbox, in MiB: all its processes and the files in "
+        "its /tmp, /dev/shm and /mnt/data together (its cgroup), and the address space of each "
+        "process.",
+    )
+    python_tool_cpu_cores: float = Field(
+        1.0,
+        gt=0,
+        le=256,
+        description="CPU one python sandbox may use, in cores, all its processes together.",
+    )
+    python_tool_data_mb: int = Field(
+        256,
+        ge=1,
+        description="Size of a python sandbox's /mnt/data, in MiB (kept for the conversation; "
+        "counted in its memory).",
+    )
+    python_tool_without_cgroup: bool = Field(
+        False,
+        description="Run the python tool even where no cgroup can be made for its sandboxes, "
+        "with per-process limits only: memory, CPU time and processes are then bounded for "
+        "each process, not for the sandbox, and threads a call started can run between calls.",
     )
     python_tool_max_kernels: int = Field(
         4, ge=1, le=256, description="Python kernels alive at once (one per conversation)."

@@ -42,9 +42,16 @@ def build_server_tools(settings: Settings) -> ServerTools:
         limits = Limits(
             timeout_s=settings.python_tool_timeout_s,
             memory_bytes=settings.python_tool_memory_mb << 20,
+            cpu_cores=settings.python_tool_cpu_cores,
+            data_bytes=settings.python_tool_data_mb << 20,
         )
         try:
-            config = configure(settings.python_tool_interpreter, settings.python_tool_uid, limits)
+            config = configure(
+                settings.python_tool_interpreter,
+                settings.python_tool_uid,
+                limits,
+                without_cgroup=settings.python_tool_without_cgroup,
+            )
         except SandboxUnavailable as exc:
             built.report.append(f"python tool OFF: {exc}")
         else:
@@ -55,8 +62,8 @@ def build_server_tools(settings: Settings) -> ServerTools:
             )
             built.report.append(
                 f"python tool on: {config.interpreter} in a bubblewrap sandbox, no network, "
-                f"{settings.python_tool_timeout_s:g} s a call, {settings.python_tool_memory_mb} "
-                f"MiB, at most {settings.python_tool_max_kernels} kernels"
+                f"{settings.python_tool_timeout_s:g} s a call, {config.describe()}, at most "
+                f"{settings.python_tool_max_kernels} kernels"
             )
     if settings.browser_tool:
         search = SearxngSearch(settings.browser_search_url) if settings.browser_search_url else None

@@ -5,14 +5,18 @@ whichever interpreter the operator chose, so it uses the standard library only a
 Python 3.8+.
 
 It first sets its resource limits (hard and soft alike: nothing inside the sandbox can raise
-them again), then reads one request per line from its standard input, a JSON object
-`{"code", "marker", "timeout"}`, and runs the code in one namespace kept across requests, as a
-notebook does: statements run, the value of a last bare expression is printed (`repr`, not when
-it is None), an exception prints its traceback. Everything the code prints, its child processes
-too, goes to this process's stdout and stderr, which the server reads; when a request is done
-the kernel writes its `marker` there, so the server knows where one call's output ends. A call
-running past its `timeout` is interrupted (TimeoutError raised in the code, the namespace kept);
-the server kills the whole sandbox if that does not end it.
+them again) and copies the conversation's saved files into /mnt/data, then reads one request per
+line on its request descriptor, a JSON object `{"code", "marker", "timeout"}`, and runs the code
+in one namespace kept across requests, as a notebook does: statements run, the value of a last
+bare expression is printed (`repr`, not when it is None), an exception prints its traceback.
+Everything the code prints, its child processes too, goes to this process's stdout and stderr,
+which the server reads; when a request is done the kernel kills what the code left running and
+writes the request's `marker`. The marker only tells the server where to look: the code runs in
+this very process and can read the request too, so the server trusts an end only once it sees
+this process alone (with bubblewrap's) and blocked reading its next request, and then freezes
+the sandbox until the next call (kernels.py). A call running past its `timeout` is interrupted
+(TimeoutError raised in the code, the namespace kept); the server kills the whole sandbox if that
+does not end it.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import json
 import linecache
 import os
 import resource
+import shutil
 import signal
 import sys
 import traceback
@@ -100,10 +105,22 @@ def end_leftovers(kernel_pid: int) -> None:
             break
 
 
+def restore_files(saved: str, data: str) -> None:
+    """The conversation's files as the server saved them after its last call."""
+    if os.path.isdir(saved):
+        try:
+            shutil.copytree(saved, data, symlinks=True, dirs_exist_ok=True)
+        except (OSError, shutil.Error) as exc:
+            print(f"[some files of {data} could not be restored: {exc}]", file=sys.stderr)
+
+
 def main() -> None:
-    limits = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
-    set_limits(limits)
-    requests = os.fdopen(os.dup(0), "r", encoding="utf-8")
+    config = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
+    set_limits(config)
+    restore_files(config.get("saved", ""), config.get("data", ""))
+    request_fd = int(config.get("request_fd", 100))
+    os.dup2(0, request_fd, inheritable=False)  # the server knows which descriptor to watch
+    requests = os.fdopen(request_fd, "r", encoding="utf-8")
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)  # input() reads nothing instead of the server's requests
     sys.stdin = open(os.devnull, encoding="utf-8")  # noqa: SIM115

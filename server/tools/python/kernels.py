@@ -1,11 +1,25 @@
 """The python tool's kernels: one sandboxed process per conversation, reaped when idle.
 
-`Kernel` is one sandbox running kernel.py: `execute(code)` sends the code, reads what it prints
-until the call's marker (at most `Limits.output_bytes` kept, the rest counted), and kills the
-sandbox when the call runs past its time and the kernel's own interruption did not end it, or
-when the kernel dies (memory, CPU time): the conversation's next call starts a fresh one, and
-the output says its state was lost. `KernelPool` keeps at most `max_kernels` of them, one per
-conversation, closes those idle longer than `idle_s`, and removes their scratch directories.
+`Kernel` is one sandbox running kernel.py in its own cgroup: `execute(code)` thaws the sandbox,
+sends the code, reads what it prints (at most `Limits.output_bytes` kept, the rest counted) until
+the call's marker, and then checks the end before it takes it. The marker is printed by the
+kernel, in whose process the code runs: the code can read it from the kernel's frames and print
+it, so it proves nothing. The end is taken only when the sandbox holds nothing but bubblewrap's
+two processes and the kernel, and the kernel's main thread is blocked reading its next request
+(its /proc `syscall`: `read` on the request descriptor); then the whole cgroup is frozen, what
+was written before the freeze is read as this call's output, and nothing of the sandbox runs
+until the next call thaws it. A call whose end does not pass the check (the code wrote the marker
+itself and went on) kills the sandbox. So the code of a call runs only within calls, each bounded
+by its wall-clock limit, and no output of one call is read as a later one's. Without a cgroup
+(the operator's choice) nothing is frozen: the check still holds the main thread, but threads
+the code started may run between calls, bounded by the kernel's CPU-time limit only.
+
+A call past its time whose kernel did not end it itself, a kernel that dies (memory, CPU time)
+and a forged end all kill every process of the cgroup: the conversation's next call starts a
+fresh kernel, and the output says its state was lost. /mnt/data is saved to the conversation's
+host directory after every call and before a kill (files.py), and the next kernel starts with it.
+`KernelPool` keeps at most `max_kernels` of them, one per conversation, closes those idle longer
+than `idle_s`, and removes their directories.
 """
 
 from __future__ import annotations
@@ -22,10 +36,18 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from server.tools.python.sandbox import SandboxConfig
+import psutil
+
+from server.tools.python import files, seccomp
+from server.tools.python.cgroups import Cgroup
+from server.tools.python.sandbox import REQUEST_FD, SCRATCH_MOUNT, SandboxConfig
 
 READ_CHUNK = 65536
 KILL_GRACE_S = 3.0  # past the timeout, the kernel's own interruption has this long to work
+SETTLE_S = 2.0  # after its marker, the kernel has this long to be back at its request loop
+FORGED = (
+    "the code wrote the call's end itself and kept running, so the python session was killed"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,8 +69,10 @@ class Kernel:
 
     def __init__(self, config: SandboxConfig, scratch: Path) -> None:
         self._config = config
-        self.scratch = scratch
+        self.scratch = scratch  # the conversation's files as saved after its last call
         self._process: asyncio.subprocess.Process | None = None
+        self._output: int | None = None  # the read end of the sandbox's stdout and stderr
+        self.cgroup: Cgroup | None = None
         self.lock = asyncio.Lock()  # one call at a time
         self.last_used = time.monotonic()
 
@@ -57,16 +81,31 @@ class Kernel:
         return self._process is not None and self._process.returncode is None
 
     async def start(self) -> None:
-        self._process = await asyncio.create_subprocess_exec(
-            *self._config.command(self.scratch),
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-            start_new_session=True,
-            user=self._config.uid,
-            group=self._config.uid,
-            extra_groups=self._config.extra_groups,
-        )
+        config = self._config
+        if config.cgroups is not None:
+            self.cgroup = await asyncio.to_thread(config.cgroups.create, config.limits.for_group())
+        seccomp_fd = seccomp.program_fd()
+        read_end, write_end = os.pipe()
+        try:
+            self._process = await asyncio.create_subprocess_exec(
+                *config.command(self.scratch, seccomp_fd, self.cgroup),
+                stdin=asyncio.subprocess.PIPE,
+                stdout=write_end,
+                stderr=write_end,
+                pass_fds=(seccomp_fd,),
+                start_new_session=True,
+            )
+        except BaseException:
+            os.close(read_end)
+            if self.cgroup is not None:
+                await asyncio.to_thread(self.cgroup.remove)
+                self.cgroup = None
+            raise
+        finally:
+            os.close(write_end)
+            os.close(seccomp_fd)
+        os.set_blocking(read_end, False)
+        self._output = read_end
 
     async def execute(self, code: str, timeout_s: float) -> Execution:
         """Run `code`; never raises for anything the code does."""
@@ -75,8 +114,10 @@ class Kernel:
         process = self._process
         assert process is not None
         assert process.stdin is not None
-        assert process.stdout is not None
+        assert self._output is not None
         self.last_used = time.monotonic()
+        if self.cgroup is not None:
+            await asyncio.to_thread(self.cgroup.thaw)
         marker = f"\x1e{secrets.token_hex(16)}\x1e".encode("ascii")
         request = {"code": code, "marker": marker.decode("ascii"), "timeout": timeout_s}
         try:
@@ -87,13 +128,13 @@ class Kernel:
         reader = _OutputReader(marker, self._config.limits.output_bytes)
         try:
             finished = await asyncio.wait_for(
-                reader.read(process.stdout), timeout=timeout_s + KILL_GRACE_S
+                reader.read(self._output), timeout=timeout_s + KILL_GRACE_S
             )
         except asyncio.CancelledError:  # the caller gave up: the code must not run on unseen
             await asyncio.shield(self.close())
             raise
         except asyncio.TimeoutError:
-            await self.close()
+            await self.close(save=True)
             return reader.result(
                 f"the code ran past the {timeout_s:g} s time limit and did not stop when "
                 "interrupted, so the python session was killed"
@@ -101,21 +142,98 @@ class Kernel:
         finally:
             self.last_used = time.monotonic()
         if finished:
+            settled = await asyncio.to_thread(self._settle)
+            reader.drain(self._output)  # all that was written before the freeze is this call's
+            if not settled:
+                await self.close(save=True)
+                return reader.result(FORGED)
+            await asyncio.to_thread(self._save)
             return reader.result(None)
         status = await process.wait()
         await self.close()
         return reader.result(_death(status, self._config.limits.cpu_seconds))
 
-    async def close(self) -> None:
-        """Kill the sandbox (everything in it dies with bwrap's init) and wait for it."""
-        process = self._process
-        if process is None or process.returncode is not None:
+    def _processes(self) -> tuple[int, int] | None:
+        """bubblewrap's init and the kernel, when they are all the sandbox holds besides
+        bubblewrap itself; None otherwise."""
+        assert self._process is not None
+        try:
+            inside = psutil.Process(self._process.pid).children(recursive=True)
+            if len(inside) != 2:
+                return None
+            init = [p for p in inside if p.ppid() == self._process.pid]
+            kernel = [p for p in inside if p.ppid() != self._process.pid]
+        except psutil.Error:
+            return None
+        if len(init) != 1 or len(kernel) != 1 or kernel[0].ppid() != init[0].pid:
+            return None
+        return init[0].pid, kernel[0].pid
+
+    def _waiting(self) -> bool:
+        """The kernel alone in the sandbox and blocked reading its next request."""
+        found = self._processes()
+        if found is None:
+            return False
+        try:
+            with open(f"/proc/{found[1]}/syscall", encoding="ascii") as file:
+                call = file.read().split()
+        except OSError:
+            return False
+        return len(call) > 1 and call[0] == str(READ) and int(call[1], 16) == REQUEST_FD
+
+    def _settle(self) -> bool:
+        """After the marker: wait for the kernel to be back at its request loop, freeze the
+        cgroup, and check again; False when the end was not the kernel's own."""
+        deadline = time.monotonic() + SETTLE_S
+        while not self._waiting():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.002)
+        if self.cgroup is not None:
+            self.cgroup.freeze()
+        return self._waiting()
+
+    def _save(self) -> None:
+        """Copy the sandbox's /mnt/data out (its processes stopped or blocked)."""
+        found = self._processes() if self._process is not None else None
+        init = found[0] if found else self._init_pid()
+        if init is None:
             return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(process.pid, signal.SIGKILL)
-        with contextlib.suppress(ProcessLookupError):
-            process.kill()
-        await process.wait()
+        with contextlib.suppress(OSError):  # a sandbox that ends meanwhile keeps what was saved
+            files.save(Path(f"/proc/{init}/root{SCRATCH_MOUNT}"), self.scratch, self._config.uid)
+
+    def _init_pid(self) -> int | None:
+        assert self._process is not None
+        with contextlib.suppress(psutil.Error):
+            children = psutil.Process(self._process.pid).children()
+            if len(children) == 1:
+                return int(children[0].pid)
+        return None
+
+    async def close(self, *, save: bool = False) -> None:
+        """Kill the sandbox (its whole cgroup), saving its files first when `save`, and wait."""
+        process = self._process
+        if process is not None and process.returncode is None:
+            if self.cgroup is not None:
+                with contextlib.suppress(OSError):
+                    await asyncio.to_thread(self.cgroup.freeze)
+            if save:
+                await asyncio.to_thread(self._save)
+        if self.cgroup is not None:
+            await asyncio.to_thread(self.cgroup.remove)
+            self.cgroup = None
+        if process is not None and process.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            await process.wait()
+        if self._output is not None:
+            os.close(self._output)
+            self._output = None
+
+
+READ = seccomp.syscall_number("read")
 
 
 def _death(status: int, cpu_seconds: int) -> str:
@@ -131,6 +249,21 @@ def _death(status: int, cpu_seconds: int) -> str:
     return f"the python session ended (exit status {status})"
 
 
+async def _read_chunk(fd: int) -> bytes:
+    """The next bytes of the non-blocking pipe `fd` (b"" at its end)."""
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            return os.read(fd, READ_CHUNK)
+        except BlockingIOError:
+            ready = loop.create_future()
+            loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
+            try:
+                await ready
+            finally:
+                loop.remove_reader(fd)
+
+
 class _OutputReader:
     """Reads a call's output up to its marker, keeping at most `limit` bytes."""
 
@@ -141,21 +274,34 @@ class _OutputReader:
         self._tail = b""  # the last bytes read, where a marker may have begun
         self.omitted = 0
 
-    async def read(self, stream: asyncio.StreamReader) -> bool:
-        """True at the marker, False at the end of the stream (the kernel died)."""
+    async def read(self, fd: int) -> bool:
+        """True at the marker, False at the end of the output (the kernel died)."""
         while True:
-            chunk = await stream.read(READ_CHUNK)
+            chunk = await _read_chunk(fd)
             if not chunk:
                 self._keep(self._tail)
+                self._tail = b""
                 return False
             data = self._tail + chunk
             at = data.find(self._marker)
-            if at >= 0:
-                self._keep(data[:at])
+            if at >= 0:  # anything after it was still written in this call
+                self._keep(data[:at] + data[at + len(self._marker) :])
+                self._tail = b""
                 return True
             cut = max(0, len(data) - len(self._marker) + 1)
             self._keep(data[:cut])
             self._tail = data[cut:]
+
+    def drain(self, fd: int) -> None:
+        """Keep what is still in the pipe (its writers stopped) as this call's output."""
+        while True:
+            try:
+                chunk = os.read(fd, READ_CHUNK)
+            except BlockingIOError:
+                return
+            if not chunk:
+                return
+            self._keep(chunk.replace(self._marker, b""))
 
     def _keep(self, data: bytes) -> None:
         room = self._limit - len(self._kept)
