@@ -9,49 +9,28 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 import pytest
 
-from server.tools.base import ServerTool, ToolContext
+from server.tools.base import ServerTool
 from server.tools.python.kernels import KernelPool
-from server.tools.python.sandbox import Limits, SandboxConfig, SandboxUnavailable, configure
+from server.tools.python.sandbox import (
+    SYSTEM_DIRS,
+    SYSTEM_FILES,
+    Limits,
+    SandboxConfig,
+    SandboxUnavailable,
+    configure,
+)
 from server.tools.python.tool import NO_OUTPUT, PythonTool
+from tests.support.python_sandbox import ctx, host_secret, run_with, sandbox_config
 
 LIMITS = Limits(timeout_s=3.0, memory_bytes=256 << 20, processes=16, output_bytes=256 << 10)
 
 
 @pytest.fixture(scope="module")
 def sandbox() -> SandboxConfig:
-    try:
-        return configure(limits=LIMITS)
-    except SandboxUnavailable as exc:
-        if os.environ.get("GPT_OSS_REQUIRE_SANDBOX") == "1":
-            pytest.fail(f"{exc} (GPT_OSS_REQUIRE_SANDBOX=1)")
-        pytest.skip(str(exc))
-
-
-def run_with(
-    config: SandboxConfig, body: Callable[[PythonTool], Awaitable[None]], **pool: float
-) -> None:
-    async def main() -> None:
-        tool = PythonTool(config, **pool)  # type: ignore[arg-type]
-        try:
-            await body(tool)
-        finally:
-            await tool.close()
-
-    asyncio.run(main())
-
-
-def ctx(conversation: str = "c1", max_output_chars: int = 4000) -> ToolContext:
-    return ToolContext(
-        response_id="resp_1",
-        conversation_id=conversation,
-        timeout_s=30,
-        max_output_chars=max_output_chars,
-    )
+    return sandbox_config(LIMITS)
 
 
 def test_is_a_server_tool_with_harmonys_python_namespace(sandbox: SandboxConfig) -> None:
@@ -118,33 +97,42 @@ def test_no_network(sandbox: SandboxConfig) -> None:
     run_with(sandbox, body)
 
 
-def test_files_only_in_its_own_scratch_directory(sandbox: SandboxConfig, tmp_path: Path) -> None:
-    secret = tmp_path / "secret.txt"
-    secret.write_text("host data")
-    code = (
-        "import os\n"
-        "open('/mnt/data/kept.txt', 'w').write('scratch')\n"
-        f"for path in ['/usr/evil.txt', '/etc/evil.txt', '/evil.txt', {str(secret)!r}]:\n"
-        "    try:\n"
-        "        open(path, 'w').write('x')\n"
-        "        print('WROTE', path)\n"
-        "    except OSError as exc:\n"
-        "        print('refused', path, exc.strerror)\n"
-        f"print(os.path.exists({str(secret)!r}), os.getcwd(), os.getuid())\n"
-    )
+def test_files_only_in_its_own_scratch_directory(sandbox: SandboxConfig) -> None:
+    with host_secret() as secret:
+        code = (
+            "import os\n"
+            "open('/mnt/data/kept.txt', 'w').write('scratch')\n"
+            f"for path in ['/usr/evil.txt', '/etc/evil.txt', '/evil.txt', {str(secret)!r}]:\n"
+            "    try:\n"
+            "        open(path, 'w').write('x')\n"
+            "        print('WROTE', path)\n"
+            "    except OSError as exc:\n"
+            "        print('refused', path, exc.strerror)\n"
+            f"print(os.path.exists({str(secret)!r}), os.path.exists({str(secret.parent)!r}))\n"
+            "print(sorted(os.listdir('/')), sorted(os.listdir('/etc')), sorted(os.listdir('/mnt')))\n"
+            "print(os.getcwd(), os.getuid())\n"
+        )
+        expected_root = sorted(
+            {"dev", "etc", "mnt", "proc", "tmp"}
+            | {p.strip("/") for p in SYSTEM_DIRS if os.path.lexists(p)}
+        )
+        expected_etc = sorted(p.rsplit("/", 1)[1] for p in SYSTEM_FILES if os.path.isfile(p))
 
-    async def body(tool: PythonTool) -> None:
-        result = await tool.call("python", code, ctx())
-        assert "WROTE" not in result.text
-        assert result.text.count("refused") == 4
-        assert "refused /usr/evil.txt Read-only file system" in result.text
-        assert result.text.endswith("False /mnt/data 1000\n")  # the host's files are absent
-        (scratch,) = [k.scratch for k in tool.pool._kernels.values()]
-        assert (scratch / "kept.txt").read_text() == "scratch"
-        assert scratch.stat().st_mode & 0o077 == 0
-        assert secret.read_text() == "host data"
+        async def body(tool: PythonTool) -> None:
+            result = await tool.call("python", code, ctx())
+            assert "WROTE" not in result.text
+            assert result.text.count("refused") == 4
+            assert "refused /usr/evil.txt Read-only file system" in result.text
+            *_, absent, listed, where = result.text.splitlines()
+            assert absent == "False False"  # the host's files are not there at all
+            assert listed == f"{expected_root} {expected_etc} {['.saved', 'data']}"
+            assert where == "/mnt/data 1000"
+            (scratch,) = [k.scratch for k in tool.pool._kernels.values()]
+            assert (scratch / "kept.txt").read_text() == "scratch"
+            assert scratch.stat().st_mode & 0o077 == 0
+            assert secret.read_text() == "host data"
 
-    run_with(sandbox, body)
+        run_with(sandbox, body)
 
 
 def test_fork_bomb_is_stopped_and_its_processes_killed(sandbox: SandboxConfig) -> None:

@@ -44,7 +44,7 @@ from server.tools.python.sandbox import REQUEST_FD, SCRATCH_MOUNT, SandboxConfig
 
 READ_CHUNK = 65536
 KILL_GRACE_S = 3.0  # past the timeout, the kernel's own interruption has this long to work
-SETTLE_S = 2.0  # after its marker, the kernel has this long to be back at its request loop
+SETTLE_S = 0.5  # after its marker, the kernel has at least this long to be back at its loop
 FORGED = (
     "the code wrote the call's end itself and kept running, so the python session was killed"
 )
@@ -126,6 +126,7 @@ class Kernel:
         except (BrokenPipeError, ConnectionResetError):
             pass  # it died: reading finds the end and says so
         reader = _OutputReader(marker, self._config.limits.output_bytes)
+        deadline = time.monotonic() + timeout_s + KILL_GRACE_S
         try:
             finished = await asyncio.wait_for(
                 reader.read(self._output), timeout=timeout_s + KILL_GRACE_S
@@ -142,7 +143,7 @@ class Kernel:
         finally:
             self.last_used = time.monotonic()
         if finished:
-            settled = await asyncio.to_thread(self._settle)
+            settled = await asyncio.to_thread(self._settle, deadline)
             reader.drain(self._output)  # all that was written before the freeze is this call's
             if not settled:
                 await self.close(save=True)
@@ -181,10 +182,11 @@ class Kernel:
             return False
         return len(call) > 1 and call[0] == str(READ) and int(call[1], 16) == REQUEST_FD
 
-    def _settle(self) -> bool:
-        """After the marker: wait for the kernel to be back at its request loop, freeze the
-        cgroup, and check again; False when the end was not the kernel's own."""
-        deadline = time.monotonic() + SETTLE_S
+    def _settle(self, deadline: float) -> bool:
+        """After the marker: wait for the kernel to be back at its request loop (until the
+        call's own deadline, or a moment past the marker), freeze the cgroup, and check again;
+        False when the end was not the kernel's own."""
+        deadline = max(deadline, time.monotonic() + SETTLE_S)
         while not self._waiting():
             if time.monotonic() > deadline:
                 return False
