@@ -21,11 +21,12 @@ from server.tools.python.sandbox import Limits, SandboxConfig
 from server.tools.python.tool import PythonTool
 from tests.support.python_sandbox import ctx, run_with, sandbox_config
 
+CORES = 0.5
 LIMITS = Limits(
     timeout_s=5.0,
     memory_bytes=256 << 20,
     processes=16,
-    cpu_cores=0.5,
+    cpu_cores=CORES,
     shm_bytes=16 << 20,
     data_bytes=32 << 20,
     output_bytes=64 << 10,
@@ -187,7 +188,7 @@ print(round((used() - start) / (time.monotonic() - begun), 2))
 def test_busy_loops_on_every_core_share_the_sandboxs_cpu_quota(sandbox: SandboxConfig) -> None:
     async def body(tool: PythonTool) -> None:
         share = float(last_line((await tool.call("python", BUSY, ctx())).text))
-        assert share <= LIMITS.cpu_cores * 1.25  # cores' worth of CPU, all processes together
+        assert share <= CORES * 1.25  # cores' worth of CPU, all processes together
 
     run_with(sandbox, body)
 
