@@ -129,6 +129,26 @@ def test_python_runs_in_the_sandbox_keeps_state_and_the_rounds_reuse_the_kv_cach
     assert evaluated <= len(p1) + new
 
 
+def test_the_apis_python_calls_run_inside_the_sandbox(
+    client: TestClient, forced: ForcedScript
+) -> None:
+    code = (
+        "import os, socket\n"
+        "print(socket.gethostname(), os.getuid(), os.getcwd())\n"
+        "print(sorted(os.listdir('/mnt')), os.path.exists('/home'), os.path.exists('/root'))"
+    )
+    forced.push(python_call(code))
+    forced.push(answer("Inside."))
+    body = create(
+        client,
+        input="Where do you run?",
+        tools=[{"type": "code_interpreter", "container": {"type": "auto"}}],
+    )
+    logs = by_type(body["output"], "code_interpreter_call")[0]["outputs"][0]["logs"]
+    # the sandbox's hostname, user and directory, not the server's; no host directories
+    assert logs == "sandbox 1000 /mnt/data\n['.saved', 'data'] False False\n"
+
+
 def test_the_kernel_lives_for_the_conversation_across_stored_responses(
     client: TestClient, forced: ForcedScript, encoding: HarmonyEncoding
 ) -> None:

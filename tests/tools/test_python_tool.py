@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -283,3 +286,58 @@ def test_a_missing_bubblewrap_turns_the_tool_off_with_the_reason(
 def test_an_interpreter_bubblewrap_cannot_reach_is_reported(sandbox: SandboxConfig) -> None:
     with pytest.raises(SandboxUnavailable, match="not found"):
         configure(interpreter="/nonexistent/python3")
+
+
+AS_A_USER_WITHOUT_CGROUP = """
+import asyncio
+from server.tools.python.kernels import KernelPool
+from server.tools.python.sandbox import SandboxUnavailable, configure
+try:
+    print("BOUNDED", configure().describe())
+except SandboxUnavailable as exc:
+    print("REFUSED", exc)
+config = configure(without_cgroup=True)
+print("CHOSEN", config.describe())
+async def main():
+    pool = KernelPool(config)
+    try:
+        print("RAN", (await pool.run("c", "import os\\nprint(os.getuid(), 6 * 7)", 10)).output)
+    finally:
+        await pool.close()
+asyncio.run(main())
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switches to an ordinary user")
+def test_an_ordinary_user_without_a_cgroup_is_told_why_and_may_choose_per_process_limits(
+    sandbox: SandboxConfig,
+) -> None:
+    """As a user who can make no cgroup (cgroup v1, or v2 without a delegated subtree), the
+    tool is refused with what to do, and runs with per-process limits only when asked."""
+    # the system's python of this version, reachable by any user, with this run's packages
+    python = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
+    if not os.access(python, os.X_OK):
+        pytest.skip(f"no {python} for an ordinary user to run")
+    repo = Path(__file__).parents[2]
+    packages = [p for p in sys.path if p.endswith("site-packages")]
+    ran = subprocess.run(
+        [python, "-c", AS_A_USER_WITHOUT_CGROUP],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        user=sandbox.uid,
+        group=sandbox.uid,
+        extra_groups=[],
+        cwd=repo,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": os.pathsep.join([str(repo), *packages])},
+    )
+    lines = ran.stdout.splitlines()
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    if lines[0].startswith("BOUNDED"):
+        pytest.skip(f"this user has a delegated cgroup: {lines[0]}")
+    assert lines[0].startswith("REFUSED no cgroup can be made for the python tool's sandboxes")
+    assert "--python-tool-without-cgroup" in lines[0]
+    assert "systemd-run --user --scope -p Delegate=yes" in lines[0]
+    assert lines[1].startswith("CHOSEN per-process limits only (no cgroup)")
+    assert lines[2] == "RAN 1000 42"
