@@ -19,7 +19,7 @@ import pytest
 
 from server.tools.python.sandbox import Limits, SandboxConfig
 from server.tools.python.tool import PythonTool
-from tests.support.python_sandbox import ctx, run_with, sandbox_config
+from tests.support.python_sandbox import ctx, host_secret, run_with, sandbox_config
 
 CORES = 0.5
 LIMITS = Limits(
@@ -44,20 +44,22 @@ def last_line(text: str) -> str:
 
 HOLD_MEMORY = """
 import os, time
-pipes = []
+children = []
 for _ in range(3):  # 3 x 100 MiB: each under the limit, together past it
     r, w = os.pipe()
-    if os.fork() == 0:
+    pid = os.fork()
+    if pid == 0:
         os.close(r)
         block = b'x' * (100 << 20)  # written, so resident
         os.write(w, b'1')
         time.sleep(30)
         os._exit(0)
     os.close(w)
-    pipes.append(r)
-held = 0
-for r in pipes:
-    held += len(os.read(r, 1))  # b'' when the child was killed first
+    children.append((pid, r))
+for pid, r in children:
+    os.read(r, 1)  # b'' when the child was killed before it held its block
+time.sleep(0.3)
+held = sum(os.waitpid(pid, os.WNOHANG) == (0, 0) for pid, _ in children)  # alive, holding
 print('held', held)
 """
 
@@ -107,7 +109,9 @@ def test_mnt_data_is_bounded_across_calls_and_kept_across_kernels(
     sandbox: SandboxConfig,
 ) -> None:
     async def body(tool: PythonTool) -> None:
-        first = await tool.call("python", FILL.format(chunks=4, directory="/mnt/data", tag=1), ctx())
+        first = await tool.call(
+            "python", FILL.format(chunks=4, directory="/mnt/data", tag=1), ctx()
+        )
         assert last_line(first.text) == "16|None|16"
         died = await tool.call("python", "import os, signal\nos.kill(os.getpid(), 9)", ctx())
         assert "the python session was killed" in died.text
@@ -155,7 +159,9 @@ def test_a_fork_bomb_is_held_to_the_process_limit(sandbox: SandboxConfig) -> Non
         kind, peak = last_line(result.text).split()
         assert kind == "BlockingIOError"
         assert int(peak) <= LIMITS.processes  # bubblewrap's init and the kernel among them
-        after = await tool.call("python", "import os\nsorted(p for p in os.listdir('/proc') if p.isdigit())", ctx())
+        after = await tool.call(
+            "python", "import os\nsorted(p for p in os.listdir('/proc') if p.isdigit())", ctx()
+        )
         assert after.text == "['1', '2']\n"
 
     run_with(sandbox, body)
@@ -240,8 +246,7 @@ def test_no_user_namespace_and_no_denied_system_call(sandbox: SandboxConfig) -> 
         first, second = result.text.splitlines()[-2:]
         assert first.startswith("unshare -Urn: 1 ")  # refused; as root inside it prints 0
         assert second == (
-            "ptrace keyctl mount bpf perf_event_open userfaultfd personality io_uring_setup "
-            "unshare"
+            "ptrace keyctl mount bpf perf_event_open userfaultfd personality io_uring_setup unshare"
         )
 
     run_with(sandbox, body)
@@ -342,3 +347,38 @@ def test_a_call_past_its_time_kills_every_process_and_removes_the_cgroup(
         assert not any(Path(d).exists() for d in group.dirs.values())
 
     run_with(sandbox, body)
+
+
+def test_saving_mnt_data_follows_no_link_out_of_the_sandbox(sandbox: SandboxConfig) -> None:
+    with host_secret() as secret:
+        plant = (
+            "import os\n"
+            f"os.symlink({str(secret)!r}, '/mnt/data/leak')\n"
+            f"os.symlink({str(secret.parent)!r}, '/mnt/data/dir')\n"
+            "os.mkfifo('/mnt/data/fifo')\n"
+            "os.mkdir('/mnt/data/sub')\n"
+            "open('/mnt/data/sub/kept', 'w').write('mine')\n"
+        )
+        read = (
+            "import os\n"
+            "print(sorted(os.listdir('/mnt/data')), open('/mnt/data/sub/kept').read())\n"
+            "for path in ['/mnt/data/leak', '/mnt/data/dir/secret.txt']:\n"
+            "    print(os.readlink(path) if os.path.islink(path) else '', os.path.exists(path))\n"
+        )
+
+        async def body(tool: PythonTool) -> None:
+            await tool.call("python", plant, ctx())
+            (kernel,) = tool.pool._kernels.values()
+            saved = kernel.scratch
+            assert os.readlink(saved / "leak") == str(secret)  # a link, as the sandbox made it
+            assert (saved / "dir").is_symlink()
+            assert not (saved / "fifo").exists()
+            await tool.call("python", "import os, signal\nos.kill(os.getpid(), 9)", ctx())
+            after = await tool.call("python", read, ctx())  # a new kernel, from what was saved
+            assert after.text == (
+                "['dir', 'leak', 'sub'] mine\n"
+                f"{secret} False\n"  # the link came back, and leads nowhere in the sandbox
+                " False\n"
+            )
+
+        run_with(sandbox, body)

@@ -112,7 +112,8 @@ def test_files_only_in_its_own_scratch_directory(sandbox: SandboxConfig) -> None
             "    except OSError as exc:\n"
             "        print('refused', path, exc.strerror)\n"
             f"print(os.path.exists({str(secret)!r}), os.path.exists({str(secret.parent)!r}))\n"
-            "print(sorted(os.listdir('/')), sorted(os.listdir('/etc')), sorted(os.listdir('/mnt')))\n"
+            "print(sorted(os.listdir('/')), sorted(os.listdir('/etc')),"
+            " sorted(os.listdir('/mnt')))\n"
             "print(os.getcwd(), os.getuid())\n"
         )
         expected_root = sorted(

@@ -25,6 +25,7 @@ import os
 import secrets
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -114,9 +115,9 @@ class Cgroup:
             with contextlib.suppress(FileNotFoundError):
                 directory.rmdir()
 
-    def _settle(self, done: object) -> None:
+    def _settle(self, done: Callable[[], bool]) -> None:
         deadline = time.monotonic() + SETTLE_S
-        while not done():  # type: ignore[operator]
+        while not done():
             if time.monotonic() > deadline:
                 raise OSError(errno.ETIMEDOUT, f"cgroup {self._main} did not settle")
             time.sleep(0.005)
@@ -236,7 +237,7 @@ def find() -> Cgroups:
     own = _own_groups()
     v1, v2 = _mounts()
     reasons: list[str] = []
-    candidates = []
+    candidates: list[Callable[[], Cgroups]] = []
     if v2 is not None and "" in own:
         candidates.append(lambda: _v2(v2, own[""]))
     if v1:

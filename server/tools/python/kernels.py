@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import secrets
 import shutil
@@ -42,12 +43,12 @@ from server.tools.python import files, seccomp
 from server.tools.python.cgroups import Cgroup
 from server.tools.python.sandbox import REQUEST_FD, SCRATCH_MOUNT, SandboxConfig
 
+log = logging.getLogger(__name__)
+
 READ_CHUNK = 65536
 KILL_GRACE_S = 3.0  # past the timeout, the kernel's own interruption has this long to work
 SETTLE_S = 0.5  # after its marker, the kernel has at least this long to be back at its loop
-FORGED = (
-    "the code wrote the call's end itself and kept running, so the python session was killed"
-)
+FORGED = "the code wrote the call's end itself and kept running, so the python session was killed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +111,11 @@ class Kernel:
     async def execute(self, code: str, timeout_s: float) -> Execution:
         """Run `code`; never raises for anything the code does."""
         if not self.alive:
-            await self.start()
+            try:
+                await self.start()
+            except OSError as exc:  # no cgroup or process could be made now
+                log.warning("a python sandbox did not start: %s", exc)
+                return Execution(output="", ended=f"the python session could not start ({exc})")
         process = self._process
         assert process is not None
         assert process.stdin is not None
@@ -222,7 +227,10 @@ class Kernel:
             if save:
                 await asyncio.to_thread(self._save)
         if self.cgroup is not None:
-            await asyncio.to_thread(self.cgroup.remove)
+            try:
+                await asyncio.to_thread(self.cgroup.remove)
+            except OSError as exc:  # its processes are killed below all the same
+                log.warning("a python sandbox's cgroup was not removed: %s", exc)
             self.cgroup = None
         if process is not None and process.returncode is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -258,12 +266,17 @@ async def _read_chunk(fd: int) -> bytes:
         try:
             return os.read(fd, READ_CHUNK)
         except BlockingIOError:
-            ready = loop.create_future()
-            loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
+            ready: asyncio.Future[None] = loop.create_future()
+            loop.add_reader(fd, _set_once, ready)
             try:
                 await ready
             finally:
                 loop.remove_reader(fd)
+
+
+def _set_once(ready: asyncio.Future[None]) -> None:
+    if not ready.done():
+        ready.set_result(None)
 
 
 class _OutputReader:

@@ -305,8 +305,7 @@ def configure(
     except CgroupUnavailable as exc:
         if not without_cgroup:
             raise SandboxUnavailable(
-                f"no cgroup can be made for the python tool's sandboxes ({exc}): "
-                + NO_CGROUP_HELP
+                f"no cgroup can be made for the python tool's sandboxes ({exc}): " + NO_CGROUP_HELP
             ) from exc
     config = SandboxConfig(
         bwrap=bwrap,

@@ -166,7 +166,11 @@ def program() -> bytes:
             add(_errno_action(errno.EPERM), "clone")  # flags at an unknown place: no clone
         else:
             for flag in CLONE_NEW_FLAGS:
-                add(_errno_action(errno.EPERM), "clone", _ArgCmp(arg, SCMP_CMP_MASKED_EQ, flag, flag))
+                add(
+                    _errno_action(errno.EPERM),
+                    "clone",
+                    _ArgCmp(arg, SCMP_CMP_MASKED_EQ, flag, flag),
+                )
         fd = os.memfd_create("seccomp", 0)
         try:
             if lib.seccomp_export_bpf(ctx, fd) < 0:
