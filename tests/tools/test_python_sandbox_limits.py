@@ -213,11 +213,12 @@ def test_neither_the_hosts_loopback_nor_a_public_address_is_reachable(
             "        print('CONNECTED', address)\n"
             "    except OSError as exc:\n"
             "        print(exc.strerror)\n"
+            "socket.gethostname()"
         )
 
         async def body(tool: PythonTool) -> None:
             result = await tool.call("python", code, ctx())
-            assert result.text == "Connection refused\nNetwork is unreachable\n"
+            assert result.text == "Connection refused\nNetwork is unreachable\n'sandbox'\n"
 
         run_with(sandbox, body)
         with pytest.raises(BlockingIOError):

@@ -82,24 +82,6 @@ def test_errors_print_a_traceback_of_the_cell_only(sandbox: SandboxConfig) -> No
     run_with(sandbox, body)
 
 
-def test_no_network(sandbox: SandboxConfig) -> None:
-    code = (
-        "import socket\n"
-        "try:\n"
-        "    socket.create_connection(('1.1.1.1', 53), timeout=2)\n"
-        "except OSError as exc:\n"
-        "    print('refused:', exc)\n"
-        "socket.gethostname()"
-    )
-
-    async def body(tool: PythonTool) -> None:
-        result = await tool.call("python", code, ctx())
-        assert "refused: [Errno 101] Network is unreachable" in result.text
-        assert result.text.endswith("'sandbox'\n")
-
-    run_with(sandbox, body)
-
-
 def test_files_only_in_its_own_scratch_directory(sandbox: SandboxConfig) -> None:
     with host_secret() as secret:
         code = (
