@@ -192,10 +192,12 @@ class Kernel:
         call's own deadline, or a moment past the marker), freeze the cgroup, and check again;
         False when the end was not the kernel's own."""
         deadline = max(deadline, time.monotonic() + SETTLE_S)
+        pause = 0.001
         while not self._waiting():
             if time.monotonic() > deadline:
                 return False
-            time.sleep(0.002)
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
         if self.cgroup is not None:
             self.cgroup.freeze()
         return self._waiting()
