@@ -383,3 +383,48 @@ def test_saving_mnt_data_follows_no_link_out_of_the_sandbox(sandbox: SandboxConf
             )
 
         run_with(sandbox, body)
+
+
+def test_a_forged_end_of_code_that_will_not_stop_kills_the_sandbox(
+    sandbox: SandboxConfig,
+) -> None:
+    stubborn = FIND_MARKER + (
+        "import signal\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\nwhile True:\n    pass\n"
+    )
+
+    async def body(tool: PythonTool) -> None:
+        await tool.call("python", "kept = 1", ctx())
+        result = await tool.call("python", stubborn, ctx())
+        assert result.is_error
+        assert "wrote the call's end itself and kept running" in result.text
+        assert sandbox_processes(tool) == []
+        assert "NameError" in (await tool.call("python", "kept", ctx())).text
+
+    run_with(sandbox, body)
+
+
+TICKING = """
+import threading, time
+ticks = 0
+def tick():
+    global ticks
+    while True:
+        time.sleep(0.01)
+        ticks += 1
+threading.Thread(target=tick, daemon=True).start()
+time.sleep(0.2)
+ticks
+"""
+
+
+def test_nothing_of_the_sandbox_runs_between_calls(sandbox: SandboxConfig) -> None:
+    if sandbox.cgroups is None:
+        pytest.skip("no cgroup: threads may run between calls (per-process limits only)")
+
+    async def body(tool: PythonTool) -> None:
+        at_end = int((await tool.call("python", TICKING, ctx())).text)
+        time.sleep(1.0)  # a hundred ticks, were the thread running
+        at_start = int((await tool.call("python", "ticks", ctx())).text)
+        assert at_start - at_end < 30
+
+    run_with(sandbox, body)
