@@ -51,7 +51,8 @@ def test_a_session_in_use_is_never_closed_to_make_room(web_url: str) -> None:
         try:
             busy = servers.resolve("w", web_url, {"X-Test": "busy"})
             other = servers.resolve("w", web_url, {"X-Test": "other"})
-            assert busy is not None and other is not None
+            assert busy is not None
+            assert other is not None
             assert (await servers.listing(busy)).error is None
             hanging = asyncio.create_task(servers.call(busy, "hang", "{}", 60))
             await asyncio.sleep(0.5)
@@ -64,7 +65,8 @@ def test_a_session_in_use_is_never_closed_to_make_room(web_url: str) -> None:
             await servers.close()
 
     refused, answered = asyncio.run(scenario())
-    assert refused is not None and "sessions in use" in refused
+    assert refused is not None
+    assert "sessions in use" in refused
     assert answered == "other"  # once the call ended, its session made room
 
 
