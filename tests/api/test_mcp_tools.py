@@ -21,6 +21,7 @@ from devkit.forced import ForcedScript
 from server.harmony.render import tool_message_tokens
 from server.ops.runtime import Runtime
 from server.tools.mcp import SESSIONS_PER_URL
+from tests.support.event_grammar import CheckedStream
 from tests.support.mcp_server import (
     HUGE_CHARS,
     X_TEST,
@@ -135,15 +136,23 @@ def test_stdio_server_call_and_stored_continuation(
     assert "<|start|>calc.add to=assistant<|channel|>commentary<|message|>42<|end|>" in prompt
 
 
-def test_a_failing_tool_is_an_error_item_and_the_response_goes_on(
-    client: TestClient, forced: ForcedScript, encoding: HarmonyEncoding
-) -> None:
-    forced.push(mcp_call("web", "fail", '{"reason":"test"}'))
+def failed_call(
+    client: TestClient, forced: ForcedScript, name: str, arguments: str
+) -> tuple[CheckedStream, dict[str, Any]]:
+    """A response whose model calls `web`'s tool `name`, which reports an error; its call item."""
+    forced.push(mcp_call("web", name, arguments))
     forced.push(answer("It failed."))
     checked = stream(client, input="Try it", tools=[tool("web")])
     call = by_type(checked.items, "mcp_call")[0]
     assert call["status"] == "failed"
     assert call["error"]["type"] == "mcp_tool_execution_error"
+    return checked, call
+
+
+def test_a_failing_tool_is_an_error_item_and_the_response_goes_on(
+    client: TestClient, forced: ForcedScript, encoding: HarmonyEncoding
+) -> None:
+    checked, _call = failed_call(client, forced, "fail", '{"reason":"test"}')
     assert "response.mcp_call.failed" in checked.types()
     assert checked.response.status == "completed"
     assert by_type(checked.items, "message")[0]["content"][0]["text"] == "It failed."
@@ -418,18 +427,20 @@ def test_a_stdio_server_is_started_once_for_its_calls(
 
 
 def test_requests_with_their_own_descriptions_share_one_stdio_server(
-    client: TestClient, forced: ForcedScript, encoding: HarmonyEncoding
+    client: TestClient, forced: ForcedScript
 ) -> None:
-    forced.push(answer("ok"))
-    create(client, input="hi", tools=[tool("calc")])
+    def pid(**fields: Any) -> str:
+        forced.push(mcp_call("calc", "pid", "{}"))
+        forced.push(answer("ok"))
+        body = create(client, input="pid?", tools=[tool("calc", **fields)])
+        return str(by_type(body["output"], "mcp_call")[0]["output"])
+
+    first = pid()
     before = stdio_servers()
     assert before >= 1
-    for n in range(20):
-        forced.push(answer("ok"))
-        described = tool("calc", server_description=f"Calculator number {n} of this test.")
-        body = create(client, input="hi", tools=[described])
-        assert by_type(body["output"], "mcp_list_tools")[0]["error"] is None
+    pids = {pid(server_description=f"Calculator number {n} of this test.") for n in range(20)}
     assert stdio_servers() == before
+    assert pids == {first}
 
 
 def test_the_description_a_request_gives_is_what_the_model_reads(
@@ -459,23 +470,18 @@ def test_a_json_rpc_error_keeps_the_session_and_the_servers_state(
     pid = run("pid")["output"]
     first = int(run("count")["output"])
     failed = run("rpc_error")
-    assert failed["status"] == "failed"
-    assert failed["error"]["code"] == -32602
-    assert "refused on purpose" in failed["error"]["message"]
     assert int(run("count")["output"]) == first + 1
     assert run("pid")["output"] == pid
+    assert failed["status"] == "failed"
+    assert failed["error"]["code"] == -32602  # the server's, passed on
+    assert "refused on purpose" in failed["error"]["message"]
 
 
 def test_a_huge_error_is_cut_like_any_result(
     client: TestClient, forced: ForcedScript, encoding: HarmonyEncoding
 ) -> None:
-    forced.push(mcp_call("web", "huge_error", "{}"))
-    forced.push(answer("Failed."))
-    checked = stream(client, input="Big", tools=[tool("web")])
-    call = by_type(checked.items, "mcp_call")[0]
-    assert call["status"] == "failed"
+    _checked, call = failed_call(client, forced, "huge_error", "{}")
     error = call["error"]
-    assert error["type"] == "mcp_tool_execution_error"
     (part,) = error["content"]
     assert part["text"].startswith("Error executing tool huge_error: 0123456789")
     assert "characters omitted" in part["text"]
@@ -500,8 +506,8 @@ def allowing(
         yield test_client
 
 
-def keyed(url: str, user: str) -> dict[str, Any]:
-    return tool("keyed", server_url=url, headers={"Authorization": f"Bearer {user}"})
+def keyed(url: str, user: str, label: str = "keyed") -> dict[str, Any]:
+    return tool(label, server_url=url, headers={"Authorization": f"Bearer {user}"})
 
 
 def test_a_listing_is_shown_only_to_the_credentials_that_made_it(
@@ -520,8 +526,9 @@ def test_a_listing_is_shown_only_to_the_credentials_that_made_it(
 def test_sessions_of_an_allowed_url_stay_bounded(
     allowing: TestClient, forced: ForcedScript, keyed_url: str
 ) -> None:
+    # a label of its own each time too: neither the label nor the headers may add sessions
     for n in range(12):
         forced.push(answer("ok"))
-        body = create(allowing, input="hi", tools=[keyed(keyed_url, f"user{n}")])
+        body = create(allowing, input="hi", tools=[keyed(keyed_url, f"user{n}", f"keyed{n}")])
         assert [t["name"] for t in body["output"][0]["tools"]] == [f"for_user{n}"]
         assert connections_to(keyed_url) <= SESSIONS_PER_URL
