@@ -20,7 +20,16 @@ from openai_harmony import HarmonyEncoding
 from devkit.forced import ForcedScript
 from server.harmony.render import tool_message_tokens
 from server.ops.runtime import Runtime
-from tests.support.mcp_server import HUGE_CHARS, X_TEST, http_server, write_config
+from server.tools.mcp import SESSIONS_PER_URL
+from tests.support.event_grammar import CheckedStream
+from tests.support.mcp_server import (
+    HUGE_CHARS,
+    X_TEST,
+    connections_to,
+    http_server,
+    stdio_servers,
+    write_config,
+)
 from tests.support.responses import MODEL, create, responses_client, stream
 from tests.support.scripts import answer, mcp_call, reasoning
 
@@ -66,7 +75,9 @@ def test_a_call_runs_inside_the_response_and_the_round_reuses_the_kv_cache(
     listing, _reasoning, call, message = checked.items
     assert listing["type"] == "mcp_list_tools"
     assert listing["server_label"] == "web"
-    assert [t["name"] for t in listing["tools"]] == ["add", "fail", "hang", "huge", "pid", "whoami"]
+    assert [t["name"] for t in listing["tools"]] == [
+        *("add", "count", "fail", "hang", "huge", "huge_error", "pid", "rpc_error", "whoami")
+    ]
     assert call["type"] == "mcp_call"
     assert (call["server_label"], call["name"], call["arguments"]) == (
         "web",
@@ -125,15 +136,23 @@ def test_stdio_server_call_and_stored_continuation(
     assert "<|start|>calc.add to=assistant<|channel|>commentary<|message|>42<|end|>" in prompt
 
 
-def test_a_failing_tool_is_an_error_item_and_the_response_goes_on(
-    client: TestClient, forced: ForcedScript, encoding: HarmonyEncoding
-) -> None:
-    forced.push(mcp_call("web", "fail", '{"reason":"test"}'))
+def failed_call(
+    client: TestClient, forced: ForcedScript, name: str, arguments: str
+) -> tuple[CheckedStream, dict[str, Any]]:
+    """A response whose model calls `web`'s tool `name`, which reports an error; its call item."""
+    forced.push(mcp_call("web", name, arguments))
     forced.push(answer("It failed."))
     checked = stream(client, input="Try it", tools=[tool("web")])
     call = by_type(checked.items, "mcp_call")[0]
     assert call["status"] == "failed"
     assert call["error"]["type"] == "mcp_tool_execution_error"
+    return checked, call
+
+
+def test_a_failing_tool_is_an_error_item_and_the_response_goes_on(
+    client: TestClient, forced: ForcedScript, encoding: HarmonyEncoding
+) -> None:
+    checked, _call = failed_call(client, forced, "fail", '{"reason":"test"}')
     assert "response.mcp_call.failed" in checked.types()
     assert checked.response.status == "completed"
     assert by_type(checked.items, "message")[0]["content"][0]["text"] == "It failed."
@@ -405,3 +424,111 @@ def test_a_stdio_server_is_started_once_for_its_calls(
         pids.append(by_type(body["output"], "mcp_call")[0]["output"])
     assert pids[0].isdigit()
     assert pids[0] == pids[1]
+
+
+def test_requests_with_their_own_descriptions_share_one_stdio_server(
+    client: TestClient, forced: ForcedScript
+) -> None:
+    def pid(**fields: Any) -> str:
+        forced.push(mcp_call("calc", "pid", "{}"))
+        forced.push(answer("ok"))
+        body = create(client, input="pid?", tools=[tool("calc", **fields)])
+        return str(by_type(body["output"], "mcp_call")[0]["output"])
+
+    first = pid()
+    before = stdio_servers()
+    assert before >= 1
+    pids = {pid(server_description=f"Calculator number {n} of this test.") for n in range(20)}
+    assert stdio_servers() == before
+    assert pids == {first}
+
+
+def test_the_description_a_request_gives_is_what_the_model_reads(
+    client: TestClient, forced: ForcedScript, encoding: HarmonyEncoding
+) -> None:
+    first, second = "Adds numbers for the first team.", "Adds numbers for the second team."
+    for description, other in ((first, second), (second, first)):
+        forced.push(answer("ok"))
+        create(client, input="hi", tools=[tool("calc", server_description=description)])
+        prompt = encoding.decode_utf8(forced.prompts[-1])
+        assert description in prompt
+        assert other not in prompt
+    forced.push(answer("ok"))
+    create(client, input="hi", tools=[tool("calc")])
+    assert "team." not in encoding.decode_utf8(forced.prompts[-1])
+
+
+def test_a_json_rpc_error_keeps_the_session_and_the_servers_state(
+    client: TestClient, forced: ForcedScript
+) -> None:
+    def run(name: str) -> dict[str, Any]:
+        forced.push(mcp_call("calc", name, "{}"))
+        forced.push(answer("ok"))
+        body = create(client, input=name, tools=[tool("calc")])
+        return by_type(body["output"], "mcp_call")[0]
+
+    pid = run("pid")["output"]
+    first = int(run("count")["output"])
+    failed = run("rpc_error")
+    assert int(run("count")["output"]) == first + 1
+    assert run("pid")["output"] == pid
+    assert failed["status"] == "failed"
+    assert failed["error"]["code"] == -32602  # the server's, passed on
+    assert "refused on purpose" in failed["error"]["message"]
+
+
+def test_a_huge_error_is_cut_like_any_result(
+    client: TestClient, forced: ForcedScript, encoding: HarmonyEncoding
+) -> None:
+    _checked, call = failed_call(client, forced, "huge_error", "{}")
+    error = call["error"]
+    (part,) = error["content"]
+    assert part["text"].startswith("Error executing tool huge_error: 0123456789")
+    assert "characters omitted" in part["text"]
+    assert len(json.dumps(error)) < MAX_OUTPUT_CHARS + 500
+    assert part["text"] in encoding.decode_utf8(forced.prompts[-1])
+
+
+@pytest.fixture(scope="module")
+def keyed_url() -> Iterator[str]:
+    with http_server(keyed=True) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def allowing(
+    runtime: Runtime, tmp_path_factory: pytest.TempPathFactory, keyed_url: str
+) -> Iterator[TestClient]:
+    """A server that lets requests name the keyed MCP server's URL, with their own headers."""
+    with responses_client(
+        runtime, tmp_path_factory.mktemp("store"), mcp_allowed_urls=(keyed_url,)
+    ) as test_client:
+        yield test_client
+
+
+def keyed(url: str, user: str, label: str = "keyed") -> dict[str, Any]:
+    return tool(label, server_url=url, headers={"Authorization": f"Bearer {user}"})
+
+
+def test_a_listing_is_shown_only_to_the_credentials_that_made_it(
+    allowing: TestClient, forced: ForcedScript, encoding: HarmonyEncoding, keyed_url: str
+) -> None:
+    for user in ("alice", "bob", "alice"):
+        forced.push(answer("ok"))
+        body = create(allowing, input="hi", tools=[keyed(keyed_url, user)])
+        listing = by_type(body["output"], "mcp_list_tools")[0]
+        assert [t["name"] for t in listing["tools"]] == [f"for_{user}"]
+        prompt = encoding.decode_utf8(forced.prompts[-1])
+        assert f"type for_{user}" in prompt
+        assert {"for_alice", "for_bob"} - {f"for_{user}"} & set(prompt.split()) == set()
+
+
+def test_sessions_of_an_allowed_url_stay_bounded(
+    allowing: TestClient, forced: ForcedScript, keyed_url: str
+) -> None:
+    # a label of its own each time too: neither the label nor the headers may add sessions
+    for n in range(12):
+        forced.push(answer("ok"))
+        body = create(allowing, input="hi", tools=[keyed(keyed_url, f"user{n}", f"keyed{n}")])
+        assert [t["name"] for t in body["output"][0]["tools"]] == [f"for_user{n}"]
+        assert connections_to(keyed_url) <= SESSIONS_PER_URL
