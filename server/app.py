@@ -57,7 +57,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
         app.state.runtime = loaded
         app.state.model_name = loaded.model_name
         app.state.started_at = int(time.time())
-        defaults = SamplingDefaults(temperature=settings.temperature, top_p=settings.top_p)
+        defaults = SamplingDefaults(settings.temperature, settings.top_p, seed=settings.seed)
         history = History(assistant_start_tokens(loaded.encoding), settings.history_max_entries)
         app.state.metrics = Metrics(loaded.engine)
         app.state.generator = Generator(

@@ -21,20 +21,26 @@ class AuthenticationError(ServerError):
 
 
 async def require_api_key(request: Request) -> None:
+    if not carries_api_key(request):
+        raise AuthenticationError(
+            "missing or invalid API key: send it as `Authorization: Bearer <key>` or "
+            "`x-api-key: <key>`"
+        )
+
+
+def carries_api_key(request: Request) -> bool:
+    """Whether the request may use the /v1 routes: it carries the configured key, or no key is
+    configured."""
     settings: Settings = request.app.state.settings
     if settings.api_key is None:
-        return
+        return True
     expected = settings.api_key.get_secret_value()
     header = request.headers.get("authorization", "")
     scheme, _, given = header.partition(" ")
     if scheme.lower() == "bearer" and _matches(given, expected):
-        return
+        return True
     api_key = request.headers.get("x-api-key")
-    if api_key is not None and _matches(api_key, expected):
-        return
-    raise AuthenticationError(
-        "missing or invalid API key: send it as `Authorization: Bearer <key>` or `x-api-key: <key>`"
-    )
+    return api_key is not None and _matches(api_key, expected)
 
 
 def _matches(given: str, expected: str) -> bool:

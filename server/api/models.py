@@ -17,9 +17,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from server import __version__
+from server.api.auth import carries_api_key
 from server.ops.runtime import Runtime
 from server.ops.settings import Settings
 from server.tools.mcp import McpServers
+
+UNHEALTHY = "the model cannot generate; the reason is in the server log and in /v1/server"
 
 router = APIRouter()
 health_router = APIRouter()
@@ -28,15 +31,17 @@ health_router = APIRouter()
 @health_router.get("/health", response_model=None)
 async def health(request: Request) -> dict[str, Any] | JSONResponse:
     """200 while the engine can generate (also while the model is unloaded: the next request loads
-    it); 503 with the reason once it cannot (an RPC host left) or when loading it again failed
-    (until a load succeeds)."""
+    it); 503 once it cannot (an RPC host left) or when loading it again failed (until a load
+    succeeds). No key is needed, so the reason (which may name the model's path or an RPC host)
+    goes only to a request the /v1 routes would accept; any other gets `UNHEALTHY`."""
     runtime: Runtime = request.app.state.runtime
     residency = runtime.residency_report
     state = residency.state.value
     failure = runtime.engine.failure or residency.load_error
     if failure is not None:
         body = {"status": "error", "model": runtime.model_name, "model_state": state}
-        return JSONResponse({**body, "error": failure}, status_code=503)
+        error = failure if carries_api_key(request) else UNHEALTHY
+        return JSONResponse({**body, "error": error}, status_code=503)
     return {"status": "ok", "model": runtime.model_name, "model_state": state}
 
 

@@ -89,6 +89,7 @@ class SamplingDefaults:
     top_p: float = 1.0
     top_k: int = 0
     min_p: float = 0.0
+    seed: int | None = None  # a request without a seed draws from this one (None: fresh draws)
 
 
 class Generator:
@@ -177,13 +178,14 @@ class Generator:
                 f"max tokens must be at least {least}", field=RequestField.MAX_TOKENS
             )
         defaults = self.defaults
+        seed = options.seed if options.seed is not None else defaults.seed
         return SamplingParams(
             max_tokens=room if wanted is None else min(wanted, room),
             temperature=_pick(options.temperature, defaults.temperature),
             top_p=_pick(options.top_p, defaults.top_p),
             top_k=_pick(options.top_k, defaults.top_k),
             min_p=defaults.min_p,
-            seed=None if options.seed is None else options.seed % SEED_RANGE,
+            seed=None if seed is None else seed % SEED_RANGE,
             stop_tokens=self._stop_tokens if stop_tokens is None else stop_tokens,
             logprobs=options.logprobs,
             prompt_logprobs=prompt_logprobs,

@@ -84,6 +84,7 @@ class LlamaEngine:
         self._hook = sampling_hook
         self._abort = abort
         self._closed = False  # close() was called: nothing is accepted any more
+        self._freed = False  # the engine thread freed the model and the context
         self._lock = threading.Lock()  # held to submit, to read the vocabulary, to close, to free
         self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self._ready = threading.Event()
@@ -155,9 +156,12 @@ class LlamaEngine:
             return self._vocabulary().token_text(token_id)  # read-only once loaded
 
     def _vocabulary(self) -> LlamaContext:
-        """The context, to read its vocabulary (under `_lock`); EngineUnavailable once the
-        model is freed."""
-        if self._ctx is None or self._closed:
+        """The context, to read its vocabulary (under `_lock`); EngineUnavailable once close()
+        was called or the engine thread freed the model (it does when it ends, also on an
+        internal error), so a freed context is never read."""
+        if self._freed and self._failure is not None:
+            raise EngineUnavailable(f"The server cannot generate: {self._failure}")
+        if self._ctx is None or self._closed or self._freed:
             raise EngineUnavailable(CLOSED)
         return self._ctx
 
@@ -214,6 +218,7 @@ class LlamaEngine:
             if self._cache is not None:
                 self._cache.close()  # waits for the writes
             with self._lock:
+                self._freed = True
                 self._ctx.close()
 
     def _fail(self, message: str) -> None:

@@ -7,7 +7,7 @@ is read after the flags and the environment have been collected, so either may n
 
 from __future__ import annotations
 
-import sys
+import tomllib
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any
@@ -16,11 +16,6 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import PydanticBaseSettingsSource
 
 from server.contracts.errors import ConfigFileError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 CONFIG_FIELD = "config"
 

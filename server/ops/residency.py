@@ -17,7 +17,7 @@ The one worker thread (`model-residency`) makes every transition; the lock guard
     unloaded --a generation waits--> loading --engine opened--> loaded
     loading --the load failed--> unloaded (the waiting generations end with the error)
 
-A failed load is kept (`ResidencyReport.load_error`: /health answers 503 with it, /v1/server
+A failed load is kept (`ResidencyReport.load_error`: /health answers 503, /v1/server
 and /metrics report it) until a load succeeds, and the next attempt waits a backoff that
 doubles with each failure (`RELOAD_BACKOFF_S`): meanwhile requests are refused at once with
 the reason (`failure`) instead of each paying a whole load before failing. An engine that

@@ -333,6 +333,13 @@ class Settings(BaseSettings):
     )
     temperature: float = Field(1.0, ge=0.0, le=2.0, description="Default sampling temperature.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Default nucleus sampling threshold.")
+    seed: int | None = Field(
+        None,
+        ge=0,
+        description="Default sampling seed: a request that gives none (Anthropic's Messages has "
+        "no `seed`) draws from this one, so the same request gives the same tokens (reproducible "
+        "runs and tests). Unset: each such request draws afresh.",
+    )
     conversation_date: datetime.date | None = Field(
         None,
         description="The date (YYYY-MM-DD) the system message gives the model instead of "

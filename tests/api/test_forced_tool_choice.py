@@ -20,6 +20,7 @@ from server.ops.runtime import Runtime
 from tests.support.responses import MODEL, responses_client
 
 SEEDS = range(20)
+SERVER_SEED = 1234  # the seed of the requests that give none (Messages)
 BUDGET = 4  # reasoning tokens before the next header is forced
 UNIT = {
     "type": "object",
@@ -49,7 +50,10 @@ RESPONSES_TOOLS = [
 
 @pytest.fixture(scope="module")
 def client(runtime: Runtime, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
-    with responses_client(runtime, tmp_path_factory.mktemp("store")) as test_client:
+    """Messages has no `seed`: the server's (--seed) fixes its draws, so a failure reproduces
+    (each case's prompt differs: its draws do too)."""
+    store = tmp_path_factory.mktemp("store")
+    with responses_client(runtime, store, seed=SERVER_SEED) as test_client:
         yield test_client
 
 
@@ -81,7 +85,6 @@ def messages(client: TestClient, seed: int, **body: Any) -> dict[str, Any]:
         "temperature": 1.0,
         **body,
     }
-    # Messages has no seed parameter: these draws differ from run to run
     response = client.post("/v1/messages", json=request)
     assert response.status_code == 200, response.text
     return response.json()  # type: ignore[no-any-return]

@@ -297,3 +297,16 @@ def test_a_missing_key_is_an_anthropic_401(
     chat = keyed_client.post("/v1/chat/completions", json={"messages": HI}, headers=headers)
     assert chat.status_code == 401
     assert chat.json()["error"]["type"] == "authentication_error"  # OpenAI's envelope there
+
+
+def test_the_server_seed_makes_a_messages_request_reproducible(runtime: Runtime) -> None:
+    """Messages has no `seed`: under --seed the same request gives the same sampled tokens;
+    without it (the control) the same request draws afresh."""
+    body = {"messages": [{"role": "user", "content": "Draw."}], "temperature": 1.0,
+            "max_tokens": 16, "thinking": THINKING}  # fmt: skip
+    for seed, same in ((7, True), (None, False)):
+        with TestClient(create_app(Settings(seed=seed), runtime)) as seeded:
+            blocks = [create(seeded, **body)["content"] for _ in range(2)]
+        texts = {"".join(b.get("thinking") or b.get("text") or "" for b in bs) for bs in blocks}
+        assert "" not in texts
+        assert (len(texts) == 1) is same, texts

@@ -16,6 +16,7 @@ from server.app import create_app
 from server.contracts.errors import StartupError
 from server.ops.runtime import Runtime
 from server.ops.settings import Settings
+from tests.support.root import require_root
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="owners and modes are POSIX")
 
@@ -110,8 +111,7 @@ def test_a_key_file_others_may_read_is_refused_at_start_up(
 def test_a_state_directory_of_another_user_is_refused_at_start_up(
     runtime: Runtime, tmp_path: Path
 ) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("giving a directory to another user needs root")
+    require_root("giving a directory to another user needs root")
     state = tmp_path / "state"
     state.mkdir(mode=0o755)
     os.chown(state, 65534, 65534)

@@ -1,4 +1,5 @@
-"""Codex CLI 0.169 shows the server's reasoning summaries as its reasoning items, never raw CoT.
+"""Codex CLI (the version devkit/client_pins.py pins) shows the server's reasoning summaries as
+its reasoning items, never raw CoT.
 
 Two servers on one tiny engine: the default policy (`raw`), where Codex asks for summaries with
 `-c model_reasoning_summary=auto`, and the `summary` policy, where Codex asks for nothing and

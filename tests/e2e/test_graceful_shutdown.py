@@ -81,9 +81,12 @@ def test_generation_past_the_grace_period_gets_its_terminal_event(start_server: 
     started = time.monotonic()
     payloads, after_signal = stream_and_terminate(server, max_tokens=3000)
     assert after_signal >= 1
-    last = payloads[-1]
-    if last != "[DONE]":  # the chat stream's terminal event for an engine that shut down
-        assert "shut down" in json.loads(last)["error"]["message"]
+    # the stream cut by the shutdown ends with its error envelope, then [DONE]: never a
+    # finish_reason, never a cut connection
+    assert payloads[-1] == "[DONE]"
+    assert "shut down" in json.loads(payloads[-2])["error"]["message"]
+    chunks = [json.loads(payload) for payload in payloads[:-2]]
+    assert not [c for chunk in chunks for c in chunk["choices"] if c.get("finish_reason")]
     assert server.process.wait(timeout=60) == 0
     assert time.monotonic() - started < 60
     assert "stopping their generations" in server.log()

@@ -20,6 +20,7 @@ from openai_harmony import HarmonyEncoding
 
 from devkit.models import TRAINED, cached_gguf
 from devkit.serving import server_process
+from server.api.models import UNHEALTHY
 from server.app import create_app
 from server.bench.procs import ServerProcess
 from server.engine.base import EngineConfig
@@ -71,8 +72,8 @@ def metric(proc: ServerProcess, name: str) -> float:
     raise AssertionError(f"{name} not in /metrics")
 
 
-def chat(proc: ServerProcess) -> httpx.Response:
-    return httpx.post(f"{base(proc)}/v1/chat/completions", json=CHAT, timeout=120)
+def chat(proc: ServerProcess, headers: dict[str, str] | None = None) -> httpx.Response:
+    return httpx.post(f"{base(proc)}/v1/chat/completions", json=CHAT, headers=headers, timeout=120)
 
 
 def rss_while_loaded(proc: ServerProcess) -> int:
@@ -145,39 +146,49 @@ def test_first_answer_after_a_reload_counts_the_wait(server: ServerProcess) -> N
 
 def test_a_failed_reload_is_reported_and_backed_off(tiny_gguf: Path, tmp_path: Path) -> None:
     """The model file goes away while the model is unloaded: the request that waited for the
-    load gets the reason; /health answers 503 with it, /v1/server and /metrics count it; the
+    load gets the reason; /health answers 503, with the reason only to a request that carries
+    the API key (without it, no path and no error text); /v1/server and /metrics count it; the
     requests during the backoff are refused at once (no load each); once the file is back and
     the backoff is over, the next request loads it and /health is 200 again."""
     model = tmp_path / "model.gguf"
     shutil.copyfile(tiny_gguf, model)
+    key = {"Authorization": "Bearer the-key"}
     options = ("--idle-unload", "1s", "--n-ctx", "1024", "--n-threads", "2",
-               "--no-prompt-cache", "--log-level", "info")  # fmt: skip
+               "--no-prompt-cache", "--log-level", "info", "--api-key", "the-key")  # fmt: skip
     with server_process(model, tmp_path, *options) as proc:
         wait_for(lambda: state(proc) == "unloaded")
         model.rename(tmp_path / "gone.gguf")
-        failed = chat(proc)
+        failed = chat(proc, key)
         assert failed.status_code == 500
         assert "could not be loaded again" in failed.json()["error"]["message"]
-        health = httpx.get(proc.health_url)
+        keyless = httpx.get(proc.health_url)
+        assert keyless.status_code == 503
+        assert keyless.json() == {"status": "error", "model": keyless.json()["model"],
+                                  "model_state": "unloaded", "error": UNHEALTHY}  # fmt: skip
+        assert str(tmp_path) not in keyless.text
+        wrong = httpx.get(proc.health_url, headers={"Authorization": "Bearer another"})
+        assert wrong.json()["error"] == UNHEALTHY
+        health = httpx.get(proc.health_url, headers=key)
         assert health.status_code == 503
-        assert health.json()["model_state"] == "unloaded"
         assert "could not be loaded again" in health.json()["error"]
-        facts = httpx.get(f"{base(proc)}/v1/server").json()
+        assert "model.gguf" in health.json()["error"]
+        facts = httpx.get(f"{base(proc)}/v1/server", headers=key).json()
         assert facts["reload_failures"] == 1
         assert "model.gguf" in facts["reload_error"]
         assert 0 < facts["reload_retry_in_s"] <= 5
         assert metric(proc, "gpt_oss_model_reload_failures_total") == 1
         assert metric(proc, "gpt_oss_model_reload_failed") == 1
-        refused = chat(proc)  # during the backoff: refused at once, with the reason
+        refused = chat(proc, key)  # during the backoff: refused at once, with the reason
         assert refused.status_code == 503
         assert refused.json()["error"]["code"] == "engine_unavailable"
         assert "could not be loaded again" in refused.json()["error"]["message"]
         assert proc.log_path.read_text().count("a request is waiting: loading the model") == 1
         (tmp_path / "gone.gguf").rename(model)
-        wait_for(lambda: httpx.get(f"{base(proc)}/v1/server").json()["reload_retry_in_s"] == 0)
-        assert chat(proc).status_code == 200
+        retry = f"{base(proc)}/v1/server"
+        wait_for(lambda: httpx.get(retry, headers=key).json()["reload_retry_in_s"] == 0)
+        assert chat(proc, key).status_code == 200
         assert httpx.get(proc.health_url).status_code == 200
-        facts = httpx.get(f"{base(proc)}/v1/server").json()
+        facts = httpx.get(f"{base(proc)}/v1/server", headers=key).json()
         assert (facts["reloads"], facts["reload_failures"], facts["reload_error"]) == (1, 1, None)
         assert metric(proc, "gpt_oss_model_reload_failed") == 0
 

@@ -1,4 +1,5 @@
-"""Claude Code 2.1.330 on the trained tiny gpt-oss, unscripted: tool rounds through /v1/messages.
+"""Claude Code (the version devkit/client_pins.py pins) on the trained tiny gpt-oss, unscripted:
+tool rounds through /v1/messages.
 
 Nothing is forced: the server runs the trained preset greedy with its steering on (harmony's
 header grammar over Claude Code's tools, the Bash tool's JSON schema). The committed model was

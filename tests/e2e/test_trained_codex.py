@@ -1,4 +1,5 @@
-"""Codex CLI 0.169 on the trained tiny gpt-oss, unscripted: it reads a file and edits it.
+"""Codex CLI (the version devkit/client_pins.py pins) on the trained tiny gpt-oss, unscripted:
+it reads a file and edits it.
 
 Nothing is forced: the server runs the trained preset (devkit/trained/model.py) greedy
 (temperature 0 by default, as Codex sends none), with its own steering on (harmony's header
@@ -10,7 +11,7 @@ the test fixes all three (devkit/trained/tasks.py). What it cannot fix: the day'
 which Codex writes from its own clock, and its exec output's chunk id and wall time, new in
 every run. `python -m devkit.train_tiny.behaviour --test-days N` sends this request as Codex
 sends it from this place on each of the N days from today, those drawn: the committed model
-edits the file exactly on 365 of 365 days (docs/trained-model.md).
+edits the file exactly on 60 of 60 days (`--test-days 60`, docs/trained-model.md).
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
 """The batch-invariant mode on the real tiny gpt-oss: a request's tokens depend on it alone.
 
-Two greedy requests run together — one's prompt prefilled while the other generates and drafts —
-give exactly the tokens each gives alone; on the trained model, sampled turns are the same with
-speculation and without.
+Two greedy requests run together — one's prompt prefilled while the other generates and drafts,
+the engine's decodes of the two interleaved (recorded) — give exactly the tokens each gives
+alone; with the mode off (the negative control) the same pair shares llama_decode batches and
+parts from its solo runs. On the trained model, sampled turns are the same with speculation and
+without.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import dataclasses
 import random
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,6 +22,7 @@ from devkit.models import cached_gguf
 from devkit.trained.workloads import trained_cases
 from server.engine.base import EngineConfig, EngineResult, SamplingParams
 from server.engine.llama import LlamaEngine
+from server.engine.llama_context import BatchPart, LlamaContext
 from tests.support.engine_runs import STOPS, run, with_speculation_on_and_off
 
 GREEDY = SamplingParams(max_tokens=120, temperature=0.0)
@@ -38,35 +42,108 @@ async def generate(engine: LlamaEngine, prompt: Sequence[int]) -> tuple[list[int
 async def together(
     engine: LlamaEngine, first: Sequence[int], second: Sequence[int]
 ) -> list[tuple[list[int], EngineResult]]:
-    """`second` submitted once `first` generates: its prefill shares `first`'s steps."""
-    running = asyncio.create_task(generate(engine, first))
-    await asyncio.sleep(0.2)
-    return [await running, await generate(engine, second)]
+    """`second` submitted once `first` has sent its first tokens: its prefill shares `first`'s
+    steps (`decoded_together` checks that it did)."""
+    stream = engine.submit(first, GREEDY)
+    out: list[int] = []
+    later: asyncio.Task[tuple[list[int], EngineResult]] | None = None
+    async for chunk in stream:
+        out.extend(chunk)
+        if later is None:
+            later = asyncio.create_task(generate(engine, second))
+    assert later is not None
+    return [(out, stream.result), await later]
 
 
-def test_concurrent_greedy_requests_give_what_each_gives_alone(tiny_gguf: Path) -> None:
-    config = EngineConfig(
+def record_decodes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
+    """The sequence ids of each llama_decode's batch, in order, from now on (the real decode
+    runs: the wrapper only reads its parts)."""
+    decodes: list[tuple[int, ...]] = []
+    decode = LlamaContext.decode
+
+    def recorded(self: LlamaContext, parts: Sequence[BatchPart], *args: Any) -> list[int]:
+        decodes.append(tuple(part.seq_id for part in parts))
+        return decode(self, parts, *args)
+
+    monkeypatch.setattr(LlamaContext, "decode", recorded)
+    return decodes
+
+
+def decoded_together(decodes: list[tuple[int, ...]]) -> bool:
+    """Whether two sequences were evaluated in overlapping spans of the engine's steps: each
+    one's decodes began before the other's ended."""
+    spans: dict[int, list[int]] = {}
+    for index, batch in enumerate(decodes):
+        for seq_id in batch:
+            spans.setdefault(seq_id, []).append(index)
+    if len(spans) != 2:
+        return False
+    a, b = spans.values()
+    return a[0] < b[-1] and b[0] < a[-1]
+
+
+def engine_config(tiny_gguf: Path, *, batch_invariant: bool) -> EngineConfig:
+    return EngineConfig(
         model_path=str(tiny_gguf),
         n_ctx=8192,
         n_slots=2,
         n_threads=1,
         speculative="on",
-        batch_invariant=True,
+        batch_invariant=batch_invariant,
     )
-    engine = LlamaEngine(config)
+
+
+BODY = tokens(1, 80)
+COPYING = [41, *BODY, *BODY, *BODY[:5]]  # its continuation copies: drafts, some rejected
+LONG = [42, *tokens(2, 1500)]
+
+
+def test_concurrent_greedy_requests_give_what_each_gives_alone(
+    tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = LlamaEngine(engine_config(tiny_gguf, batch_invariant=True))
     try:
-        body = tokens(1, 80)
-        copying = [41, *body, *body, *body[:5]]  # its continuation copies: drafts, some rejected
-        long = [42, *tokens(2, 1500)]
-        alone = [asyncio.run(generate(engine, prompt)) for prompt in (copying, long)]
-        both = asyncio.run(together(engine, copying, long))
+        alone = [asyncio.run(generate(engine, prompt)) for prompt in (COPYING, LONG)]
+        decodes = record_decodes(monkeypatch)
+        both = asyncio.run(together(engine, COPYING, LONG))
+        assert decoded_together(decodes), decodes
+        assert all(len(batch) == 1 for batch in decodes)  # each sequence decoded on its own
         for (solo, _), (shared, result) in zip(alone, both, strict=True):
             assert result.error is None
             assert shared == solo
         assert both[0][1].timings.draft_n > 0
-        assert both[1][1].usage.evaluated_tokens == len(long)  # no prefix reused
+        assert both[1][1].usage.evaluated_tokens == len(LONG)  # no prefix reused
     finally:
         engine.close()
+
+
+def test_without_the_mode_the_same_pair_differs_from_its_solo_runs(
+    tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The negative control: with the batch-invariant mode off, the same pair run together
+    shares llama_decode batches, and the greedy tokens of each part from those it gives alone
+    (each run on an engine of its own, so that no cached prefix changes a batch's shape; alone,
+    it gives the same tokens every time: the difference is the batching's)."""
+    config = engine_config(tiny_gguf, batch_invariant=False)
+
+    def solo(prompt: Sequence[int]) -> list[int]:
+        engine = LlamaEngine(config)
+        try:
+            return asyncio.run(generate(engine, prompt))[0]
+        finally:
+            engine.close()
+
+    alone = [solo(prompt) for prompt in (COPYING, LONG)]
+    assert [solo(prompt) for prompt in (COPYING, LONG)] == alone  # alone, the same every time
+    engine = LlamaEngine(config)
+    try:
+        decodes = record_decodes(monkeypatch)
+        both = asyncio.run(together(engine, COPYING, LONG))
+    finally:
+        engine.close()
+    assert any(len(set(batch)) == 2 for batch in decodes)  # one llama_decode held both
+    assert all(result.error is None for _, result in both)
+    assert all(out != solo_out for (out, _), solo_out in zip(both, alone, strict=True))
 
 
 @pytest.mark.slow  # the trained GGUF and its ≈8k-token Codex prompts

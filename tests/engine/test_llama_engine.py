@@ -556,3 +556,29 @@ def test_an_engine_thread_stopped_by_an_error_ends_its_requests_and_refuses_more
             run(engine, prompt, GREEDY)
     finally:
         engine.close()
+
+
+def test_the_vocabulary_is_refused_once_an_internal_error_freed_the_model(
+    tiny_gguf: Path, encoding: HarmonyEncoding, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine thread frees the model and the context when an internal error ends it; a
+    grammar check or a token text asked afterwards is refused (EngineUnavailable, with the
+    failure) instead of reading the freed vocabulary."""
+    engine = LlamaEngine(EngineConfig(model_path=str(tiny_gguf), n_ctx=1024, n_threads=1))
+    try:
+        assert engine.token_text(0) != ""  # the vocabulary is read while the model is loaded
+
+        def broken(self: Scheduler) -> None:
+            raise RuntimeError("a step that fails")
+
+        monkeypatch.setattr(Scheduler, "step", broken)
+        _, result = run(engine, unique_prompt(encoding, "freed"), GREEDY)
+        assert result.stop_reason is StopReason.ERROR
+        engine._thread.join(30)  # the thread's end: the model is freed by then
+        assert not engine._thread.is_alive()
+        with pytest.raises(EngineUnavailable, match="a step that fails"):
+            engine.token_text(0)
+        with pytest.raises(EngineUnavailable, match="a step that fails"):
+            engine.validate_grammar('root ::= "a"')
+    finally:
+        engine.close()

@@ -30,6 +30,7 @@ from server.engine.disk_cache.prompt_cache import identity
 from server.engine.llama import LlamaEngine
 from server.private_files import PrivatePathError
 from tests.support.engine_runs import GREEDY
+from tests.support.root import require_root
 
 pytestmark = pytest.mark.slow  # engines started and restarted per test
 
@@ -378,8 +379,7 @@ def test_a_directory_others_can_write_is_refused(
         directory.chmod(0o775)
         expected = "others than its owner may change it"
     else:
-        if os.geteuid() != 0:
-            pytest.skip("giving a directory to another user needs root")
+        require_root("giving a directory to another user needs root")
         os.chown(directory, 4242, 4242)
         directory.chmod(0o700)
         expected = "belongs to another user"

@@ -44,9 +44,11 @@ def test_a_stoppable_decode_runs_no_python_while_llama_cpp_evaluates(
     callback each answer took the GIL (and waited while the event loop held it)."""
     inside = [False]  # a plain flag: setting it calls nothing the profile would see
     called: list[str] = []
+    decodes = [0]
     decode = lc.llama_decode
 
     def marked(*args: Any) -> int:
+        decodes[0] += 1
         inside[0] = True
         code = decode(*args)
         inside[0] = False
@@ -63,6 +65,7 @@ def test_a_stoppable_decode_runs_no_python_while_llama_cpp_evaluates(
         ctx.decode([BatchPart(0, PROMPT, 0, True)], StopFlag())
     finally:
         sys.setprofile(None)
+    assert decodes[0] >= 1  # the decode went through the patched llama_decode
     assert called == []
     assert ctx.seq_end(0) == len(PROMPT)
 

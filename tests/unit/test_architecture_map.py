@@ -10,13 +10,8 @@ from __future__ import annotations
 
 import ast
 import re
-import sys
+import tomllib
 from pathlib import Path
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 ARCHITECTURE = ROOT / "ARCHITECTURE.md"

@@ -14,6 +14,7 @@ from server.api.messages.signature import load_key
 from server.api.responses.store import ResponseStore, StoredResponse
 from server.contracts.transcript import UserMessage
 from server.private_files import PrivatePathError, open_private, private_dir, private_file
+from tests.support.root import require_root
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="owners and modes are POSIX")
 
@@ -111,8 +112,7 @@ def test_private_files_are_created_0600_and_others_refused(tmp_path: Path) -> No
 
 
 def test_a_file_of_another_user_is_refused_even_when_tightening(tmp_path: Path) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("giving a file to another user needs root")
+    require_root("giving a file to another user needs root")
     theirs = tmp_path / "theirs"
     theirs.write_text("x")
     os.chmod(theirs, 0o600)
@@ -153,8 +153,8 @@ def test_a_parent_reached_through_a_link_is_checked(tmp_path: Path) -> None:
         private_dir(private / "link" / "cache")
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="giving a directory to another user needs root")
 def test_a_parent_of_another_user_is_refused(tmp_path: Path) -> None:
+    require_root("giving a directory to another user needs root")
     theirs = tmp_path / "theirs"
     theirs.mkdir(mode=0o755)
     (theirs / "mine").mkdir(mode=0o700)

@@ -93,11 +93,13 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
 def _prepare_choices(
     generator: Generator, transcript: Transcript, options: GenerationOptions, n: int
 ) -> list[Prepared]:
-    """One admitted generation per choice (a seed gives each choice its own: seed + index)."""
+    """One admitted generation per choice (a seed, the request's or the server's --seed, gives
+    each choice its own: seed + index)."""
     prepared: list[Prepared] = []
+    first = options.seed if options.seed is not None else generator.defaults.seed
     try:
         for index in range(n):
-            seed = None if options.seed is None else options.seed + index
+            seed = None if first is None else first + index
             prepared.append(generator.prepare(transcript, dataclasses.replace(options, seed=seed)))
     except BaseException:
         for done in prepared:

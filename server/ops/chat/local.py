@@ -39,7 +39,7 @@ class LocalChat:
         self.generator = Generator(
             runtime.engine,
             encoding,
-            SamplingDefaults(temperature=settings.temperature, top_p=settings.top_p),
+            SamplingDefaults(settings.temperature, settings.top_p, seed=settings.seed),
             History(assistant_start_tokens(encoding), settings.history_max_entries),
             strict_tools=settings.strict_tools,
             stream_interval_s=settings.stream_interval_ms / 1000,
