@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable, Iterator
 import pytest
 
 from server.tools.base import ServerTool, ToolContext
-from server.tools.browser.fetch import PageFetcher, address_refused
+from server.tools.browser.fetch import PageFetcher
 from server.tools.browser.search import SearxngSearch
 from server.tools.browser.tool import BrowserTool
 from tests.support.local_site import serve_site
@@ -194,34 +194,16 @@ def test_loopback_and_private_addresses_are_refused_by_default(site: str) -> Non
         for url in (f"{site}/tides.html", f"http://localhost:{port}/tides.html"):
             result = await tool.call("browser.open", json.dumps({"id": url}), CTX)
             assert result.is_error
-            assert "a loopback address: the browser only opens public addresses" in result.text
+            assert "is not a public host: the browser only opens public addresses" in result.text
+        named = await tool.call(
+            "browser.open", json.dumps({"id": f"http://localhost:{port}/tides.html"}), CTX
+        )
+        assert "localhost is not a public host" in named.text
+        assert "127.0.0.1" not in named.text  # the address a name resolves to is not told
         # the operator's search endpoint is reached; the loopback pages it found are not
         await tool.call("browser.search", '{"query": "tides"}', CTX)
         refused = await tool.call("browser.open", '{"id": 0}', CTX)
-        assert "127.0.0.1" in refused.text
-        assert "loopback" in refused.text
+        assert refused.is_error
+        assert "127.0.0.1 is not a public host" in refused.text
 
     run_with(site, body, allow_private=False)
-
-
-@pytest.mark.parametrize(
-    ("address", "why"),
-    [
-        ("127.0.0.1", "a loopback address"),
-        ("::1", "a loopback address"),
-        ("10.1.2.3", "a private address"),
-        ("192.168.0.1", "a private address"),
-        ("172.16.5.5", "a private address"),
-        ("169.254.169.254", "a link-local address"),
-        ("fe80::1", "a link-local address"),
-        ("fd00::1", "a private address"),
-        ("::ffff:127.0.0.1", "a loopback address"),
-        ("100.64.0.1", "not a public address"),
-        ("0.0.0.0", "a private address"),
-        ("224.0.0.1", "not a public address"),
-        ("93.184.215.14", None),
-        ("2606:4700::1111", None),
-    ],
-)
-def test_address_rule(address: str, why: str | None) -> None:
-    assert address_refused(address) == why
