@@ -1,18 +1,25 @@
 """The browser tool against pages and a SearXNG-shaped JSON endpoint served on 127.0.0.1 (the
-private-address rule relaxed for these only), and its refusals by default."""
+private-address rule relaxed for these only), its refusals by default, its per-conversation
+cookies and page stack, and its page work's time limit (the guard itself:
+test_browser_guard.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Awaitable, Callable, Iterator
+from http.server import BaseHTTPRequestHandler
+from urllib.parse import parse_qs, urlsplit
 
+import psutil
 import pytest
 
 from server.tools.base import ServerTool, ToolContext
 from server.tools.browser.fetch import PageFetcher
 from server.tools.browser.search import SearxngSearch
 from server.tools.browser.tool import BrowserTool
+from tests.support.local_http import serve_handler
 from tests.support.local_site import serve_site
 
 ARTICLE = """<html><head><title>Tides of the Moon</title><style>p{color:red}</style></head>
@@ -207,3 +214,123 @@ def test_loopback_and_private_addresses_are_refused_by_default(site: str) -> Non
         assert "127.0.0.1 is not a public host" in refused.text
 
     run_with(site, body, allow_private=False)
+
+
+class CookieSite(BaseHTTPRequestHandler):
+    """`/set?v=VALUE` sets the cookie `session=VALUE`; every page shows the cookies it got."""
+
+    def do_GET(self) -> None:
+        parts = urlsplit(self.path)
+        got = self.headers.get("Cookie") or "none"
+        body = f"<title>Cookies</title><p>cookies sent: {got}</p>".encode()
+        self.send_response(200)
+        if parts.path == "/set":
+            value = parse_qs(parts.query)["v"][0]
+            self.send_header("Set-Cookie", f"session={value}; Path=/")
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_conversations_never_share_a_cookie() -> None:
+    alice = ToolContext(response_id="resp_a", conversation_id="conv_a")
+    bob = ToolContext(response_id="resp_b", conversation_id="conv_b")
+
+    async def body(tool: BrowserTool, root: str) -> None:
+        async def open_(ctx: ToolContext, path: str) -> str:
+            result = await tool.call("browser.open", json.dumps({"id": root + path}), ctx)
+            assert not result.is_error, result.text
+            return result.text
+
+        assert "cookies sent: none" in await open_(alice, "/set?v=alice")
+        assert "cookies sent: session=alice" in await open_(alice, "/echo")  # kept for alice
+        assert "cookies sent: none" in await open_(bob, "/echo")  # never sent for bob
+        assert "cookies sent: none" in await open_(bob, "/set?v=bob")
+        assert "cookies sent: session=bob" in await open_(bob, "/echo")
+        assert "cookies sent: session=alice" in await open_(alice, "/echo")
+
+    with serve_handler(CookieSite) as root:
+        run_with(root, lambda tool: body(tool, root))
+
+
+def test_the_page_stack_keeps_the_last_pages_within_its_budget(site: str) -> None:
+    async def main() -> None:
+        tool = BrowserTool(
+            None, PageFetcher(allow_private=True, timeout_s=10), max_pages=4, view_chars=200
+        )
+        try:
+            url = json.dumps({"id": f"{site}/tides.html"})
+            first = await tool.call("browser.open", url, CTX)
+            assert first.text.startswith("[0] Tides of the Moon")
+            for _ in range(5):
+                await tool.call("browser.open", '{"loc": 1}', CTX)  # a scroll is a page too
+            state = tool.state("conv_1")
+            assert list(state.stack) == [2, 3, 4, 5]  # the oldest dropped; cursors keep numbers
+            dropped = await tool.call("browser.open", '{"cursor": 1, "loc": 2}', CTX)
+            assert dropped.is_error
+            assert "Cursor `1` is no longer kept" in dropped.text
+            assert "Available cursor indices: [2 - 5]" in dropped.text
+            kept = await tool.call("browser.open", '{"cursor": 2, "loc": 2}', CTX)
+            assert kept.text.startswith("[6] Tides of the Moon")
+            assert (
+                "Cursor `9` is out of range"
+                in (await tool.call("browser.open", '{"cursor": 9}', CTX)).text
+            )
+
+            # the text budget: a second conversation that holds about one page of text
+            size = state.stack[6].size
+            small = ToolContext(response_id="r", conversation_id="small")
+            tool.max_page_bytes = size + size // 2
+            await tool.call("browser.open", url, small)
+            await tool.call("browser.open", json.dumps({"id": f"{site}/moon.html"}), small)
+            assert list(tool.state("small").stack) == [0, 1]  # the moon page is small
+            await tool.call("browser.open", url, small)
+            held = tool.state("small")
+            assert list(held.stack) == [1, 2]  # the first tides page went
+            assert held.size <= tool.max_page_bytes
+            assert set(held.fetched) == {f"{site}/tides.html", f"{site}/moon.html"}
+        finally:
+            await tool.close()
+
+    asyncio.run(main())
+
+
+def test_a_page_that_overruns_the_time_limit_has_its_worker_killed(site: str) -> None:
+    big = "<html><title>Big</title><body>" + "<p>Lots <a href='/x'>of</a> words.</p>" * 60_000
+
+    async def main(root: str) -> None:
+        tool = BrowserTool(None, PageFetcher(allow_private=True, timeout_s=10))
+        try:
+            warm = await tool.call("browser.open", json.dumps({"id": f"{root}/small"}), CTX)
+            assert not warm.is_error, warm.text
+            workers = psutil.Process().children()
+            started = time.monotonic()
+            with pytest.raises(TimeoutError):  # the tool's timeout, as the core applies it
+                await asyncio.wait_for(
+                    tool.call("browser.open", json.dumps({"id": f"{root}/big"}), CTX), 0.5
+                )
+            assert time.monotonic() - started < 2  # the event loop was free to time it out
+            assert workers
+            deadline = time.monotonic() + 5
+            while all(worker.is_running() for worker in workers):
+                assert time.monotonic() < deadline, "no worker was killed"
+                await asyncio.sleep(0.05)
+            # a limit of its own (ToolContext.timeout_s) ends the call with an error
+            short = ToolContext(response_id="r", conversation_id="c", timeout_s=0.3)
+            late = await tool.call("browser.open", json.dumps({"id": f"{root}/big"}), short)
+            assert late.is_error
+            assert "Reading the page took longer than 0.3 s." in late.text
+            # and the tool goes on with fresh workers
+            again = await tool.call("browser.open", json.dumps({"id": f"{root}/small"}), CTX)
+            assert not again.is_error, again.text
+            assert "Small page." in again.text
+        finally:
+            await tool.close()
+
+    pages = {"/big": ("text/html", big), "/small": ("text/html", "<p>Small page.</p>")}
+    with serve_site(pages) as root:
+        asyncio.run(main(root))

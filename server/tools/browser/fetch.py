@@ -7,7 +7,9 @@ so a name that resolves to a public address at check time and to 127.0.0.1 a mom
 host with any refused address is refused whole. Which addresses are refused is the explicit
 table below (`REFUSED`), the same on every Python version, unless the operator relaxes the rule
 (`allow_private`, meant for tests on 127.0.0.1). A refusal names the host, never the address it
-resolved to. No proxy from the environment is used; pages are read up to `max_bytes`.
+resolved to. No proxy from the environment is used; pages are read up to `max_bytes`. Each
+conversation has its own cookie jar (`get`'s `cookies`): a cookie one conversation was given is
+never sent on another's fetches.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import ipaddress
 import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from http.cookiejar import CookieJar
 from typing import Any
 
 import anyio
@@ -24,6 +27,7 @@ import httpx
 
 USER_AGENT = "gpt-oss-server-browser/0.1"
 TEXT_TYPES = ("text/html", "application/xhtml+xml", "text/plain", "application/json", "text/")
+MAX_COOKIES = 256  # a conversation's jar past this is emptied
 
 Resolver = Callable[[str, int], Awaitable[list[str]]]
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -171,11 +175,14 @@ class _GuardedTransport(httpx.AsyncHTTPTransport):
 class Fetched:
     url: str  # after redirects
     content_type: str
-    text: str
+    body: bytes  # at most max_bytes
+    encoding: str
 
 
 class PageFetcher:
-    """GETs http(s) pages through the guard; `resolver` and `network` go to GuardedBackend."""
+    """GETs http(s) pages through the guard, each with the cookie jar it is given. The
+    connections are pooled across conversations (they carry no cookies); `resolver` and
+    `network` go to GuardedBackend."""
 
     def __init__(
         self,
@@ -188,17 +195,27 @@ class PageFetcher:
     ) -> None:
         self.allow_private = allow_private
         self.max_bytes = max_bytes
+        self.timeout_s = timeout_s
         backend = GuardedBackend(allow_private, resolver=resolver, network=network)
-        self._client = httpx.AsyncClient(
-            transport=_GuardedTransport(backend),
-            timeout=timeout_s,
+        self._transport = _GuardedTransport(backend)
+
+    def _client(self, cookies: CookieJar) -> httpx.AsyncClient:
+        """A client over the shared transport whose cookie jar is `cookies` itself (httpx keeps
+        a CookieJar it is given, where it copies any other cookies). It is never closed:
+        closing it would close the shared transport, and it holds nothing else."""
+        return httpx.AsyncClient(
+            transport=self._transport,
+            cookies=cookies,
+            timeout=self.timeout_s,
             follow_redirects=True,
             max_redirects=5,
             trust_env=False,
             headers={"User-Agent": USER_AGENT},
         )
 
-    async def get(self, url: str) -> Fetched:
+    async def get(self, url: str, cookies: CookieJar) -> Fetched:
+        """The page at `url`, sending and keeping the cookies of `cookies` (one conversation's
+        jar; emptied once it holds more than MAX_COOKIES)."""
         try:
             parsed = httpx.URL(url)
         except httpx.InvalidURL as exc:
@@ -206,7 +223,7 @@ class PageFetcher:
         if parsed.scheme not in ("http", "https"):
             raise FetchError(f"`{url}`: the browser opens only http and https URLs")
         try:
-            async with self._client.stream("GET", parsed) as response:
+            async with self._client(cookies).stream("GET", parsed) as response:
                 if response.status_code >= 400:
                     raise FetchError(f"`{url}` answered HTTP {response.status_code}")
                 content_type = response.headers.get("content-type", "text/html")
@@ -219,13 +236,19 @@ class PageFetcher:
                     if len(body) > self.max_bytes:
                         del body[self.max_bytes :]
                         break
-                encoding = response.charset_encoding or "utf-8"
-                text = bytes(body).decode(encoding, errors="replace")
-                return Fetched(url=str(response.url), content_type=kind, text=text)
+                return Fetched(
+                    url=str(response.url),
+                    content_type=kind,
+                    body=bytes(body),
+                    encoding=response.charset_encoding or "utf-8",
+                )
         except httpx.TooManyRedirects as exc:
             raise FetchError(f"`{url}` redirected too many times") from exc
         except httpx.HTTPError as exc:
             raise FetchError(f"`{url}` could not be fetched: {exc}") from exc
+        finally:
+            if len(cookies) > MAX_COOKIES:
+                cookies.clear()
 
     async def close(self) -> None:
-        await self._client.aclose()
+        await self._transport.aclose()
