@@ -42,13 +42,23 @@ class Page:
     links: dict[int, str] = field(default_factory=dict)
     lines_of: dict[int, int] = field(default_factory=dict)  # a find result's line on its page
     is_listing: bool = False  # search or find results: `find` does not apply
-    size: int = 0  # the UTF-8 bytes of its lines, what a conversation's budget counts
+    size: int = 0  # the UTF-8 bytes of its lines and links: what a conversation's budget counts
 
 
-def _page(url: str, title: str, text: str, **fields: object) -> Page:
+def _page(
+    url: str,
+    title: str,
+    text: str,
+    *,
+    links: dict[int, str] | None = None,
+    lines_of: dict[int, int] | None = None,
+    is_listing: bool = False,
+) -> Page:
+    """A page of `text`, wrapped, and its size."""
     lines = tuple(wrap_lines(text))
-    size = sum(len(line.encode("utf-8", "replace")) for line in lines)
-    return Page(url, title, lines, size=size, **fields)  # type: ignore[arg-type]
+    links = links or {}
+    size = sum(len(part.encode("utf-8", "replace")) for part in (*lines, *links.values()))
+    return Page(url, title, lines, links, lines_of or {}, is_listing, size)
 
 
 def domain_of(url: str) -> str:

@@ -40,7 +40,7 @@ MAX_PAGE_BYTES = 8 << 20
 
 class BrowserState:
     """One conversation's page stack, the pages fetched (opened again from here) and its cookie
-    jar. The stack keeps the last `max_pages` pages and at most `max_bytes` of their text (the
+    jar. The stack keeps the last `max_pages` pages and at most `max_bytes` of them (Page.size; the
     newest page always), the oldest dropped first; cursors keep their numbers."""
 
     def __init__(self, max_pages: int = MAX_PAGES, max_bytes: int = MAX_PAGE_BYTES) -> None:
