@@ -82,6 +82,7 @@ def test_is_a_server_tool_with_harmonys_browser_namespace() -> None:
     described = tool.description()
     assert (described.name, described.builtin) == ("browser", "browser")
     assert described.description.startswith("Tool for browsing.\nThe `cursor` appears")
+    asyncio.run(tool.close())
 
 
 def test_search_open_find_and_scroll(site: str) -> None:

@@ -118,6 +118,7 @@ class BrowserTool:
         self.max_pages = max_pages
         self.max_page_bytes = max_page_bytes
         self.workers = workers or PageWorkers()
+        self.workers.start()
         self._states: OrderedDict[str, BrowserState] = OrderedDict()
 
     def description(self) -> ToolNamespace:

@@ -4,8 +4,8 @@ Making a page (HTML to text, wrapping, find, search results: page.py) can take s
 large page, and Python code cannot be interrupted from another thread, so it runs in a small
 pool of worker processes (pebble): a call past its time limit, or whose caller is cancelled (the
 tool's timeout), has its worker killed and a fresh one started; the event loop only waits. The
-workers are spawned (a threaded server is never forked) on the first call and kept, so a small
-page costs a round trip between processes.
+workers are spawned (a threaded server is never forked) when the tool is made, and kept, so a
+small page costs a round trip between processes.
 """
 
 from __future__ import annotations
@@ -29,6 +29,11 @@ class PageWorkers:
     def __init__(self, workers: int = 2) -> None:
         self.workers = workers
         self._pool: ProcessPool | None = None
+
+    def start(self) -> None:
+        """Start the workers now (in the background: spawning takes a moment), so that the first
+        call does not wait for them."""
+        self._started().schedule(abs, (0,))
 
     def _started(self) -> ProcessPool:
         if self._pool is None:
