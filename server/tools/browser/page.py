@@ -16,7 +16,10 @@ from __future__ import annotations
 import codecs
 import re
 import textwrap
+from array import array
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from itertools import accumulate
 from urllib.parse import quote, unquote, urljoin, urlsplit
 
 import lxml.html
@@ -34,12 +37,50 @@ class PageError(Exception):
     """A request the page cannot answer; the message is what the model reads."""
 
 
+class Packed:
+    """A sequence of strings kept as one string and where each ends: a page's lines or links
+    cross between processes as two objects, not one per line (unpickling thousands of small
+    strings would hold the event loop's thread), and take less memory."""
+
+    __slots__ = ("_ends", "_text")
+
+    def __init__(self, items: Iterable[str] = ()) -> None:
+        parts = list(items)
+        self._text = "".join(parts)
+        self._ends = array("Q", accumulate(len(part) for part in parts))
+
+    def __len__(self) -> int:
+        return len(self._ends)
+
+    def __getitem__(self, index: int) -> str:
+        if not 0 <= index < len(self._ends):
+            raise IndexError(index)
+        start = self._ends[index - 1] if index else 0
+        return self._text[start : self._ends[index]]
+
+    def __iter__(self) -> Iterator[str]:
+        return (self[index] for index in range(len(self._ends)))
+
+    def __reduce__(self) -> tuple[Callable[[str, array[int]], Packed], tuple[str, array[int]]]:
+        return _unpacked, (self._text, self._ends)
+
+    def size(self) -> int:
+        """Its UTF-8 bytes."""
+        return len(self._text.encode("utf-8", "replace"))
+
+
+def _unpacked(text: str, ends: array[int]) -> Packed:
+    packed = Packed()
+    packed._text, packed._ends = text, ends
+    return packed
+
+
 @dataclass(slots=True)
 class Page:
     url: str
     title: str
-    lines: tuple[str, ...]  # wrapped at WRAP_WIDTH
-    links: dict[int, str] = field(default_factory=dict)
+    lines: Packed  # wrapped at WRAP_WIDTH
+    links: Packed = field(default_factory=Packed)  # by link id, from 0
     lines_of: dict[int, int] = field(default_factory=dict)  # a find result's line on its page
     is_listing: bool = False  # search or find results: `find` does not apply
     size: int = 0  # the UTF-8 bytes of its lines and links: what a conversation's budget counts
@@ -50,15 +91,14 @@ def _page(
     title: str,
     text: str,
     *,
-    links: dict[int, str] | None = None,
+    links: Iterable[str] = (),
     lines_of: dict[int, int] | None = None,
     is_listing: bool = False,
 ) -> Page:
-    """A page of `text`, wrapped, and its size."""
-    lines = tuple(wrap_lines(text))
-    links = links or {}
-    size = sum(len(part.encode("utf-8", "replace")) for part in (*lines, *links.values()))
-    return Page(url, title, lines, links, lines_of or {}, is_listing, size)
+    """A page of `text`, wrapped, its links by id (from 0), and its size."""
+    lines, targets = Packed(wrap_lines(text)), Packed(links)
+    size = lines.size() + targets.size()
+    return Page(url, title, lines, targets, lines_of or {}, is_listing, size)
 
 
 def domain_of(url: str) -> str:
@@ -116,7 +156,7 @@ def from_html(html: str, url: str) -> Page:
     text = Inscriptis(root, ParserConfig(display_links=False)).get_text()
     text = re.sub(r"[ \t]+\n", "\n", text)
     text = re.sub(r"\n{3,}", "\n\n", text).strip("\n")
-    return _page(url, title, f"URL: {url}\n{text}", links=links)
+    return _page(url, title, f"URL: {url}\n{text}", links=links.values())
 
 
 def from_text(text: str, url: str) -> Page:
@@ -153,7 +193,7 @@ def search_results(query: str, hits: list[SearchHit]) -> Page:
         snippet = " ".join(hit.snippet.split()).translate(_BRACKETS)
         lines.append(f"* 【{link_id}†{title}†{domain_of(hit.url)}】 {snippet}".rstrip())
     text = "\n".join(lines) if lines else f"No results for `{query}`."
-    return _page("", query, text, links=links, is_listing=True)
+    return _page("", query, text, links=links.values(), is_listing=True)
 
 
 def find_in(page: Page, pattern: str) -> Page:
@@ -179,7 +219,7 @@ def find_in(page: Page, pattern: str) -> Page:
         f"{page.url}/find?pattern={quote(pattern)}",
         f"Find results for text: `{pattern}` in `{page.title}`",
         text,
-        links=links,
+        links=links.values(),
         lines_of=lines_of,
         is_listing=True,
     )

@@ -183,7 +183,7 @@ class BrowserTool:
         current = state.page(_int(args.get("cursor", -1)))
         if link < 0:  # scroll the page
             return state.show(current, max(loc, 0), num_lines, self.view_chars), current.url
-        if link not in current.links:
+        if not 0 <= link < len(current.links):
             raise PageError(f"Invalid link id `{link}`.")
         url = current.links[link]
         page = state.fetched.get(url) or await self._fetch(state, url, limit)
