@@ -25,7 +25,7 @@ import pytest
 from server.tools.base import ToolContext
 from server.tools.browser.fetch import PageFetcher, address_refused, system_resolver
 from server.tools.browser.tool import BrowserTool
-from tests.support.local_http import serve_handler
+from tests.support.local_http import send, serve_handler
 
 PUBLIC = "93.184.215.14"  # what the public names resolve to: carried to the public site
 CTX = ToolContext(response_id="resp_1", conversation_id="conv_1")
@@ -40,17 +40,9 @@ class Recorder(BaseHTTPRequestHandler):
         self.seen.append(self.path)
         target = parse_qs(urlsplit(self.path).query).get("to")
         if target:
-            self.send_response(302)
-            self.send_header("Location", target[0])
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-            return
-        body = b"<title>Here</title><p>A page.</p>"
-        self.send_response(200)
-        self.send_header("Content-Type", "text/html")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+            send(self, 302, "text/plain", b"", {"Location": target[0]})
+        else:
+            send(self, 200, "text/html", b"<title>Here</title><p>A page.</p>")
 
     def log_message(self, *args: object) -> None:
         pass
@@ -170,6 +162,15 @@ def private_forms(port: int) -> list[str]:
     ]
 
 
+def assert_never_reached(
+    private_seen: list[str], private_v6_seen: list[str] | None, internet: Internet
+) -> None:
+    """No request reached a private listener; every connection went to the public address."""
+    assert private_seen == []
+    assert private_v6_seen in (None, [])
+    assert all(host == PUBLIC for host, _ in internet.connected)
+
+
 def refused_as(url: str) -> str:
     if "0177" in url:
         return "is not a URL"
@@ -199,9 +200,7 @@ def test_a_public_name_is_opened_and_every_private_form_is_refused_without_its_a
         for address in ("127.0.0.1", "::1", "10.1.2.3"):
             if address not in url:
                 assert address not in text, (url, text)
-    assert private_seen == []
-    assert private_v6_seen in (None, [])
-    assert all(host == PUBLIC for host, _ in internet.connected)
+    assert_never_reached(private_seen, private_v6_seen, internet)
 
 
 def test_a_redirect_from_a_public_host_to_a_private_one_is_refused(
@@ -215,10 +214,8 @@ def test_a_redirect_from_a_public_host_to_a_private_one_is_refused(
     for url, (is_error, text) in zip(forms, open_urls(names, internet, *redirects), strict=True):
         assert is_error, (url, text)
         assert "is not a public host" in text or "0177" in url, (url, text)
-    assert len(public_seen) == len(forms)  # each redirect was asked for...
-    assert private_seen == []  # ...and not one was followed
-    assert private_v6_seen in (None, [])
-    assert all(host == PUBLIC for host, _ in internet.connected)
+    assert len(public_seen) == len(forms)  # each redirect was asked for, and not one followed
+    assert_never_reached(private_seen, private_v6_seen, internet)
 
 
 def test_a_name_that_rebinds_to_loopback_after_its_first_answer_is_refused(

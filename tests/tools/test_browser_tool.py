@@ -19,7 +19,7 @@ from server.tools.base import ServerTool, ToolContext
 from server.tools.browser.fetch import PageFetcher
 from server.tools.browser.search import SearxngSearch
 from server.tools.browser.tool import BrowserTool
-from tests.support.local_http import serve_handler
+from tests.support.local_http import send, serve_handler
 from tests.support.local_site import serve_site
 
 ARTICLE = """<html><head><title>Tides of the Moon</title><style>p{color:red}</style></head>
@@ -224,14 +224,10 @@ class CookieSite(BaseHTTPRequestHandler):
         parts = urlsplit(self.path)
         got = self.headers.get("Cookie") or "none"
         body = f"<title>Cookies</title><p>cookies sent: {got}</p>".encode()
-        self.send_response(200)
+        headers = {}
         if parts.path == "/set":
-            value = parse_qs(parts.query)["v"][0]
-            self.send_header("Set-Cookie", f"session={value}; Path=/")
-        self.send_header("Content-Type", "text/html")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+            headers["Set-Cookie"] = f"session={parse_qs(parts.query)['v'][0]}; Path=/"
+        send(self, 200, "text/html", body, headers)
 
     def log_message(self, *args: object) -> None:
         pass
