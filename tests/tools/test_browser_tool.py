@@ -19,6 +19,7 @@ from server.tools.base import ServerTool, ToolContext
 from server.tools.browser.fetch import PageFetcher
 from server.tools.browser.search import SearxngSearch
 from server.tools.browser.tool import BrowserTool
+from server.tools.browser.worker import NICENESS
 from tests.support.local_http import send, serve_handler
 from tests.support.local_site import serve_site
 
@@ -304,14 +305,17 @@ def test_a_page_that_overruns_the_time_limit_has_its_worker_killed(site: str) ->
         try:
             warm = await tool.call("browser.open", json.dumps({"id": f"{root}/small"}), CTX)
             assert not warm.is_error, warm.text
-            workers = psutil.Process().children()
+            here = psutil.Process()
+            workers = [p for p in here.children() if "spawn_main" in " ".join(p.cmdline())]
             started = time.monotonic()
             with pytest.raises(TimeoutError):  # the tool's timeout, as the core applies it
                 await asyncio.wait_for(
                     tool.call("browser.open", json.dumps({"id": f"{root}/big"}), CTX), 0.5
                 )
             assert time.monotonic() - started < 2  # the event loop was free to time it out
-            assert workers
+            assert len(workers) == 2
+            # below the server's priority
+            assert {p.nice() for p in workers} == {min(19, here.nice() + NICENESS)}
             deadline = time.monotonic() + 5
             while all(worker.is_running() for worker in workers):
                 assert time.monotonic() < deadline, "no worker was killed"

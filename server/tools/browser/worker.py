@@ -5,13 +5,15 @@ large page, and Python code cannot be interrupted from another thread, so it run
 pool of worker processes (pebble): a call past its time limit, or whose caller is cancelled (the
 tool's timeout), has its worker killed and a fresh one started; the event loop only waits. The
 workers are spawned (a threaded server is never forked) when the tool is made, and kept, so a
-small page costs a round trip between processes.
+small page costs a round trip between processes; they run at a lower priority than the server
+(NICENESS), so that where cores are few a page's work waits for the server's streams.
 """
 
 from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import os
 from collections.abc import Callable
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
@@ -21,6 +23,12 @@ from pebble import ProcessExpired, ProcessPool
 from server.tools.browser.page import PageError
 
 T = TypeVar("T")
+NICENESS = 10  # the workers' priority below the server's: a page never slows its streams
+
+
+def _lower_priority() -> None:
+    """Run in each worker as it starts."""
+    os.nice(NICENESS)
 
 
 class PageWorkers:
@@ -37,7 +45,11 @@ class PageWorkers:
 
     def _started(self) -> ProcessPool:
         if self._pool is None:
-            self._pool = ProcessPool(self.workers, context=multiprocessing.get_context("spawn"))
+            self._pool = ProcessPool(
+                self.workers,
+                initializer=_lower_priority,
+                context=multiprocessing.get_context("spawn"),
+            )
         return self._pool
 
     async def run(self, function: Callable[..., T], *args: Any, timeout_s: float) -> T:
