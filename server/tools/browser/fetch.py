@@ -3,17 +3,22 @@
 A page's host is resolved, every address it resolves to is checked, and the connection goes to
 a checked address: the check happens in the connection itself (an httpcore network backend),
 so a name that resolves to a public address at check time and to 127.0.0.1 a moment later
-(DNS rebinding) cannot slip through, and each redirect's new host is checked the same way.
-Private, loopback, link-local, shared, reserved and multicast addresses are refused unless the
-operator relaxes the rule (`allow_private`, meant for tests on 127.0.0.1). No proxy from the
-environment is used; pages are read up to `max_bytes`.
+(DNS rebinding) cannot slip through, and each redirect's new host is checked the same way. A
+host with any refused address is refused whole. Which addresses are refused is the explicit
+table below (`REFUSED`), the same on every Python version, unless the operator relaxes the rule
+(`allow_private`, meant for tests on 127.0.0.1). A refusal names the host, never the address it
+resolved to. No proxy from the environment is used; pages are read up to `max_bytes`. Each
+conversation has its own cookie jar (`get`'s `cookies`): a cookie one conversation was given is
+never sent on another's fetches.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import socket
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from http.cookiejar import CookieJar
 from typing import Any
 
 import anyio
@@ -22,33 +27,98 @@ import httpx
 
 USER_AGENT = "gpt-oss-server-browser/0.1"
 TEXT_TYPES = ("text/html", "application/xhtml+xml", "text/plain", "application/json", "text/")
+MAX_COOKIES = 256  # a conversation's jar past this is emptied
+
+Resolver = Callable[[str, int], Awaitable[list[str]]]
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 class FetchError(Exception):
     """A page that could not be fetched; the message is what the model reads."""
 
 
+def _networks(*rows: tuple[str, str]) -> tuple[tuple[IPNetwork, str], ...]:
+    return tuple((ipaddress.ip_network(network), why) for network, why in rows)
+
+
+# The addresses the browser never connects to: the blocks of IANA's IPv4 and IPv6
+# special-purpose address registries (RFC 6890 and its updates) that are not globally reachable,
+# 192.0.0.0/24 and 2001::/23 whole, and the blocks whose addresses stand for other ones (6to4,
+# Teredo, NAT64: refused whole). An IPv6 address outside 2000::/3 (global unicast) is refused
+# too; an IPv4-mapped one is checked as the IPv4 address it maps.
+REFUSED = _networks(
+    ("0.0.0.0/8", "this network"),
+    ("10.0.0.0/8", "private"),
+    ("100.64.0.0/10", "shared address space (carrier-grade NAT)"),
+    ("127.0.0.0/8", "loopback"),
+    ("169.254.0.0/16", "link-local"),
+    ("172.16.0.0/12", "private"),
+    ("192.0.0.0/24", "IETF protocol assignments"),
+    ("192.0.2.0/24", "documentation"),
+    ("192.88.99.0/24", "6to4 relay anycast"),
+    ("192.168.0.0/16", "private"),
+    ("198.18.0.0/15", "benchmarking"),
+    ("198.51.100.0/24", "documentation"),
+    ("203.0.113.0/24", "documentation"),
+    ("224.0.0.0/4", "multicast"),
+    ("240.0.0.0/4", "reserved"),
+    ("255.255.255.255/32", "broadcast"),
+    ("::/128", "unspecified"),
+    ("::1/128", "loopback"),
+    ("::/96", "IPv4-compatible"),
+    ("64:ff9b::/96", "NAT64"),
+    ("64:ff9b:1::/48", "NAT64 (local use)"),
+    ("100::/64", "discard-only"),
+    ("2001::/23", "IETF protocol assignments"),
+    ("2001::/32", "Teredo"),
+    ("2001:2::/48", "benchmarking"),
+    ("2001:db8::/32", "documentation"),
+    ("2002::/16", "6to4"),
+    ("3fff::/20", "documentation"),
+    ("5f00::/16", "segment routing"),
+    ("fc00::/7", "unique local"),
+    ("fe80::/10", "link-local"),
+    ("fec0::/10", "site-local"),
+    ("ff00::/8", "multicast"),
+)
+GLOBAL_UNICAST = ipaddress.IPv6Network("2000::/3")
+MAPPED = ipaddress.IPv6Network("::ffff:0:0/96")
+
+
 def address_refused(address: str) -> str | None:
-    """Why `address` may not be connected to (None: it may)."""
+    """Why `address` may not be connected to (None: it may): the most specific row of
+    `REFUSED` that holds it."""
     ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    if ip.is_loopback:
-        return "a loopback address"
-    if ip.is_link_local:
-        return "a link-local address"
-    if ip.is_private:
-        return "a private address"
-    if ip.is_multicast or ip.is_reserved or ip.is_unspecified or not ip.is_global:
-        return "not a public address"
+    if isinstance(ip, ipaddress.IPv6Address) and ip in MAPPED:
+        mapped = address_refused(str(ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)))
+        return None if mapped is None else f"IPv4-mapped, {mapped}"
+    holding = [(net, why) for net, why in REFUSED if net.version == ip.version and ip in net]
+    if holding:
+        return max(holding, key=lambda row: row[0].prefixlen)[1]
+    if isinstance(ip, ipaddress.IPv6Address) and ip not in GLOBAL_UNICAST:
+        return "not global unicast"
     return None
 
 
-class GuardedBackend(httpcore.AsyncNetworkBackend):
-    """Resolves, checks every address, connects to a checked one."""
+async def system_resolver(host: str, port: int) -> list[str]:
+    """The addresses `host` resolves to, as the system resolver answers (anyio.getaddrinfo)."""
+    infos = await anyio.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return [str(info[4][0]) for info in infos]
 
-    def __init__(self, allow_private: bool = False) -> None:
-        self._inner = httpcore.AnyIOBackend()
+
+class GuardedBackend(httpcore.AsyncNetworkBackend):
+    """Resolves, checks every address, connects to a checked one. `resolver` answers a host's
+    addresses (the system's by default); `network` makes the connections (httpcore's own)."""
+
+    def __init__(
+        self,
+        allow_private: bool = False,
+        *,
+        resolver: Resolver = system_resolver,
+        network: httpcore.AsyncNetworkBackend | None = None,
+    ) -> None:
+        self._inner = network or httpcore.AnyIOBackend()
+        self._resolve = resolver
         self._allow_private = allow_private
 
     async def connect_tcp(
@@ -61,20 +131,16 @@ class GuardedBackend(httpcore.AsyncNetworkBackend):
     ) -> httpcore.AsyncNetworkStream:
         try:
             with anyio.fail_after(timeout):
-                infos = await anyio.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+                resolved = await self._resolve(host, port)
         except (OSError, TimeoutError) as exc:
             raise httpcore.ConnectError(f"{host} could not be resolved: {exc}") from exc
-        addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
+        addresses = list(dict.fromkeys(resolved))
         if not addresses:
             raise httpcore.ConnectError(f"{host} has no address")
-        if not self._allow_private:
-            for address in addresses:
-                why = address_refused(address)
-                if why is not None:
-                    raise httpcore.ConnectError(
-                        f"{host} resolves to {address}, {why}: the browser only opens public "
-                        "addresses"
-                    )
+        if not self._allow_private and any(address_refused(a) is not None for a in addresses):
+            raise httpcore.ConnectError(
+                f"{host} is not a public host: the browser only opens public addresses"
+            )
         error: Exception | None = None
         for address in addresses:
             try:
@@ -95,14 +161,13 @@ class GuardedBackend(httpcore.AsyncNetworkBackend):
 
 
 class _GuardedTransport(httpx.AsyncHTTPTransport):
-    """httpx's own transport over a connection pool that connects through GuardedBackend (httpx
+    """httpx's own transport over a connection pool that connects through `backend` (httpx
     takes no network backend of its own, so the pool it made is replaced)."""
 
-    def __init__(self, allow_private: bool) -> None:
+    def __init__(self, backend: GuardedBackend) -> None:
         super().__init__(trust_env=False, retries=0)
         self._pool = httpcore.AsyncConnectionPool(
-            ssl_context=httpx.create_ssl_context(trust_env=False),
-            network_backend=GuardedBackend(allow_private),
+            ssl_context=httpx.create_ssl_context(trust_env=False), network_backend=backend
         )
 
 
@@ -110,27 +175,47 @@ class _GuardedTransport(httpx.AsyncHTTPTransport):
 class Fetched:
     url: str  # after redirects
     content_type: str
-    text: str
+    body: bytes  # at most max_bytes
+    encoding: str
 
 
 class PageFetcher:
-    """GETs http(s) pages through the guard."""
+    """GETs http(s) pages through the guard, each with the cookie jar it is given. The
+    connections are pooled across conversations (they carry no cookies); `resolver` and
+    `network` go to GuardedBackend."""
 
     def __init__(
-        self, *, allow_private: bool = False, timeout_s: float = 20.0, max_bytes: int = 4 << 20
+        self,
+        *,
+        allow_private: bool = False,
+        timeout_s: float = 20.0,
+        max_bytes: int = 4 << 20,
+        resolver: Resolver = system_resolver,
+        network: httpcore.AsyncNetworkBackend | None = None,
     ) -> None:
         self.allow_private = allow_private
         self.max_bytes = max_bytes
-        self._client = httpx.AsyncClient(
-            transport=_GuardedTransport(allow_private),
-            timeout=timeout_s,
+        self.timeout_s = timeout_s
+        backend = GuardedBackend(allow_private, resolver=resolver, network=network)
+        self._transport = _GuardedTransport(backend)
+
+    def _client(self, cookies: CookieJar) -> httpx.AsyncClient:
+        """A client over the shared transport whose cookie jar is `cookies` itself (httpx keeps
+        a CookieJar it is given, where it copies any other cookies). It is never closed:
+        closing it would close the shared transport, and it holds nothing else."""
+        return httpx.AsyncClient(
+            transport=self._transport,
+            cookies=cookies,
+            timeout=self.timeout_s,
             follow_redirects=True,
             max_redirects=5,
             trust_env=False,
             headers={"User-Agent": USER_AGENT},
         )
 
-    async def get(self, url: str) -> Fetched:
+    async def get(self, url: str, cookies: CookieJar) -> Fetched:
+        """The page at `url`, sending and keeping the cookies of `cookies` (one conversation's
+        jar; emptied once it holds more than MAX_COOKIES)."""
         try:
             parsed = httpx.URL(url)
         except httpx.InvalidURL as exc:
@@ -138,7 +223,7 @@ class PageFetcher:
         if parsed.scheme not in ("http", "https"):
             raise FetchError(f"`{url}`: the browser opens only http and https URLs")
         try:
-            async with self._client.stream("GET", parsed) as response:
+            async with self._client(cookies).stream("GET", parsed) as response:
                 if response.status_code >= 400:
                     raise FetchError(f"`{url}` answered HTTP {response.status_code}")
                 content_type = response.headers.get("content-type", "text/html")
@@ -151,13 +236,19 @@ class PageFetcher:
                     if len(body) > self.max_bytes:
                         del body[self.max_bytes :]
                         break
-                encoding = response.charset_encoding or "utf-8"
-                text = bytes(body).decode(encoding, errors="replace")
-                return Fetched(url=str(response.url), content_type=kind, text=text)
+                return Fetched(
+                    url=str(response.url),
+                    content_type=kind,
+                    body=bytes(body),
+                    encoding=response.charset_encoding or "utf-8",
+                )
         except httpx.TooManyRedirects as exc:
             raise FetchError(f"`{url}` redirected too many times") from exc
         except httpx.HTTPError as exc:
             raise FetchError(f"`{url}` could not be fetched: {exc}") from exc
+        finally:
+            if len(cookies) > MAX_COOKIES:
+                cookies.clear()
 
     async def close(self) -> None:
-        await self._client.aclose()
+        await self._transport.aclose()

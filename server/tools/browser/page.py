@@ -6,14 +6,20 @@ view shows the page's lines (wrapped at 80 columns) numbered `L{n}: `, under a h
 cursor (the page's place in the conversation's page stack), the title, the URL and which lines
 are shown: `[3] Title (https://…)\n**viewing lines [0 - 41] of 120**\n\nL0: …`. HTML becomes
 text with inscriptis (layout-aware: tables, lists and headings keep their shape; Apache-2.0,
-pure Python on lxml).
+pure Python on lxml). A page is wrapped once, when it is made; making one (`from_body`,
+`find_in`, `search_results`) is the slow part of the browser, and the tool runs it in a worker
+process (worker.py): everything here is plain data in, plain data out.
 """
 
 from __future__ import annotations
 
+import codecs
 import re
 import textwrap
+from array import array
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from itertools import accumulate
 from urllib.parse import quote, unquote, urljoin, urlsplit
 
 import lxml.html
@@ -31,17 +37,68 @@ class PageError(Exception):
     """A request the page cannot answer; the message is what the model reads."""
 
 
+class Packed:
+    """A sequence of strings kept as one string and where each ends: a page's lines or links
+    cross between processes as two objects, not one per line (unpickling thousands of small
+    strings would hold the event loop's thread), and take less memory."""
+
+    __slots__ = ("_ends", "_text")
+
+    def __init__(self, items: Iterable[str] = ()) -> None:
+        parts = list(items)
+        self._text = "".join(parts)
+        self._ends = array("Q", accumulate(len(part) for part in parts))
+
+    def __len__(self) -> int:
+        return len(self._ends)
+
+    def __getitem__(self, index: int) -> str:
+        if not 0 <= index < len(self._ends):
+            raise IndexError(index)
+        start = self._ends[index - 1] if index else 0
+        return self._text[start : self._ends[index]]
+
+    def __iter__(self) -> Iterator[str]:
+        return (self[index] for index in range(len(self._ends)))
+
+    def __reduce__(self) -> tuple[Callable[[str, array[int]], Packed], tuple[str, array[int]]]:
+        return _unpacked, (self._text, self._ends)
+
+    def size(self) -> int:
+        """Its UTF-8 bytes."""
+        return len(self._text.encode("utf-8", "replace"))
+
+
+def _unpacked(text: str, ends: array[int]) -> Packed:
+    packed = Packed()
+    packed._text, packed._ends = text, ends
+    return packed
+
+
 @dataclass(slots=True)
 class Page:
     url: str
     title: str
-    text: str
-    links: dict[int, str] = field(default_factory=dict)
+    lines: Packed  # wrapped at WRAP_WIDTH
+    links: Packed = field(default_factory=Packed)  # by link id, from 0
     lines_of: dict[int, int] = field(default_factory=dict)  # a find result's line on its page
     is_listing: bool = False  # search or find results: `find` does not apply
+    size: int = 0  # the UTF-8 bytes of its lines and links: what a conversation's budget counts
 
-    def lines(self) -> list[str]:
-        return wrap_lines(self.text)
+
+def _page(
+    url: str,
+    title: str,
+    text: str,
+    *,
+    links: Iterable[str] = (),
+    lines_of: dict[int, int] | None = None,
+    is_listing: bool = False,
+) -> Page:
+    """A page of `text`, wrapped, its links by id (from 0), and its size."""
+    lines, targets = Packed(wrap_lines(text)), Packed(links)
+    size = lines.size() + targets.size()
+    return Page(url, title, lines, targets, lines_of or {}, is_listing, size)
 
 
 def domain_of(url: str) -> str:
@@ -56,6 +113,18 @@ def wrap_lines(text: str) -> list[str]:
         )
         lines.extend(wrapped or [""])
     return lines
+
+
+def from_body(body: bytes, encoding: str, content_type: str, url: str) -> Page:
+    """A fetched page: HTML (or XHTML) as `from_html`, any other text as it is."""
+    try:
+        codecs.lookup(encoding)
+    except LookupError:
+        encoding = "utf-8"
+    text = body.decode(encoding, errors="replace")
+    if content_type in ("text/html", "application/xhtml+xml"):
+        return from_html(text, url)
+    return from_text(text, url)
 
 
 def from_html(html: str, url: str) -> Page:
@@ -87,13 +156,11 @@ def from_html(html: str, url: str) -> Page:
     text = Inscriptis(root, ParserConfig(display_links=False)).get_text()
     text = re.sub(r"[ \t]+\n", "\n", text)
     text = re.sub(r"\n{3,}", "\n\n", text).strip("\n")
-    return Page(url=url, title=title, text=f"URL: {url}\n{text}", links=links)
+    return _page(url, title, f"URL: {url}\n{text}", links=links.values())
 
 
 def from_text(text: str, url: str) -> Page:
-    return Page(
-        url=url, title=domain_of(url) or url, text=f"URL: {url}\n{text.translate(_BRACKETS)}"
-    )
+    return _page(url, domain_of(url) or url, f"URL: {url}\n{text.translate(_BRACKETS)}")
 
 
 def _replace_with_text(node: lxml.html.HtmlElement, text: str) -> None:
@@ -126,13 +193,13 @@ def search_results(query: str, hits: list[SearchHit]) -> Page:
         snippet = " ".join(hit.snippet.split()).translate(_BRACKETS)
         lines.append(f"* 【{link_id}†{title}†{domain_of(hit.url)}】 {snippet}".rstrip())
     text = "\n".join(lines) if lines else f"No results for `{query}`."
-    return Page(url="", title=query, text=text, links=links, is_listing=True)
+    return _page("", query, text, links=links.values(), is_listing=True)
 
 
 def find_in(page: Page, pattern: str) -> Page:
     """The lines of `page` that contain `pattern` (case-insensitive), each a link to its place."""
     needle = pattern.lower()
-    lines = [LINK_TEXT.sub(lambda m: m.group("text"), line) for line in page.lines()]
+    lines = [LINK_TEXT.sub(lambda m: m.group("text"), line) for line in page.lines]
     chunks: list[str] = []
     links: dict[int, str] = {}
     lines_of: dict[int, int] = {}
@@ -148,11 +215,11 @@ def find_in(page: Page, pattern: str) -> Page:
         lines_of[match] = index
         index += FIND_CONTEXT_LINES
     text = "\n\n".join(chunks) if chunks else f"No `find` results for pattern: `{pattern}`"
-    return Page(
-        url=f"{page.url}/find?pattern={quote(pattern)}",
-        title=f"Find results for text: `{pattern}` in `{page.title}`",
-        text=text,
-        links=links,
+    return _page(
+        f"{page.url}/find?pattern={quote(pattern)}",
+        f"Find results for text: `{pattern}` in `{page.title}`",
+        text,
+        links=links.values(),
         lines_of=lines_of,
         is_listing=True,
     )
@@ -160,7 +227,7 @@ def find_in(page: Page, pattern: str) -> Page:
 
 def view(page: Page, cursor: int, loc: int = 0, num_lines: int = -1, max_chars: int = 4000) -> str:
     """The page from line `loc`: `num_lines` lines, or as many as fit in `max_chars`."""
-    lines = page.lines()
+    lines = page.lines
     total = len(lines)
     if loc >= total or loc < 0:
         raise PageError(
