@@ -211,8 +211,12 @@ class Prepared:
     async def _run(
         self, tools: ServerTools, call: ServerCall, index: int, channel: str
     ) -> ToolOutput:
-        """A server-run call run: its output, with the harmony tool message of its result."""
+        """A server-run call run: its output, with the harmony tool message of its result. The
+        response's admission place is given to others while the tool runs (admission.py)."""
+        stepped_out = self.ticket is not None and self.ticket.step_out()
         result = await tools.run(call.target, call.arguments)
+        if stepped_out and self.ticket is not None:
+            await self.ticket.step_in()
         tokens = self.generator.renderer.tool_result_tokens(call.recipient, result.text, channel)
         return ToolOutput(
             index=index,

@@ -7,6 +7,8 @@ it runs to a file, so what ran is what the file holds.
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -63,7 +65,9 @@ def issued(client: TestClient, forced: ForcedScript, text: str) -> list[dict[str
 
 
 def post(client: TestClient, **body: Any) -> Any:
-    return client.post("/v1/responses", json={"model": MODEL, **body})
+    """The raw response; a request that should be refused asks for a short answer, so one
+    wrongly let through does not generate at length."""
+    return client.post("/v1/responses", json={"model": MODEL, "max_output_tokens": 16, **body})
 
 
 def refused(response: Any, status: int, param: str | None) -> str:
@@ -247,3 +251,44 @@ def test_a_full_server_runs_no_approved_call(
     later = create(client, **body)
     assert later["output"][0]["output"] == "noted: busy"
     assert recorded(record) == ["busy"]
+
+
+def test_a_response_running_a_tool_holds_no_admission_place(
+    client: TestClient, forced: ForcedScript, record: Path
+) -> None:
+    generator: Generator = client.app.state.generator  # type: ignore[attr-defined]
+    admission = generator.admission
+    tickets: list[Ticket] = []  # every place but one taken, as by requests in flight
+    while (ticket := admission.try_acquire()) is not None:
+        tickets.append(ticket)
+    tickets.pop().release()
+    go = record.with_name(record.name + ".go")
+    go.unlink(missing_ok=True)
+    forced.push(mcp_call("rec", "hold", '{"text":"holding"}'))
+    forced.push(answer("Other."))  # the other request's, while the tool runs
+    forced.push(answer("Held."))
+    results: dict[str, Any] = {}
+    holder = threading.Thread(
+        target=lambda: results.update(body=create(client, input="hold", tools=[NEVER]))
+    )
+    try:
+        holder.start()
+        deadline = time.monotonic() + 60
+        while recorded(record) != ["holding"]:  # the tool runs
+            assert time.monotonic() < deadline
+            assert holder.is_alive()
+            time.sleep(0.02)
+        other = post(client, input="meanwhile", store=False)
+        assert other.status_code == 200, other.text  # the tool's response left it a place
+        assert other.json()["output"][-1]["content"][0]["text"] == "Other."
+    finally:
+        go.touch()
+        holder.join(60)
+        for ticket in tickets:
+            ticket.release()
+    body = results["body"]
+    assert [item["output"] for item in body["output"] if item["type"] == "mcp_call"] == [
+        "held: holding"
+    ]
+    assert body["output"][-1]["content"][0]["text"] == "Held."
+    assert (admission.held, admission.out) == (0, 0)

@@ -3,12 +3,14 @@
     python -m tests.support.mcp_recorder FILE
 
 `note(text)` appends `text` and a newline to FILE and answers `noted: <text>`: what the file
-holds is exactly the calls that ran. `recorder_config()` writes the `mcpServers` file that
+holds is exactly the calls that ran. `hold(text)` notes `text` too, then answers only once the
+file FILE.go exists (a test lets it go). `recorder_config()` writes the `mcpServers` file that
 names it (`rec`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 from pathlib import Path
@@ -27,6 +29,16 @@ def note(text: str) -> str:
     with _file.open("a", encoding="utf-8") as out:
         out.write(text + "\n")
     return f"noted: {text}"
+
+
+@server.tool(description="Takes a note, then waits to be let go.")
+async def hold(text: str) -> str:
+    assert _file is not None
+    note(text)
+    go = _file.with_name(_file.name + ".go")
+    while not go.exists():
+        await asyncio.sleep(0.05)
+    return f"held: {text}"
 
 
 def recorder_config(directory: Path, record: Path) -> Path:
