@@ -47,7 +47,8 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     StartupError at once if the state directory (settings.state_dir) or the signing key in it
     is not private (server.private_files).
     """
-    signer = _signer(settings)
+    key = _state_key(settings)
+    signer = ThinkingSigner(key)
     mcp = _mcp_servers(settings)
 
     @asynccontextmanager
@@ -72,7 +73,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
         )
         app.state.metrics.watch(app.state.generator.admission)
         app.state.metrics.watch_model(loaded)
-        app.state.responses = ResponsesState.from_settings(settings)
+        app.state.responses = ResponsesState.from_settings(settings, key)
         app.state.messages = MessagesState.from_settings(settings, signer)
         app.state.server_tools = await start_server_tools(settings)
         app.state.mcp = mcp
@@ -108,10 +109,11 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     return app
 
 
-def _signer(settings: Settings) -> ThinkingSigner:
-    """The thinking-block signer, its key kept in the private state directory."""
+def _state_key(settings: Settings) -> bytes:
+    """The server's signing key, kept in the private state directory: thinking blocks' and
+    (a key derived from it) MCP approval requests' signatures."""
     try:
-        return ThinkingSigner(load_key(private_dir(settings.state_dir) / KEY_FILE))
+        return load_key(private_dir(settings.state_dir) / KEY_FILE)
     except PrivatePathError as exc:
         raise StartupError(f"the state directory cannot be used: {exc}") from exc
 

@@ -33,7 +33,7 @@ from server.core.history import History
 from server.core.prepared import Prepared
 from server.core.save_points import SavePoints
 from server.core.summaries import SummaryConfig, summary_transcript
-from server.core.tool_loop import ServerTools
+from server.core.tool_loop import ServerTools, approved_calls
 from server.core.tool_names import ToolNames
 from server.core.visibility import SummaryStyle
 from server.engine.base import Engine, SamplingParams
@@ -212,7 +212,9 @@ class Generator:
         tools: ServerTools | None = None,
     ) -> Prepared:
         names = ToolNames(transcript.tools)
+        given = transcript
         transcript, prompt_tokens = self._render(transcript, names)
+        approved = approved_calls(given, transcript, tools) if tools is not None else ()
         params = self.sampling(options, len(prompt_tokens))
         steering = self._steering(transcript, names.to_harmony_choice(options.tool_choice), options)
         later: tuple[SteeringPlan, SteeringPlan] | None = None
@@ -234,6 +236,7 @@ class Generator:
             save_points=self.save_points(prompt_tokens),
             tools=tools,
             later_steering=later,
+            approved=approved,
         )
 
     def count_tokens(self, transcript: Transcript) -> int:

@@ -30,7 +30,7 @@ from server.core.client_events import ClientEvents
 from server.core.finish import finished_event
 from server.core.stop_strings import StopStrings
 from server.core.summaries import SummaryMerge
-from server.core.tool_loop import ServerTools, merged, server_call, shifted
+from server.core.tool_loop import ServerCall, ServerTools, merged, server_call, shifted
 from server.core.tool_names import ToolNames
 from server.core.visibility import SummaryStyle
 from server.engine.base import EngineResult, SamplingParams, TokenStream
@@ -62,6 +62,8 @@ class Prepared:
     tools: ServerTools | None = None  # tools the server runs itself (server.core.tool_loop)
     # the steering of the rounds after a server-run call: calls allowed, and none (limit reached)
     later_steering: tuple[SteeringPlan, SteeringPlan] | None = None
+    # calls the user approved, at the prompt's end: run before the first round (tool_loop)
+    approved: tuple[ServerCall, ...] = ()
     # the first round, submitted by `begin` before the events are read
     _begun: list[tuple[HarmonySteering, TokenStream, HarmonyDecoder]] = field(
         default_factory=list, init=False, repr=False, compare=False
@@ -72,7 +74,10 @@ class Prepared:
         most): what a response builds before its first events (the Responses snapshots, chat's
         role chunk) is then built while the prompt is evaluated, and the engine thread's start
         does not wait for the GIL meanwhile. `events()` takes the round over; `abandon` ends it
-        if they are never read."""
+        if they are never read. A generation that first runs approved calls begins nothing:
+        its first prompt waits for their results."""
+        if self.approved:
+            return
         if not self._begun:
             first = self._start(self.prompt_tokens, self.params, self.steering, self.save_points)
             self._begun.append(first)
@@ -114,26 +119,54 @@ class Prepared:
             yield event
 
     async def _events(self) -> AsyncGenerator[GenerationEvent, None]:
-        if self.tools is None or self.later_steering is None:
+        tools, later = self.tools, self.later_steering
+        if tools is None or later is None:
             rounds = self._round(self.prompt_tokens, self.params, self.steering, self.save_points)
+        elif self.approved:
+            rounds = self._approved_round(tools, later)
         else:
-            rounds = self._tool_rounds(self.tools, self.later_steering)
+            first = _Start(self.prompt_tokens, self.params, self.steering, self.save_points)
+            rounds = self._tool_rounds(tools, later, first)
         async with aclosing(rounds) as events:
             async for event in events:
                 yield event
 
-    async def _tool_rounds(
+    async def _approved_round(
         self, tools: ServerTools, later: tuple[SteeringPlan, SteeringPlan]
+    ) -> AsyncGenerator[GenerationEvent, None]:
+        """The calls the user approved run first (they end the prompt, before its
+        `<|start|>assistant`); their results appended, the rounds of generation follow."""
+        generator = self.generator
+        start = list(generator.renderer.assistant_start)
+        prompt = self.prompt_tokens[: len(self.prompt_tokens) - len(start)]
+        for approved in self.approved:
+            output = await self._run(tools, approved, -1, "commentary")
+            yield output
+            prompt = [*prompt, *output.tokens]
+        prompt = [*prompt, *start]
+        calls = len(self.approved)
+        room = generator.engine.info.n_ctx - len(prompt)
+        if room <= 0:
+            yield Finished(FinishReason.LENGTH)
+            return
+        first = _Start(
+            prompt,
+            dataclasses.replace(self.params, max_tokens=min(self.params.max_tokens, room)),
+            later[1] if calls >= tools.max_calls else self.steering,
+            generator.save_points(prompt),
+            calls,
+        )
+        async with aclosing(self._tool_rounds(tools, later, first)) as events:
+            async for event in events:
+                yield event
+
+    async def _tool_rounds(
+        self, tools: ServerTools, later: tuple[SteeringPlan, SteeringPlan], first: _Start
     ) -> AsyncGenerator[GenerationEvent, None]:
         """Rounds of generation while the model calls server-run tools (see tool_loop)."""
         generator = self.generator
-        prompt, params, plan, points = (
-            self.prompt_tokens,
-            self.params,
-            self.steering,
-            self.save_points,
-        )
-        offset, calls = 0, 0
+        prompt, params, plan, points = first.prompt, first.params, first.plan, first.points
+        offset, calls = 0, first.calls
         total: Finished | None = None
         while True:
             sampled: list[int] = []
@@ -161,24 +194,11 @@ class Prepared:
                 yield total
                 return
             calls += 1
-            result = await tools.run(call.target, call.text)
-            channel = tools.result_channel(call)
-            result_tokens = generator.renderer.tool_result_tokens(
-                call.recipient, result.text, channel
-            )
-            yield ToolOutput(
-                index=call.index + offset,
-                call_id=call.call_id or "",
-                target=call.target,
-                arguments=call.text,
-                text=result.text,
-                is_error=result.is_error,
-                details=dict(result.item),
-                tokens=tuple(result_tokens),
-                channel=channel,
-            )
+            ran = ServerCall(call.call_id or "", call.target, call.text, call.recipient)
+            output = await self._run(tools, ran, call.index + offset, tools.result_channel(call))
+            yield output
             offset += n_segments
-            prompt = [*prompt, *sampled, *result_tokens, *generator.renderer.assistant_start]
+            prompt = [*prompt, *sampled, *output.tokens, *generator.renderer.assistant_start]
             room = generator.engine.info.n_ctx - len(prompt)
             left = params.max_tokens - finished.usage.completion_tokens
             if room <= 0 or left <= 0:
@@ -187,6 +207,28 @@ class Prepared:
             params = dataclasses.replace(params, max_tokens=min(left, room))
             plan = later[1] if calls >= tools.max_calls else later[0]
             points = ()
+
+    async def _run(
+        self, tools: ServerTools, call: ServerCall, index: int, channel: str
+    ) -> ToolOutput:
+        """A server-run call run: its output, with the harmony tool message of its result. The
+        response's admission place is given to others while the tool runs (admission.py)."""
+        stepped_out = self.ticket is not None and self.ticket.step_out()
+        result = await tools.run(call.target, call.arguments)
+        if stepped_out and self.ticket is not None:
+            await self.ticket.step_in()
+        tokens = self.generator.renderer.tool_result_tokens(call.recipient, result.text, channel)
+        return ToolOutput(
+            index=index,
+            call_id=call.call_id,
+            target=call.target,
+            arguments=call.arguments,
+            text=result.text,
+            is_error=result.is_error,
+            details=dict(result.item),
+            tokens=tuple(tokens),
+            channel=channel,
+        )
 
     async def _round(
         self,
@@ -281,6 +323,18 @@ class Prepared:
         if self.generator.on_finished is not None:
             self.generator.on_finished(finished)
         return finished
+
+
+@dataclass(frozen=True)
+class _Start:
+    """Where a response's rounds start: the first prompt, its parameters, steering and save
+    points, and the server-run calls already made (approved ones)."""
+
+    prompt: list[int]
+    params: SamplingParams
+    plan: SteeringPlan
+    points: tuple[int, ...]
+    calls: int = 0
 
 
 async def _releasing(

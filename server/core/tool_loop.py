@@ -8,9 +8,14 @@ tokens: the engine's slot keeps the rest. The client sees one response: the roun
 numbered on, a `ToolOutput` event after each server-run call, one `Finished` with the rounds'
 usage summed.
 
-Limits: `max_calls` server-run calls per response (after the last one the model may not call
-a tool again: the next round is steered to answer), `timeout_s` per call (then the call ends with
-an error result), `max_output_chars` of result text (cut with a note to the model). A tool that
+Calls the client approved (an MCP server's calls that wait for the user: `ServerTools.approved`)
+end the conversation the request sends; they run here too, after admission, as the response's
+first tool round: their results are appended to the prompt before the first generation.
+
+Limits: `max_calls` server-run calls per response, approved ones included (more approved calls
+than that are refused with the request; after the last one the model may not call a tool
+again: the next round is steered to answer), `timeout_s` per call (then the call ends with an
+error result), `max_output_chars` of result text (cut with a note to the model). A tool that
 raises or hangs ends its call with an error result, never the response.
 """
 
@@ -22,6 +27,7 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from server.contracts.errors import InvalidRequest, RequestField
 from server.contracts.events import (
     Finished,
     GenerationEvent,
@@ -37,6 +43,7 @@ from server.contracts.events import (
     ToolTarget,
     Usage,
 )
+from server.contracts.transcript import ToolCall, Transcript
 from server.tools.base import ServerTool, ToolContext, ToolResult, truncate
 
 log = logging.getLogger(__name__)
@@ -52,7 +59,8 @@ class ServerTools:
     (an MCP server's label), and the limits on them.
 
     `runs(target)` says whether a call is run here (a tool whose call needs the user's approval
-    first is not: that call goes back to the client as any other).
+    first is not: that call goes back to the client as any other). `approved`: the ids of the
+    calls the user approved, which end the conversation; they run first.
     """
 
     tools: Mapping[str, ServerTool]
@@ -62,6 +70,7 @@ class ServerTools:
     timeout_s: float = DEFAULT_TIMEOUT_S
     max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS
     needs_approval: Callable[[ToolTarget], bool] = field(default=lambda _target: False)
+    approved: tuple[str, ...] = ()
 
     def runs(self, target: ToolTarget | None) -> bool:
         return (
@@ -116,6 +125,52 @@ class ServerTools:
             text=message,
             is_error=True,
         )
+
+
+@dataclass(frozen=True)
+class ServerCall:
+    """A call to run here: the tool as the client named it, and the call's harmony recipient
+    (its result's author)."""
+
+    call_id: str
+    target: ToolTarget
+    arguments: str
+    recipient: str
+
+
+def approved_calls(
+    transcript: Transcript, seen: Transcript, tools: ServerTools
+) -> tuple[ServerCall, ...]:
+    """The calls `tools.approved` names: the last items of the conversation (`transcript`, as
+    the client named its tools; `seen`, as the model sees it). Raises InvalidRequest for more
+    of them than `max_calls`, or for an approved call that does not end the conversation."""
+    approved = tools.approved
+    if not approved:
+        return ()
+    if len(approved) > tools.max_calls:
+        raise InvalidRequest(
+            f"{len(approved)} tool calls are approved; at most {tools.max_calls} server-run tool "
+            "calls run per response (the server's --tool-max-calls): approve fewer at once",
+            field=RequestField.CONVERSATION,
+        )
+    calls = [item for item in transcript.items[-len(approved) :] if isinstance(item, ToolCall)]
+    if sorted(call.call_id for call in calls) != sorted(approved):
+        raise InvalidRequest(
+            "an approved tool call runs before the next generation, so its approval request "
+            "must end the conversation: answer it in the request that follows it, with no "
+            "other item after the request",
+            field=RequestField.CONVERSATION,
+        )
+    recipients = {item.call_id: item.recipient for item in seen.items if isinstance(item, ToolCall)}
+    return tuple(
+        ServerCall(
+            call.call_id,
+            ToolTarget(call.name, call.namespace),
+            call.arguments,
+            recipients[call.call_id],
+        )
+        for call in calls
+    )
 
 
 def server_call(ended: list[SegmentEnd], tools: ServerTools) -> SegmentEnd | None:

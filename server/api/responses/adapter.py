@@ -387,16 +387,18 @@ def _item(parsed: InputItem, param: str, calls: dict[str, ToolCall]) -> Item | N
 
 
 def approval_request_id(call_id: str) -> str:
-    """The id of the approval request of call `call_id` (`call_X` -> `mcpr_X`): the client's
-    `mcp_approval_response` names the call by it."""
+    """The unsigned head of the id of call `call_id`'s approval request (`call_X` ->
+    `mcpr_X`; the signature follows it: api/responses/mcp.py's ApprovalIds)."""
     return "mcpr_" + call_id.removeprefix("call_")
 
 
 def call_id_of(item_id: str) -> str:
-    """The call an approval request's (`mcpr_X`) or an MCP call's (`mcp_X`) id names."""
-    for prefix in ("mcpr_", "mcp_"):
-        if item_id.startswith(prefix):
-            return "call_" + item_id.removeprefix(prefix)
+    """The call an approval request's (`mcpr_X_<signature>`, api/responses/mcp.py's
+    ApprovalIds) or an MCP call's (`mcp_X`) id names."""
+    if item_id.startswith("mcpr_"):
+        return "call_" + item_id.removeprefix("mcpr_").partition("_")[0]
+    if item_id.startswith("mcp_"):
+        return "call_" + item_id.removeprefix("mcp_")
     return item_id
 
 

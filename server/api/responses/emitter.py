@@ -15,7 +15,7 @@ body is `fold()` of the very same events.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from server.api.logprobs import token_entries
 from server.api.response_fields import new_id, now
@@ -98,10 +98,16 @@ class ResponsesEmitter:
         call_kind: Callable[[ToolTarget], ItemKind | None] | None = None,
         ready: Sequence[McpListToolsItem | McpCallItem] = (),
         container_id: str = "",
+        approval_id: Callable[[str, ToolTarget, str], str] | None = None,
+        approved: Mapping[str, str] | None = None,
     ) -> None:
         """`call_kind`: the item of a call to a server-run tool (None: a client's call);
-        `ready`: items complete before generation (MCP listings, approved calls that ran),
-        streamed first; `container_id`: the python tool's sandbox of this conversation."""
+        `ready`: items complete before generation (MCP listings), streamed first;
+        `container_id`: the python tool's sandbox of this conversation; `approval_id`: the
+        signed id of a call's approval request (call id, target, arguments), known once the
+        call is written: the request item is sent whole when it closes; `approved`: the calls
+        the client approved (call id -> approval request id), run before the first round, each
+        shown as a whole `mcp_call` item when its result comes."""
         self._base = base
         self._logprobs = logprobs  # the output text's logprobs were asked for
         self._new_item_id = new_item_id
@@ -109,6 +115,8 @@ class ResponsesEmitter:
         self._call_kind = call_kind
         self._ready = list(ready)
         self._container_id = container_id
+        self._approval_id = approval_id
+        self._approved = dict(approved or {})
         self._sequence = 0
         self._output: list[OutputItem] = []
         self._open: OpenItem | None = None
@@ -189,6 +197,8 @@ class ResponsesEmitter:
             container_id=self._container_id,
         )
         self._open = item
+        if kind == "mcp_approval_request":
+            return []  # its id signs its arguments: sent whole when it closes (_close_open)
         added: list[StreamEvent] = [
             OutputItemAdded(
                 sequence_number=self._next(),
@@ -212,7 +222,8 @@ class ResponsesEmitter:
 
     def _item_id(self, kind: ItemKind, call_id: str) -> str:
         """A new id; a server-run call's and an approval request's name their call (a client
-        that sends them back as input replays the call's exact tokens)."""
+        that sends them back as input replays the call's exact tokens). An approval request's
+        is signed when it closes."""
         if kind == "mcp_approval_request":
             return approval_request_id(call_id)
         if kind == "mcp_call":
@@ -285,8 +296,39 @@ class ResponsesEmitter:
         item.ended = end
         return self._done_events(item, item.text)
 
+    def _approval_request_added(self, item: OpenItem, arguments: str) -> list[StreamEvent]:
+        """An approval request's `output_item.added`, once its arguments are known (its id
+        signs them)."""
+        if self._approval_id is not None and item.target is not None:
+            item.id = self._approval_id(item.call_id, item.target, arguments)
+        shape = self._shape(item, "in_progress", "")
+        return [
+            OutputItemAdded(
+                sequence_number=self._next(), output_index=item.output_index, item=shape
+            )
+        ]
+
+    def _approved_call(self, output: ToolOutput) -> list[StreamEvent]:
+        """An approved call that ran before the first round: its whole `mcp_call` item."""
+        done = McpCallItem(
+            id=mcp_call_id(output.call_id),
+            server_label=output.target.namespace,
+            name=output.target.name,
+            arguments=output.arguments,
+            output=None if output.is_error else output.text,
+            error=mcp_error(output.details, output.text) if output.is_error else None,
+            status="failed" if output.is_error else "completed",
+            approval_request_id=self._approved.pop(output.call_id),
+        )
+        events = ready_item_events(done, len(self._output), self._next)
+        self._output.append(done)
+        return events
+
     def _tool_output(self, output: ToolOutput) -> list[StreamEvent]:
-        """A server-run call's result: the open call item completes (or fails) and closes."""
+        """A server-run call's result: the open call item completes (or fails) and closes (an
+        approved call that ran before the first round: its whole item)."""
+        if self._open is None and output.call_id in self._approved:
+            return self._approved_call(output)
         item = self._open
         if item is None or item.kind not in SERVER_RUN or item.segment != output.index:
             return []
@@ -307,6 +349,8 @@ class ResponsesEmitter:
         status: ItemStatus = "completed" if end is not None and end.complete else "incomplete"
         text = LIFECYCLES[item.kind].final(item.text)
         events = self._done_events(item, text) if item.ended is None else []
+        if item.kind == "mcp_approval_request":
+            events = self._approval_request_added(item, text)
         events += summary_done(item, self._next) if item.summary is not None else []
         done = self._shape(item, status, text)
         self._output.append(done)

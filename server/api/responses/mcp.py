@@ -9,14 +9,21 @@ model as a function namespace named after the label; the response shows the list
 
 `require_approval` is OpenAI's: "always" (the default), "never", or `{"always": {"tool_names"},
 "never": {"tool_names"}}`. A call that needs approval ends the response with an
-`mcp_approval_request` item; the client's `mcp_approval_response` (with previous_response_id)
-runs it (or tells the model it was refused) before the next generation.
+`mcp_approval_request` item whose id this server signs (`ApprovalIds`); the client's
+`mcp_approval_response` (with previous_response_id, or with the request item sent back as input)
+is honoured only for an id that verifies against the call it names: the call, approved, runs in
+the next response's first tool round, after admission (server.core.tool_loop); refused, the
+model is told so.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import hmac
 import logging
+import secrets
+import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,10 +32,9 @@ from pydantic import BaseModel, Field
 
 from server.api.request_fields import parse_as
 from server.api.response_fields import new_id
-from server.api.responses.adapter import call_id_of, mcp_call_id
-from server.api.responses.items import ItemKind, mcp_error
+from server.api.responses.adapter import approval_request_id, call_id_of
+from server.api.responses.items import ItemKind
 from server.api.responses.schemas import (
-    McpCallItem,
     McpListedTool,
     McpListToolsItem,
     ResponsesRequest,
@@ -36,7 +42,6 @@ from server.api.responses.schemas import (
 from server.contracts.errors import InvalidRequest
 from server.contracts.events import ToolTarget
 from server.contracts.transcript import Item, ToolCall, ToolResult, ToolSpec
-from server.core.tool_loop import ServerTools
 from server.tools.mcp import Listing, McpServers, McpTool, McpTools
 
 log = logging.getLogger(__name__)
@@ -186,72 +191,111 @@ def listed_labels(
     )
 
 
-async def approved_calls(
+class ApprovalIds:
+    """The ids of the approval requests this server issues, signed: `mcpr_<call>_<mac>`, the MAC
+    an HMAC-SHA256 (under a key derived from the server's key in its private state directory,
+    so ids outlive a restart) over the call's id, server label, tool name and arguments.
+
+    A call runs on approval only if its request's id verifies: one this server issued, for
+    exactly that call. The stored conversation of previous_response_id and a request item sent
+    back as input are checked alike (a stored conversation also holds earlier input)."""
+
+    def __init__(self, key: bytes | None = None) -> None:
+        """`key`: the server's (without one: drawn for this instance only)."""
+        secret = key if key is not None else secrets.token_bytes(32)
+        self._key = hmac.new(secret, _APPROVAL_CONTEXT, hashlib.sha256).digest()
+
+    def issue(self, call_id: str, target: ToolTarget, arguments: str) -> str:
+        """The id of the approval request of this call."""
+        fields = (call_id, target.namespace, target.name, arguments)
+        message = b"".join(_framed(value.encode("utf-8", "surrogatepass")) for value in fields)
+        mac = hmac.new(self._key, message, hashlib.sha256).digest()[:_MAC_BYTES]
+        return f"{approval_request_id(call_id)}_{mac.hex()}"
+
+    def verify(self, request_id: str, call: ToolCall) -> bool:
+        """Whether `request_id` is the id this server issued for exactly this call."""
+        target = ToolTarget(call.name, call.namespace)
+        return hmac.compare_digest(
+            request_id.encode("utf-8", "surrogatepass"),
+            self.issue(call.call_id, target, call.arguments).encode("utf-8", "surrogatepass"),
+        )
+
+
+_APPROVAL_CONTEXT = b"gpt-oss-server mcp approval request v1"
+_MAC_BYTES = 16
+
+
+def _framed(value: bytes) -> bytes:
+    return struct.pack("<Q", len(value)) + value
+
+
+@dataclass(frozen=True)
+class Approvals:
+    """What a request's `mcp_approval_response` items decide: the conversation with a refused
+    call's result after it, and the approved calls (call id -> approval request id), which
+    the core runs first (they must end the conversation; server.core.tool_loop)."""
+
+    conversation: tuple[Item, ...]
+    approved: dict[str, str] = field(default_factory=dict)
+
+
+def approvals(
     request: ResponsesRequest,
     conversation: Sequence[Item],
     setup: McpSetup,
-    *,
-    response_id: str,
-    timeout_s: float,
-    max_output_chars: int,
-) -> tuple[tuple[Item, ...], list[McpCallItem]]:
-    """Run the calls the client approved (`mcp_approval_response` items): the conversation with
-    each result right after its call, and the `mcp_call` items that show them. A refused call's
-    result tells the model so. The calls are found in the conversation: the stored one of
-    previous_response_id, or `mcp_approval_request` items sent back as input."""
+    ids: ApprovalIds,
+) -> Approvals:
+    """Check the request's approval responses; runs nothing. Each must name a pending approval
+    request this server issued (`ApprovalIds`; else a 400): a refused call's result tells the
+    model so; an approved call is returned to be run after admission. The calls are found in
+    the conversation: the stored one of previous_response_id, and `mcp_approval_request` items
+    sent back as input."""
     if not isinstance(request.input, list):
-        return tuple(conversation), []
-    calls = {item.call_id: item for item in conversation if isinstance(item, ToolCall)}
+        return Approvals(tuple(conversation))
     answered = {item.call_id for item in conversation if isinstance(item, ToolResult)}
     results: dict[str, ToolResult] = {}
-    shown: list[McpCallItem] = []
+    approved: dict[str, str] = {}
     for index, raw in enumerate(request.input):
         if raw.get("type") != "mcp_approval_response":
             continue
         param = f"input[{index}]"
         response = parse_as(ApprovalResponseIn, raw, param)
-        call = calls.get(call_id_of(response.approval_request_id))
+        request_id = response.approval_request_id
+        call = _last_call(conversation, call_id_of(request_id))
         if call is None or call.call_id in answered:
             raise InvalidRequest(
-                f"{param}: approval_request_id {response.approval_request_id!r} matches no "
-                "pending approval request of this conversation",
+                f"{param}: approval_request_id {request_id!r} matches no pending approval "
+                "request of this conversation",
+                param=f"{param}.approval_request_id",
+            )
+        if not ids.verify(request_id, call):
+            raise InvalidRequest(
+                f"{param}: approval_request_id {request_id!r} names no approval request this "
+                "server issued for that call (an mcp_approval_request item sent back as input "
+                "must be unchanged); nothing was run",
                 param=f"{param}.approval_request_id",
             )
         answered.add(call.call_id)
-        tools = setup.tools.get(call.namespace)
-        if not response.approve or tools is None:
-            reason = f" ({response.reason})" if response.reason else ""
-            results[call.call_id] = _result(call, DENIED.format(reason=reason))
+        if response.approve and call.namespace in setup.tools:
+            approved[call.call_id] = request_id
             continue
-        runner = ServerTools(
-            {call.namespace: tools},
-            response_id=response_id,
-            timeout_s=timeout_s,
-            max_output_chars=max_output_chars,
-        )
-        result = await runner.run(ToolTarget(call.name, call.namespace), call.arguments)
-        text = result.text
-        results[call.call_id] = _result(call, text)
-        shown.append(
-            McpCallItem(
-                id=mcp_call_id(call.call_id),
-                server_label=call.namespace,
-                name=call.name,
-                arguments=call.arguments,
-                output=None if result.is_error else text,
-                error=mcp_error(result.item, text) if result.is_error else None,
-                status="failed" if result.is_error else "completed",
-                approval_request_id=response.approval_request_id,
-            )
-        )
+        reason = f" ({response.reason})" if response.reason else ""
+        results[call.call_id] = _result(call, DENIED.format(reason=reason))
     if not results:
-        return tuple(conversation), shown
+        return Approvals(tuple(conversation), approved)
+    last = {item.call_id: i for i, item in enumerate(conversation) if isinstance(item, ToolCall)}
     merged: list[Item] = []
-    for item in conversation:
+    for i, item in enumerate(conversation):
         merged.append(item)
-        if isinstance(item, ToolCall) and item.call_id in results:
+        if isinstance(item, ToolCall) and item.call_id in results and last[item.call_id] == i:
             merged.append(results[item.call_id])
-    return tuple(merged), shown
+    return Approvals(tuple(merged), approved)
+
+
+def _last_call(conversation: Sequence[Item], call_id: str) -> ToolCall | None:
+    """The conversation's last call with this id (the one a result would follow)."""
+    calls = (item for item in reversed(conversation) if isinstance(item, ToolCall))
+    return next((call for call in calls if call.call_id == call_id), None)
 
 
 def _result(call: ToolCall, text: str) -> ToolResult:

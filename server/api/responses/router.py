@@ -30,7 +30,14 @@ from server.api.responses.adapter import (
 from server.api.responses.builtin import BuiltinSetup, setup_builtin
 from server.api.responses.emitter import ResponsesEmitter, fold
 from server.api.responses.items import ItemKind
-from server.api.responses.mcp import McpSetup, approved_calls, listed_labels, setup_mcp
+from server.api.responses.mcp import (
+    ApprovalIds,
+    Approvals,
+    McpSetup,
+    approvals,
+    listed_labels,
+    setup_mcp,
+)
 from server.api.responses.schemas import (
     DeletedResponse,
     ResponseObject,
@@ -62,16 +69,19 @@ class ResponsesState:
 
     store: ResponseStore
     keepalive_s: float = 5.0
+    approval_ids: ApprovalIds = field(default_factory=ApprovalIds)  # signs approval requests
     _dates: OrderedDict[str, str] = field(default_factory=OrderedDict)
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> ResponsesState:
+    def from_settings(cls, settings: Settings, key: bytes) -> ResponsesState:
+        """`key`: the server's secret in its state directory (approval ids are signed under a
+        key derived from it)."""
         store = ResponseStore(
             settings.responses_store_path,
             max_entries=settings.responses_store_max_entries,
             max_bytes=settings.responses_store_max_mb << 20,
         )
-        return cls(store=store, keepalive_s=settings.responses_keepalive_s)
+        return cls(store, settings.responses_keepalive_s, ApprovalIds(key))
 
     def conversation_date(
         self, cache_key: str | None, earlier: StoredResponse | None, today: str
@@ -106,21 +116,22 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     mcp = await setup_mcp(body, request.app.state.mcp, _listed(earlier, body))
     _check_labels(mcp, builtin)
     conversation_id = (earlier.conversation_id or earlier.id) if earlier else response_id
-    conversation, ran = await approved_calls(
-        body,
-        to_conversation(body, before),
-        mcp,
-        response_id=response_id,
-        timeout_s=settings.tool_timeout_s,
-        max_output_chars=settings.tool_max_output_chars,
-    )
+    decided = approvals(body, to_conversation(body, before), mcp, state.approval_ids)
+    conversation = decided.conversation
     transcript = to_transcript(body, conversation, settings.reasoning_effort, date)
     if mcp.tools:
         transcript = dataclasses.replace(transcript, tools=(*transcript.tools, *mcp.specs))
     if builtin.tools:
         transcript = dataclasses.replace(transcript, builtin_tools=builtin.specs)
     options = generation_options(body, shown.summary)
-    server_tools = _server_tools(mcp, builtin, settings, response_id, conversation_id)
+    server_tools = _server_tools(
+        mcp,
+        builtin,
+        settings,
+        decided=decided,
+        response_id=response_id,
+        conversation_id=conversation_id,
+    )
     try:
         prepared = generator.prepare(transcript, options, server_tools)
     except ServerError as exc:
@@ -134,8 +145,10 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
         view=shown,
         logprobs=vocab,
         call_kind=_call_kind(mcp, builtin) if server_tools is not None else None,
-        ready=[*mcp.listings, *ran],
+        ready=mcp.listings,
         container_id=container_id(conversation_id) if "python" in builtin.tools else "",
+        approval_id=state.approval_ids.issue,
+        approved=decided.approved,
     )
     finisher = _Finisher(
         state, generator, conversation, date, store=base.store, conversation_id=conversation_id
@@ -208,10 +221,13 @@ def _server_tools(
     mcp: McpSetup,
     builtin: BuiltinSetup,
     settings: Settings,
+    *,
+    decided: Approvals,
     response_id: str,
     conversation_id: str,
 ) -> ServerTools | None:
-    """The tools the server runs in this response: the MCP servers' and the built-in ones."""
+    """The tools the server runs in this response: the MCP servers' and the built-in ones,
+    and the calls the client approved (run first, after admission)."""
     if not mcp.tools and not builtin.tools:
         return None
     return ServerTools(
@@ -222,6 +238,7 @@ def _server_tools(
         timeout_s=settings.tool_timeout_s,
         max_output_chars=settings.tool_max_output_chars,
         needs_approval=mcp.needs_approval,
+        approved=tuple(decided.approved),
     )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import random
 import threading
 import time
@@ -63,3 +65,67 @@ def test_refusals_are_reported() -> None:
     again = gate.try_acquire()
     assert again is not None
     assert gate.refused == 1
+
+
+def test_a_response_running_a_tool_gives_its_place_to_the_next_request() -> None:
+    async def run() -> None:
+        gate = Admission(slots=1, max_waiting=0)
+        tool_runner = gate.try_acquire()
+        assert tool_runner is not None
+        assert gate.try_acquire() is None  # full
+        assert tool_runner.step_out()
+        other = gate.try_acquire()  # admitted while the tool runs
+        assert other is not None
+        assert (gate.held, gate.out) == (1, 1)
+        stepping_in = asyncio.create_task(tool_runner.step_in())
+        await asyncio.sleep(0.01)
+        assert not stepping_in.done()  # the gate is full: it waits
+        assert gate.try_acquire() is None  # and a new request does not pass it
+        other.release()  # the freed place is handed to the waiting response
+        await asyncio.wait_for(stepping_in, 5)
+        assert (gate.held, gate.out) == (1, 0)
+        assert gate.try_acquire() is None
+        tool_runner.release()
+        assert (gate.held, gate.out) == (0, 0)
+
+    asyncio.run(run())
+
+
+def test_no_more_responses_step_out_than_the_gate_admits() -> None:
+    gate = Admission(slots=1, max_waiting=1)
+    tickets = [gate.try_acquire() for _ in range(4)]
+    assert tickets[2] is None
+    assert tickets[3] is None
+    first, second = tickets[0], tickets[1]
+    assert first is not None
+    assert second is not None
+    assert first.step_out()
+    assert second.step_out()
+    third, fourth = gate.try_acquire(), gate.try_acquire()
+    assert third is not None
+    assert fourth is not None
+    assert not third.step_out()  # two are out already: this one keeps its place
+    for ticket in (first, second, third, fourth):
+        ticket.release()
+    assert (gate.held, gate.out) == (0, 0)
+
+
+def test_a_response_that_leaves_while_waiting_to_step_in_frees_everything() -> None:
+    async def run() -> None:
+        gate = Admission(slots=1, max_waiting=0)
+        ticket = gate.try_acquire()
+        assert ticket is not None
+        assert ticket.step_out()
+        other = gate.try_acquire()
+        assert other is not None
+        stepping_in = asyncio.create_task(ticket.step_in())
+        await asyncio.sleep(0.01)
+        stepping_in.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await stepping_in
+        ticket.release()
+        other.release()  # nobody waits now: the place is free for a new request
+        assert (gate.held, gate.out) == (0, 0)
+        assert gate.try_acquire() is not None
+
+    asyncio.run(run())
