@@ -15,7 +15,7 @@ from server.contracts.events import (
     SegmentKind,
     SegmentStart,
 )
-from server.harmony.decoder import HarmonyDecoder, ParserStock
+from server.harmony.decoder import HarmonyDecoder, ParserStock, new_parser
 
 Event = SegmentStart | SegmentDelta | SegmentEnd | DecodeWarning
 
@@ -335,4 +335,58 @@ def test_nothing_is_parsed_ahead_without_a_spare_parser(encoding: HarmonyEncodin
     assert (stock.ready, stock.spare) == (1, 0)
     events = [event for token in analysis for event in decoder.feed(token)]
     assert [type(event) for event in events] == [SegmentStart]
+    assert (stock.ready, stock.spare) == (1, 0)
+
+
+def test_a_stock_keeps_what_it_is_given_back_up_to_its_sizes(encoding: HarmonyEncoding) -> None:
+    stock = ParserStock(encoding)
+    assert (stock.ready, stock.spare) == (1, 1)  # one of each unless told
+    first = stock.take()
+    stock.give_back(first)
+    assert stock.take() is first  # the same parser, not another
+    stock.give_back(first)
+    spare = stock.take_spare()
+    assert spare is not None
+    assert stock.take_spare() is None  # none is made on the spot
+    stock.give_back(spare)  # ready is full: it becomes the spare
+    assert (stock.ready, stock.spare) == (1, 1)
+    assert stock.take_spare() is spare
+    stock.give_back(spare)
+    stock.give_back(new_parser(encoding))  # both full: dropped
+    assert (stock.ready, stock.spare) == (1, 1)
+
+
+def test_nothing_is_parsed_ahead_once_tokens_came(encoding: HarmonyEncoding) -> None:
+    """`expect` is for a generation's first tokens only: after a header token, a whole
+    message, or a rejected token it takes no spare and changes nothing."""
+    analysis = encoding.encode("<|channel|>analysis<|message|>", allowed_special="all")
+    message = encoding.encode("<|channel|>analysis<|message|>Hm.<|end|>", allowed_special="all")
+    rejected = encoding.encode("<|channel|>analysis<|message|>Hm.<|end|>x", allowed_special="all")
+    for fed in (analysis[:1], message, rejected):
+        stock = ParserStock(encoding)
+        decoder = HarmonyDecoder(encoding, parser=stock.take())
+        for token in fed:
+            decoder.feed(token)
+        decoder.expect(analysis, stock)
+        assert stock.spare == 1, fed
+    stock = ParserStock(encoding)
+    HarmonyDecoder(encoding, parser=stock.take()).expect([], stock)
+    assert stock.spare == 1
+
+
+def test_a_call_parsed_ahead_takes_its_id_and_parser_from_the_decoder(
+    encoding: HarmonyEncoding,
+) -> None:
+    header = encoding.encode(
+        "<|channel|>commentary to=functions.f <|constrain|>json<|message|>", allowed_special="all"
+    )
+    stock = ParserStock(encoding)
+    decoder = HarmonyDecoder(encoding, lambda: "call_fixed", parser=stock.take())
+    spare = stock._spare[-1]
+    decoder.expect(header, stock)
+    events = [event for token in header for event in decoder.feed(token)]
+    (start,) = events
+    assert isinstance(start, SegmentStart)
+    assert start.call_id == "call_fixed"
+    assert decoder._parser is spare  # the spare parsed the header; the decoder's own went back
     assert (stock.ready, stock.spare) == (1, 0)
