@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import re
 
 import pytest
 from openai_harmony import HarmonyEncoding
@@ -15,7 +16,7 @@ from server.contracts.events import (
     SegmentKind,
     SegmentStart,
 )
-from server.harmony.decoder import HarmonyDecoder, ParserStock, new_parser
+from server.harmony.decoder import HarmonyDecoder, ParserStock, new_call_id, new_parser
 
 Event = SegmentStart | SegmentDelta | SegmentEnd | DecodeWarning
 
@@ -390,3 +391,32 @@ def test_a_call_parsed_ahead_takes_its_id_and_parser_from_the_decoder(
     assert start.call_id == "call_fixed"
     assert decoder._parser is spare  # the spare parsed the header; the decoder's own went back
     assert (stock.ready, stock.spare) == (1, 0)
+
+
+def test_a_rejected_header_is_reported_without_the_models_text(
+    encoding: HarmonyEncoding, caplog: pytest.LogCaptureFixture
+) -> None:
+    """harmony quotes the model's text after a colon ("Unknown role: bo:gus"): the warning
+    and the log keep the reason before it; the warning holds the tokens from the rejected one."""
+    events, decoder = decode(
+        encoding, "<|channel|>final<|message|>Hi<|end|><|start|>bo:gus<|message|>x<|end|>"
+    )
+    assert [e.text for e in ends(events)] == ["Hi"]
+    reason = "model output left the harmony format: Unknown role"
+    assert events[-1] == DecodeWarning(reason, "<|message|>x<|end|>", (200008, 87, 200007))
+    assert decoder.left_grammar
+    assert [r.getMessage() for r in caplog.records if r.name == "server.harmony.decoder"] == [
+        reason
+    ]
+
+
+def test_a_terminator_that_ends_no_message_is_a_warning(encoding: HarmonyEncoding) -> None:
+    events, decoder = decode(encoding, "<|end|>")
+    assert events == [DecodeWarning("a terminator token ended no message", "<|end|>", (200007,))]
+    assert decoder.left_grammar
+
+
+def test_call_ids_are_24_hex_digits_each_new() -> None:
+    ids = {new_call_id() for _ in range(50)}
+    assert len(ids) == 50
+    assert all(re.fullmatch(r"call_[0-9a-f]{24}", call_id) for call_id in ids)
