@@ -218,11 +218,14 @@ def test_missing_channel_is_final(encoding: HarmonyEncoding) -> None:
 
 
 def test_header_without_message_token_is_recovered(encoding: HarmonyEncoding) -> None:
-    events, _ = decode(encoding, "<|channel|>final Hello there<|return|>")
+    events, decoder = decode(encoding, "<|channel|>final Hello there<|return|>")
     assert_well_formed(events)
     (end,) = ends(events)
     assert end.kind is SegmentKind.FINAL
     assert "Hello there" in end.text
+    assert decoder.left_grammar  # recovered, yet outside the grammar
+    events, _ = decode(encoding, "<|channel|>final<|return|>")
+    assert [type(e) for e in events] == [SegmentStart, SegmentEnd]  # no empty delta
 
 
 SAMPLES = [
