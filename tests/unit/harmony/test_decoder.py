@@ -16,7 +16,13 @@ from server.contracts.events import (
     SegmentKind,
     SegmentStart,
 )
-from server.harmony.decoder import HarmonyDecoder, ParserStock, new_call_id, new_parser
+from server.harmony.decoder import (
+    HarmonyDecoder,
+    ParserStock,
+    new_call_id,
+    new_parser,
+    segment_kind,
+)
 
 Event = SegmentStart | SegmentDelta | SegmentEnd | DecodeWarning
 
@@ -81,6 +87,27 @@ def test_reasoning_then_final(encoding: HarmonyEncoding) -> None:
     assert final.tokens[-1] == 200002
     assert decoder.reasoning_tokens == len(reasoning.tokens)
     assert not any(isinstance(e, DecodeWarning) for e in events)
+    assert decoder.left_grammar is False
+    deltas = [(e.index, e.kind) for e in events if isinstance(e, SegmentDelta)]
+    assert set(deltas) == {(0, SegmentKind.REASONING), (1, SegmentKind.FINAL)}
+
+
+def test_reasoning_tokens_add_up_and_indexes_count_on(encoding: HarmonyEncoding) -> None:
+    events, decoder = decode(
+        encoding,
+        "<|channel|>analysis<|message|>One.<|end|><|start|>assistant<|channel|>analysis"
+        "<|message|>Two.<|end|><|start|>assistant<|channel|>final<|message|>Done.<|return|>",
+    )
+    first, second, final = ends(events)
+    assert decoder.reasoning_tokens == len(first.tokens) + len(second.tokens)
+    assert [e.index for e in events if isinstance(e, SegmentStart)] == [0, 1, 2]
+    assert final.index == 2
+
+
+def test_the_assistant_as_recipient_is_no_call() -> None:
+    assert segment_kind("final", "assistant") is SegmentKind.FINAL
+    assert segment_kind("commentary", "assistant") is SegmentKind.PREAMBLE
+    assert segment_kind("commentary", "functions.f") is SegmentKind.TOOL_CALL
 
 
 @pytest.mark.parametrize(
@@ -172,7 +199,7 @@ def test_truncated_content_closes_incomplete(encoding: HarmonyEncoding) -> None:
     (end,) = ends(events)
     assert end.kind is SegmentKind.REASONING
     assert end.text == "Thinking about"
-    assert not end.complete
+    assert end.complete is False
 
 
 def test_truncated_header_is_a_warning(encoding: HarmonyEncoding) -> None:
@@ -184,7 +211,7 @@ def test_truncated_header_is_a_warning(encoding: HarmonyEncoding) -> None:
     assert len(ends(events)) == 1
     warning = events[-1]
     assert isinstance(warning, DecodeWarning)
-    assert "header" in warning.message
+    assert warning.message == "generation ended inside a message header"
     assert warning.text == "<|start|>assistant<|channel|>fin"
 
 
@@ -385,7 +412,8 @@ def test_a_call_parsed_ahead_takes_its_id_and_parser_from_the_decoder(
         "<|channel|>commentary to=functions.f <|constrain|>json<|message|>", allowed_special="all"
     )
     stock = ParserStock(encoding)
-    decoder = HarmonyDecoder(encoding, lambda: "call_fixed", parser=stock.take())
+    own = stock.take()
+    decoder = HarmonyDecoder(encoding, lambda: "call_fixed", parser=own)
     spare = stock._spare[-1]
     decoder.expect(header, stock)
     events = [event for token in header for event in decoder.feed(token)]
@@ -394,6 +422,7 @@ def test_a_call_parsed_ahead_takes_its_id_and_parser_from_the_decoder(
     assert start.call_id == "call_fixed"
     assert decoder._parser is spare  # the spare parsed the header; the decoder's own went back
     assert (stock.ready, stock.spare) == (1, 0)
+    assert stock.take() is own
 
 
 def test_a_rejected_header_is_reported_without_the_models_text(
