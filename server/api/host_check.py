@@ -51,10 +51,9 @@ def _split(authority: str, scheme: str) -> tuple[str, int] | None:
 
 
 def _pattern(name: str) -> str:
-    """An --allowed-hosts entry as a lower-case host name: "Box.lan:8000" -> "box.lan"."""
+    """An --allowed-hosts entry as a lower-case host name, without the port a Host header's
+    name is compared without: "Box.lan:8000" -> "box.lan", "*.Lan:8000" -> "*.lan"."""
     name = name.strip().lower()
-    if name.startswith("*"):
-        return name
     split = _split(name, "http")
     return split[0] if split is not None else name
 

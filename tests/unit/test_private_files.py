@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -87,6 +88,7 @@ def test_private_dir_creates_missing_parents_and_accepts_its_own(tmp_path: Path)
     made = private_dir(tmp_path / "a" / "b")
     assert made == tmp_path / "a" / "b"
     assert mode(made) == 0o700
+    assert private_dir(tmp_path / "c" / "d" / "e") == tmp_path / "c" / "d" / "e"
     existing = tmp_path / "readable"
     existing.mkdir(mode=0o755)
     assert private_dir(existing) == existing  # read-only for others: accepted, as ssh does
@@ -161,3 +163,120 @@ def test_a_parent_of_another_user_is_refused(tmp_path: Path) -> None:
     os.chown(theirs, 65534, 65534)
     with pytest.raises(PrivatePathError, match=f"directory {theirs}, above .*another user"):
         private_dir(theirs / "mine")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a directory to another user needs root")
+def test_a_parent_of_any_user_but_this_one_and_root_is_refused(tmp_path: Path) -> None:
+    """uid 1 as much as 65534: only this user's and root's parents are trusted."""
+    theirs = tmp_path / "daemons"
+    (theirs / "mine").mkdir(parents=True, mode=0o755)
+    os.chown(theirs, 1, 1)
+    with pytest.raises(PrivatePathError, match=r"another user \(uid 1\), who could swap"):
+        private_dir(theirs / "mine")
+
+
+def test_each_mode_opens_as_its_name_says(tmp_path: Path) -> None:
+    path = tmp_path / "data"
+    with open_private(path, "wb") as file:
+        file.write(b"hello")
+    with open_private(path, "ab") as file:
+        file.write(b" world")
+    with open_private(path) as file:  # "rb"
+        assert file.read() == b"hello world"
+    with open_private(path, "r+b") as file:
+        assert file.read(5) == b"hello"
+        file.seek(0)
+        file.write(b"HE")
+    assert path.read_bytes() == b"HEllo world"
+    with open_private(path, "wb") as file:
+        file.write(b"new")
+    assert path.read_bytes() == b"new"
+    with pytest.raises(FileExistsError):
+        open_private(path, "xb")
+    with open_private(tmp_path / "fresh", "xb") as file:
+        file.write(b"x")
+    assert (tmp_path / "fresh").read_bytes() == b"x"
+    assert mode(tmp_path / "fresh") == 0o600
+    with pytest.raises(FileNotFoundError):  # read modes create nothing
+        open_private(tmp_path / "missing")
+    with pytest.raises(FileNotFoundError):
+        open_private(tmp_path / "missing", "r+b")
+    assert not (tmp_path / "missing").exists()
+
+
+def test_a_directory_is_not_a_private_file(tmp_path: Path) -> None:
+    with pytest.raises(PrivatePathError, match=re.escape(f"{tmp_path} is not a regular file")):
+        open_private(tmp_path)
+
+
+def test_paths_under_home_are_expanded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert private_dir("~/state") == tmp_path / "state"
+    assert mode(tmp_path / "state") == 0o700
+    with open_private("~/state/key", "wb") as file:
+        file.write(b"k")
+    assert (tmp_path / "state" / "key").read_bytes() == b"k"
+
+
+def refusal(action: Callable[[], object]) -> str:
+    with pytest.raises(PrivatePathError) as caught:
+        action()
+    return str(caught.value)
+
+
+def test_refusals_say_what_others_may_do_and_how_to_fix_it(tmp_path: Path) -> None:
+    directory = tmp_path / "open"
+    directory.mkdir()
+    os.chmod(directory, 0o770)
+    assert refusal(lambda: private_dir(directory)) == (
+        f"directory {directory} has mode 0770: others than its owner may change it; "
+        f"`chmod go-w {directory}` or choose another path"
+    )
+    inside = directory / "state"
+    assert refusal(lambda: private_dir(inside)) == (
+        f"directory {directory}, above {inside}, has mode 0770: others than its owner could "
+        f"swap what it holds; `chmod go-w {directory}` (or `chmod +t`) or choose another path"
+    )
+    file = tmp_path / "readable"
+    file.write_text("x")
+    os.chmod(file, 0o640)
+    assert refusal(lambda: private_file(file)) == (
+        f"file {file} has mode 0640: others than its owner may read or change it; "
+        f"`chmod 600 {file}` or choose another path"
+    )
+    os.chmod(file, 0o600)
+    assert private_file(file) == file  # already private: accepted as it is
+    assert private_file(file, tighten=True) == file
+    assert mode(file) == 0o600
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving files to another user needs root")
+def test_refusals_name_the_other_user(tmp_path: Path) -> None:
+    theirs = tmp_path / "theirs"
+    theirs.write_text("x")
+    os.chmod(theirs, 0o600)
+    os.chown(theirs, 65534, 65534)
+    assert refusal(lambda: open_private(theirs)) == (
+        f"file {theirs} belongs to another user (uid 65534); the server keeps private data "
+        "there only in its own: choose another path or change its owner"
+    )
+    parent = tmp_path / "parent"
+    (parent / "mine").mkdir(parents=True)
+    os.chown(parent, 1, 1)
+    assert refusal(lambda: private_dir(parent / "mine")) == (
+        f"directory {parent}, above {parent / 'mine'}, belongs to another user (uid 1), who "
+        "could swap what it holds: choose another path"
+    )
+
+
+def test_a_refused_file_leaves_no_descriptor_open(tmp_path: Path) -> None:
+    readable = tmp_path / "readable"
+    readable.write_text("x")
+    before = len(os.listdir("/proc/self/fd")) if Path("/proc/self/fd").is_dir() else None
+    for _ in range(3):
+        with pytest.raises(PrivatePathError):
+            open_private(readable)
+        with pytest.raises(PrivatePathError):
+            open_private(tmp_path)
+    if before is not None:
+        assert len(os.listdir("/proc/self/fd")) == before

@@ -7,7 +7,14 @@ import random
 from hypothesis import given
 from hypothesis import strategies as st
 
-from server.engine.slots import Slot, choose_slot, common_prefix_length, eviction_order
+from server.engine.slots import (
+    Slot,
+    SlotChoice,
+    choose_slot,
+    common_prefix_length,
+    eviction_order,
+    longest_prefix,
+)
 
 
 def test_prompt_goes_to_the_slot_with_its_prefix() -> None:
@@ -45,6 +52,38 @@ def test_a_longer_prefix_elsewhere_is_shared() -> None:
     assert choice.keep == 2
     assert choice.donor is busy
     assert choice.shared == 5
+
+
+def test_an_empty_slot_takes_a_prefix_from_a_busy_one() -> None:
+    busy = Slot(0, [1, 2, 3, 4], 3.0, busy=True)
+    empty = Slot(1, [], 1.0)
+    assert choose_slot([busy, empty], [1, 2, 3, 9]) == SlotChoice(empty, 0, busy, 3)
+
+
+def test_of_two_continuing_slots_the_longer_prefix_wins() -> None:
+    short, long = Slot(0, [1, 2], 1.0), Slot(1, [1, 2, 3, 4], 2.0)
+    assert choose_slot([short, long], [1, 2, 3, 4, 5]) == SlotChoice(long, 4)
+    assert choose_slot([long, short], [1, 2, 3, 4, 5]) == SlotChoice(long, 4)
+
+
+def test_the_same_prompt_again_continues_its_slot() -> None:
+    """A regenerated answer: the slot holds the whole prompt, all but its last token kept."""
+    recent, old = Slot(0, [1, 2, 3], 5.0), Slot(1, [7], 1.0)
+    assert choose_slot([recent, old], [1, 2, 3]) == SlotChoice(recent, 2)
+
+
+def test_a_prefix_no_longer_than_the_slots_own_is_not_shared() -> None:
+    other = Slot(0, [1, 2, 7], 3.0, busy=True)
+    mine = Slot(1, [1, 2, 8], 1.0)
+    assert choose_slot([other, mine], [1, 2, 3, 4]) == SlotChoice(mine, 2)
+
+
+def test_the_longest_prefix_any_slot_holds() -> None:
+    slots = [Slot(0, [1, 2, 3]), Slot(1, [1, 2, 3, 4, 5], busy=True), Slot(2, [])]
+    assert longest_prefix(slots, [1, 2, 3, 4, 9]) == 4
+    assert longest_prefix(slots, [1, 2, 3, 4, 5]) == 5  # no token left to evaluate: all of it
+    assert longest_prefix(slots, [8]) == 0
+    assert longest_prefix([], [1, 2]) == 0
 
 
 def test_no_idle_slot() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import re
 
 import pytest
 from openai_harmony import HarmonyEncoding
@@ -15,7 +16,13 @@ from server.contracts.events import (
     SegmentKind,
     SegmentStart,
 )
-from server.harmony.decoder import HarmonyDecoder, ParserStock
+from server.harmony.decoder import (
+    HarmonyDecoder,
+    ParserStock,
+    new_call_id,
+    new_parser,
+    segment_kind,
+)
 
 Event = SegmentStart | SegmentDelta | SegmentEnd | DecodeWarning
 
@@ -80,6 +87,27 @@ def test_reasoning_then_final(encoding: HarmonyEncoding) -> None:
     assert final.tokens[-1] == 200002
     assert decoder.reasoning_tokens == len(reasoning.tokens)
     assert not any(isinstance(e, DecodeWarning) for e in events)
+    assert decoder.left_grammar is False
+    deltas = [(e.index, e.kind) for e in events if isinstance(e, SegmentDelta)]
+    assert set(deltas) == {(0, SegmentKind.REASONING), (1, SegmentKind.FINAL)}
+
+
+def test_reasoning_tokens_add_up_and_indexes_count_on(encoding: HarmonyEncoding) -> None:
+    events, decoder = decode(
+        encoding,
+        "<|channel|>analysis<|message|>One.<|end|><|start|>assistant<|channel|>analysis"
+        "<|message|>Two.<|end|><|start|>assistant<|channel|>final<|message|>Done.<|return|>",
+    )
+    first, second, final = ends(events)
+    assert decoder.reasoning_tokens == len(first.tokens) + len(second.tokens)
+    assert [e.index for e in events if isinstance(e, SegmentStart)] == [0, 1, 2]
+    assert final.index == 2
+
+
+def test_the_assistant_as_recipient_is_no_call() -> None:
+    assert segment_kind("final", "assistant") is SegmentKind.FINAL
+    assert segment_kind("commentary", "assistant") is SegmentKind.PREAMBLE
+    assert segment_kind("commentary", "functions.f") is SegmentKind.TOOL_CALL
 
 
 @pytest.mark.parametrize(
@@ -171,7 +199,7 @@ def test_truncated_content_closes_incomplete(encoding: HarmonyEncoding) -> None:
     (end,) = ends(events)
     assert end.kind is SegmentKind.REASONING
     assert end.text == "Thinking about"
-    assert not end.complete
+    assert end.complete is False
 
 
 def test_truncated_header_is_a_warning(encoding: HarmonyEncoding) -> None:
@@ -183,7 +211,7 @@ def test_truncated_header_is_a_warning(encoding: HarmonyEncoding) -> None:
     assert len(ends(events)) == 1
     warning = events[-1]
     assert isinstance(warning, DecodeWarning)
-    assert "header" in warning.message
+    assert warning.message == "generation ended inside a message header"
     assert warning.text == "<|start|>assistant<|channel|>fin"
 
 
@@ -217,11 +245,14 @@ def test_missing_channel_is_final(encoding: HarmonyEncoding) -> None:
 
 
 def test_header_without_message_token_is_recovered(encoding: HarmonyEncoding) -> None:
-    events, _ = decode(encoding, "<|channel|>final Hello there<|return|>")
+    events, decoder = decode(encoding, "<|channel|>final Hello there<|return|>")
     assert_well_formed(events)
     (end,) = ends(events)
     assert end.kind is SegmentKind.FINAL
     assert "Hello there" in end.text
+    assert decoder.left_grammar  # recovered, yet outside the grammar
+    events, _ = decode(encoding, "<|channel|>final<|return|>")
+    assert [type(e) for e in events] == [SegmentStart, SegmentEnd]  # no empty delta
 
 
 SAMPLES = [
@@ -336,3 +367,88 @@ def test_nothing_is_parsed_ahead_without_a_spare_parser(encoding: HarmonyEncodin
     events = [event for token in analysis for event in decoder.feed(token)]
     assert [type(event) for event in events] == [SegmentStart]
     assert (stock.ready, stock.spare) == (1, 0)
+
+
+def test_a_stock_keeps_what_it_is_given_back_up_to_its_sizes(encoding: HarmonyEncoding) -> None:
+    stock = ParserStock(encoding)
+    assert (stock.ready, stock.spare) == (1, 1)  # one of each unless told
+    first = stock.take()
+    stock.give_back(first)
+    assert stock.take() is first  # the same parser, not another
+    stock.give_back(first)
+    spare = stock.take_spare()
+    assert spare is not None
+    assert stock.take_spare() is None  # none is made on the spot
+    stock.give_back(spare)  # ready is full: it becomes the spare
+    assert (stock.ready, stock.spare) == (1, 1)
+    assert stock.take_spare() is spare
+    stock.give_back(spare)
+    stock.give_back(new_parser(encoding))  # both full: dropped
+    assert (stock.ready, stock.spare) == (1, 1)
+
+
+def test_nothing_is_parsed_ahead_once_tokens_came(encoding: HarmonyEncoding) -> None:
+    """`expect` is for a generation's first tokens only: after a header token, a whole
+    message, or a rejected token it takes no spare and changes nothing."""
+    analysis = encoding.encode("<|channel|>analysis<|message|>", allowed_special="all")
+    message = encoding.encode("<|channel|>analysis<|message|>Hm.<|end|>", allowed_special="all")
+    rejected = encoding.encode("<|channel|>analysis<|message|>Hm.<|end|>x", allowed_special="all")
+    for fed in (analysis[:1], message, rejected):
+        stock = ParserStock(encoding)
+        decoder = HarmonyDecoder(encoding, parser=stock.take())
+        for token in fed:
+            decoder.feed(token)
+        decoder.expect(analysis, stock)
+        assert stock.spare == 1, fed
+    stock = ParserStock(encoding)
+    HarmonyDecoder(encoding, parser=stock.take()).expect([], stock)
+    assert stock.spare == 1
+
+
+def test_a_call_parsed_ahead_takes_its_id_and_parser_from_the_decoder(
+    encoding: HarmonyEncoding,
+) -> None:
+    header = encoding.encode(
+        "<|channel|>commentary to=functions.f <|constrain|>json<|message|>", allowed_special="all"
+    )
+    stock = ParserStock(encoding)
+    own = stock.take()
+    decoder = HarmonyDecoder(encoding, lambda: "call_fixed", parser=own)
+    spare = stock._spare[-1]
+    decoder.expect(header, stock)
+    events = [event for token in header for event in decoder.feed(token)]
+    (start,) = events
+    assert isinstance(start, SegmentStart)
+    assert start.call_id == "call_fixed"
+    assert decoder._parser is spare  # the spare parsed the header; the decoder's own went back
+    assert (stock.ready, stock.spare) == (1, 0)
+    assert stock.take() is own
+
+
+def test_a_rejected_header_is_reported_without_the_models_text(
+    encoding: HarmonyEncoding, caplog: pytest.LogCaptureFixture
+) -> None:
+    """harmony quotes the model's text after a colon ("Unknown role: bo:gus"): the warning
+    and the log keep the reason before it; the warning holds the tokens from the rejected one."""
+    events, decoder = decode(
+        encoding, "<|channel|>final<|message|>Hi<|end|><|start|>bo:gus<|message|>x<|end|>"
+    )
+    assert [e.text for e in ends(events)] == ["Hi"]
+    reason = "model output left the harmony format: Unknown role"
+    assert events[-1] == DecodeWarning(reason, "<|message|>x<|end|>", (200008, 87, 200007))
+    assert decoder.left_grammar
+    assert [r.getMessage() for r in caplog.records if r.name == "server.harmony.decoder"] == [
+        reason
+    ]
+
+
+def test_a_terminator_that_ends_no_message_is_a_warning(encoding: HarmonyEncoding) -> None:
+    events, decoder = decode(encoding, "<|end|>")
+    assert events == [DecodeWarning("a terminator token ended no message", "<|end|>", (200007,))]
+    assert decoder.left_grammar
+
+
+def test_call_ids_are_24_hex_digits_each_new() -> None:
+    ids = {new_call_id() for _ in range(50)}
+    assert len(ids) == 50
+    assert all(re.fullmatch(r"call_[0-9a-f]{24}", call_id) for call_id in ids)

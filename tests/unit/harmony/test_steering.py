@@ -303,3 +303,17 @@ def test_the_likely_header_is_the_reasoning_one_from_where_the_header_stands(
         spent.accept(token)
     assert isinstance(spent.next(), Allow)  # in the header, under the trie after the budget
     assert spent.likely() == ()  # which has no reasoning header (analysis leads to calls only)
+
+
+def test_reasoning_may_follow_reasoning_without_a_budget(encoding: HarmonyEncoding) -> None:
+    steering = plan_steering(encoding, [], ToolChoice()).start()
+    text = "<|channel|>analysis<|message|>Hm.<|end|><|start|>assistant<|channel|>"
+    for token in encoding.encode(text, allowed_special="all"):
+        steering.accept(token)
+    allowed = steering.next()
+    assert isinstance(allowed, Allow)
+    assert encoding.encode("analysis", allowed_special="all")[0] in allowed.tokens
+
+
+def test_unknown_builtin_tools_have_no_recipients() -> None:
+    assert builtin_recipients(["unknown", "python"]) == ["python"]
