@@ -97,12 +97,13 @@ class Job:
         banned = directive.banned if directive is not None else frozenset()
         return self.drafter.propose(limit, banned)
 
-    def read_lead(self, n_ctx: int) -> tuple[int, ...]:
+    def read_lead(self, n_ctx: int, *, guess: bool) -> None:
         """The tokens the steering forces before the model's first choice (`<|channel|>` after
-        the prompt's `<|start|>assistant`), accepted by the steering now. They are emitted when
-        the prefill ends and, when the prompt's last chunk has room for them, evaluated with it
-        (plan.py): the model's first choice then comes straight from the prefill's logits, a
-        step earlier. Reading stops at a stop token, and before the end of the context."""
+        the prompt's `<|start|>assistant`), accepted by the steering now, and (`guess`) the
+        header the model most likely writes after them. The lead is emitted when the prefill
+        ends and, when the prompt's last chunk has room for it, evaluated with it (plan.py): the
+        model's first choice then comes straight from the prefill's logits, a step earlier.
+        Reading stops at a stop token, and before the end of the context."""
         assert self.picker is not None
         lead: list[int] = []
         room = min(FORCED_AHEAD_MAX, n_ctx - 1 - len(self.prompt_tokens))
@@ -113,7 +114,17 @@ class Job:
             for token in tokens:
                 self.picker.accept(token)
             lead.extend(tokens)
-        return tuple(lead)
+        self.lead = tuple(lead)
+        # a guess only where a pick follows the lead (it neither stops nor fills max_tokens);
+        # also without a lead: where tools are offered nothing is forced after the prompt's
+        # `<|start|>assistant` (a recipient may come before the channel), and the guess is
+        # the whole `<|channel|>analysis<|message|>`
+        ends = bool(set(self.lead) & self.params.stop_tokens)
+        ends = ends or self.params.max_tokens <= len(self.lead)
+        if self.steering is not None and guess and not ends:
+            self.guess = self.steering.likely()
+        # what the consumer may parse ahead, while the prompt is evaluated
+        self.channel.likely = (*self.lead, *self.guess)
 
     def result(self, reason: StopReason, error: str | None) -> EngineResult:
         usage = Usage(

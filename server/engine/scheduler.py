@@ -6,9 +6,10 @@ tokens it carries after them (a speculative draft, the batch-invariant mode's re
 guessed after the lead), then a chunk of the oldest prefill. The apply (apply.py) takes each
 job's part of one decode's logits: picks, scores, emits, rolls back the rejected extra, and
 returns how the job ended (finished, failed, its window lost) as data. The scheduler keeps
-what lies between and around them: the queue and admission, the disk cache's reads and
-restores, the decode and its retries (no room: the extras dropped, then idle conversations
-evicted), retiring cancelled jobs, and acting on the outcomes (finishing, forgetting).
+what lies between and around them: the queue and admission, the disk cache's reads (restored,
+saved and evicted through `Memory`), the decode and its retries (no room: the extras dropped,
+then idle conversations evicted), retiring cancelled jobs, and acting on the outcomes
+(finishing, forgetting).
 
 Requests wait when every slot is busy; a prompt goes to the slot with the longest cached prefix
 (see slots.py); when the KV cache is full, the least recently used idle conversation is dropped.
@@ -92,6 +93,7 @@ class Scheduler:
         self._speculator = speculator
         self._hook = hook
         self.slots = [Slot(seq_id) for seq_id in range(ctx.n_seq)]
+        self._memory = Memory(ctx, self.slots, cache)
         self._waiting: deque[Job] = deque()
         self._running: list[Job] = []
         self._loading: list[tuple[Job, Future[Found | None]]] = []  # reading from disk
@@ -118,10 +120,7 @@ class Scheduler:
         for the disk writes before them to make room)."""
         self.fail_all("the engine shut down")
         self._loading.clear()
-        if self._cache is not None:
-            deadline = time.monotonic() + SHUTDOWN_SAVE_S
-            for slot in self.slots:
-                self._save(slot.seq_id, slot.tokens, max(0.0, deadline - time.monotonic()))
+        self._memory.save_all(SHUTDOWN_SAVE_S)
 
     def fail_all(self, error: str) -> None:
         """End every job with `error`: at shutdown, or off the engine thread once it is stuck for
@@ -216,7 +215,7 @@ class Scheduler:
             except Exception as exc:  # one bad request must not stop the engine thread
                 log.exception("could not start a generation")
                 if job.slot is not None:
-                    self._forget(job.slot)
+                    self._memory.forget(job.slot)
                 self._finish(job, StopReason.ERROR, f"{type(exc).__name__}: {exc}")
 
     def _free_slots(self) -> int:
@@ -240,7 +239,7 @@ class Scheduler:
                 ctx.share_prefix(choice.donor.seq_id, slot.seq_id, shared)
                 slot.tokens[:] = job.prompt_tokens[:shared]
                 keep = shared
-        keep = self._restore(job, slot, keep)
+        keep = self._memory.restore(job, slot, keep)
         job.phase = Phase.RUNNING
         job.cached = job.next_prompt = keep
         job.started = time.perf_counter()
@@ -250,17 +249,7 @@ class Scheduler:
             earlier = self._indexes.pop(slot.seq_id, None)
             job.drafter = self._speculator.follow(job.prompt_tokens, earlier)
         if not job.params.prompt_logprobs and job.params.max_tokens > 0:
-            job.lead = job.read_lead(ctx.n_ctx)
-            # a guess only where a pick follows the lead (it neither stops nor fills max_tokens);
-            # also without a lead: where tools are offered nothing is forced after the prompt's
-            # `<|start|>assistant` (a recipient may come before the channel), and the guess is
-            # the whole `<|channel|>analysis<|message|>`
-            ends = bool(set(job.lead) & job.params.stop_tokens)
-            ends = ends or job.params.max_tokens <= len(job.lead)
-            if job.steering is not None and self._guess_header and not ends:
-                job.guess = job.steering.likely()
-            # what the consumer may parse ahead, while the prompt is evaluated
-            job.channel.likely = (*job.lead, *job.guess)
+            job.read_lead(ctx.n_ctx, guess=self._guess_header)
         self._running.append(job)
 
     def _plan(self) -> tuple[list[BatchPart], list[Job]]:
@@ -291,7 +280,7 @@ class Scheduler:
                 if exc.code == ABORTED:
                     for job in apply.keep_aborted(self._ctx, parts, owners):
                         assert job.slot is not None
-                        self._forget(job.slot)
+                        self._memory.forget(job.slot)
                     return None
                 if exc.code == NO_ROOM and any(job.extra for job in owners):
                     parts = [
@@ -302,7 +291,7 @@ class Scheduler:
                     continue
                 victims = eviction_order(self.slots) if exc.code == NO_ROOM else []
                 if victims:
-                    self._evict(victims[0])
+                    self._memory.evict(victims[0])
                     continue
                 self._fail_batch(owners, exc)
                 return None
@@ -314,14 +303,14 @@ class Scheduler:
         log.error("llama_decode failed with code %d", exc.code)
         for job in owners:
             if job.slot is not None:
-                self._forget(job.slot)
+                self._memory.forget(job.slot)
             self._finish(job, StopReason.ERROR, str(exc))
 
     def _advance(self, job: Job, part: BatchPart, index: int) -> None:
         """Apply the decode to the job's part (apply.py) and act on how it ended."""
         assert job.slot is not None
         if apply.evaluated(self._ctx, job, part, index):  # a save point: saved before the rest
-            self._save(job.slot.seq_id, job.slot.tokens)
+            self._memory.save(job.slot.seq_id, job.slot.tokens)
         outcome = apply.follow(self._ctx, job, part, index)
         if outcome.pick:
             self._pick(job, index)
@@ -335,7 +324,7 @@ class Scheduler:
         """Finish, forget or fail the job as its outcome says (a failure raises: `step` ends the
         job with it)."""
         if outcome.forget and job.slot is not None:
-            self._forget(job.slot)
+            self._memory.forget(job.slot)
         if outcome.end is not None:
             self._finish(job, outcome.end)
         if outcome.failure is not None:
@@ -357,23 +346,6 @@ class Scheduler:
         job.phase = Phase.DONE
         job.channel.close(job.result(reason, error))
 
-    def _forget(self, slot: Slot) -> None:
-        self._ctx.truncate(slot.seq_id, 0)
-        slot.tokens.clear()
-
-    def _evict(self, slot: Slot) -> None:
-        """Drop an idle conversation for room, saving it to disk first."""
-        self._save(slot.seq_id, slot.tokens)
-        self._forget(slot)
-
-    def _save(self, seq_id: int, tokens: list[int], wait_s: float = 0.0) -> None:
-        if self._cache is None or not tokens:
-            return
-        try:
-            self._cache.save(seq_id, tokens, wait_s)
-        except Exception:  # the disk cache never fails a generation
-            log.exception("prompt cache: could not save a sequence")
-
     def _collect_loads(self) -> None:
         """Jobs whose disk read ended go back to the head of the queue, in their order."""
         done = [(job, future) for job, future in self._loading if future.done()]
@@ -387,19 +359,55 @@ class Scheduler:
                 self._cache.stats.misses += 1
         self._waiting.extendleft(reversed([job for job, _ in done]))
 
-    def _restore(self, job: Job, slot: Slot, keep: int) -> int:
+
+class Memory:
+    """The slots' sequences in the KV cache and their copies on disk: dropped (`forget`), saved,
+    saved then dropped for room (`evict`), started from a prefix read from disk (`restore`)."""
+
+    def __init__(self, ctx: LlamaContext, slots: list[Slot], cache: PromptCache | None) -> None:
+        self._ctx = ctx
+        self._slots = slots
+        self._cache = cache
+
+    def forget(self, slot: Slot) -> None:
+        self._ctx.truncate(slot.seq_id, 0)
+        slot.tokens.clear()
+
+    def evict(self, slot: Slot) -> None:
+        """Drop an idle conversation for room, saving it to disk first."""
+        self.save(slot.seq_id, slot.tokens)
+        self.forget(slot)
+
+    def save(self, seq_id: int, tokens: list[int], wait_s: float = 0.0) -> None:
+        if self._cache is None or not tokens:
+            return
+        try:
+            self._cache.save(seq_id, tokens, wait_s)
+        except Exception:  # the disk cache never fails a generation
+            log.exception("prompt cache: could not save a sequence")
+
+    def save_all(self, within_s: float) -> None:
+        """Save every conversation (waiting, within `within_s` in all, for the disk writes
+        before them to make room)."""
+        if self._cache is None:
+            return
+        deadline = time.monotonic() + within_s
+        for slot in self._slots:
+            self.save(slot.seq_id, slot.tokens, max(0.0, deadline - time.monotonic()))
+
+    def restore(self, job: Job, slot: Slot, keep: int) -> int:
         """Start from the prefix read from disk if it is longer than `keep`."""
         found, job.disk = job.disk, None
         if self._cache is None or found is None or found.n_tokens <= keep:
             return keep
         while not self._cache.load(slot.seq_id, found):  # the sequence is empty now
             slot.tokens.clear()
-            victims = [v for v in eviction_order(self.slots) if v is not slot]
+            victims = [v for v in eviction_order(self._slots) if v is not slot]
             if not victims:
                 log.warning("prompt cache: no room to restore %d tokens", found.n_tokens)
                 self._cache.stats.misses += 1
                 return 0
-            self._evict(victims[0])
+            self.evict(victims[0])
         slot.tokens[:] = job.prompt_tokens[: found.n_tokens]
         return found.n_tokens
 
