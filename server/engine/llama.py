@@ -27,11 +27,12 @@ from server.engine.base import (
 )
 from server.engine.channel import TokenChannel
 from server.engine.disk_cache.prompt_cache import PromptCache
+from server.engine.job import Job
 from server.engine.llama_context import LlamaContext
 from server.engine.rpc.backend import AbortWatch, abort_reason
 from server.engine.rpc.hosts import RpcError, unreachable
 from server.engine.sampling.vocab_trie import trie_build
-from server.engine.scheduler import Job, Scheduler
+from server.engine.scheduler import Scheduler
 from server.engine.speculative.verify_cost import start_speculation
 
 log = logging.getLogger(__name__)

@@ -102,7 +102,7 @@ class TokenPicker:
         if isinstance(directive, Force):
             return directive.tokens
         if isinstance(directive, Allow) and len(directive.tokens) == 1:  # no choice: forced
-            self.last = Force(directive.tokens)  # (a guessed header verified: Scheduler._plan)
+            self.last = Force(directive.tokens)  # (a guessed header verified: plan.py)
             token = directive.tokens[0]
             return (self._chooser(token) if self._chooser else token,)
         if isinstance(directive, Allow):

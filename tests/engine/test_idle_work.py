@@ -6,8 +6,8 @@ from __future__ import annotations
 import queue
 import threading
 
+from server.engine.job import Job
 from server.engine.llama import IdleWork, wait_for_job
-from server.engine.scheduler import Job
 
 
 class Steps:

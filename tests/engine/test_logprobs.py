@@ -12,7 +12,7 @@ from openai_harmony import HarmonyEncoding
 from server.contracts.events import TokenLogprob
 from server.engine.base import EngineResult, SamplingParams, StopReason
 from server.engine.llama import LlamaEngine
-from server.engine.scheduler import PROMPT_LOGPROBS_CHUNK
+from server.engine.plan import PROMPT_LOGPROBS_CHUNK
 from tests.support.engine_runs import ACROSS_PATHS, STOPS, unique_prompt
 
 

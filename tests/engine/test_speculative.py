@@ -22,12 +22,13 @@ from openai_harmony import HarmonyEncoding
 from devkit.forced import ForcedScript
 from server.contracts.events import TokenLogprob
 from server.contracts.transcript import ToolChoice, Transcript, UserMessage
-from server.engine import scheduler
+from server.engine import apply as scheduler
 from server.engine.base import EngineConfig, EngineResult, SamplingParams
+from server.engine.job import Job
 from server.engine.llama import LlamaEngine
 from server.engine.llama_context import BatchPart, LlamaContext
 from server.engine.loading.gpt_oss import SLIDING_WINDOW
-from server.engine.scheduler import Job, Scheduler
+from server.engine.scheduler import Scheduler
 from server.engine.speculative.drafter import SequenceDrafter
 from server.engine.speculative.verify_cost import measure_verify_cost, start_speculation
 from server.harmony.render import render
