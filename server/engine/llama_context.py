@@ -185,13 +185,14 @@ class LlamaContext:
         return state[:written]
 
     def probe_state(self) -> np.ndarray[Any, np.dtype[np.uint8]]:
-        """The state of one token evaluated in sequence 0, which is then emptied again: what
-        this context's states look like. Only while no sequence holds anything (at load)."""
+        """The state of one token evaluated in sequence 0: what this context's states look
+        like. Only while no sequence holds anything (at load): the cache is cleared after it,
+        so the first prompt lands in the cells it would have had without the probe."""
         self.decode([BatchPart(0, [0], 0, False)])
         try:
             return self.seq_state(0)
         finally:
-            lc.llama_memory_seq_rm(self._memory, 0, -1, -1)
+            lc.llama_memory_clear(self._memory, False)
 
     def load_seq_state(self, seq_id: int, data: bytearray, offset: int) -> bool:
         """Replace a sequence's cache with a state saved by seq_state (`data[offset:]`).
