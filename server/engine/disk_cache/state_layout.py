@@ -16,6 +16,7 @@ of room).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -34,9 +35,12 @@ class StateLayout:
     v_trans: bool  # V stored transposed (no flash attention)
 
 
-def read_layout(data: bytes | bytearray | memoryview, offset: int = 0) -> StateLayout:
+State = bytes | bytearray | memoryview | np.ndarray[Any, np.dtype[np.uint8]]
+
+
+def read_layout(data: State, offset: int = 0) -> StateLayout:
     """The layout of the state in `data[offset:]`; UnknownStateFormat if it is not one."""
-    view = memoryview(data)[offset:]
+    view = memoryview(data.data if isinstance(data, np.ndarray) else data)[offset:]
     words = _Words(view)
     header = bytes(view[:HEADER_BYTES]).hex()
     words.skip(HEADER_BYTES)
