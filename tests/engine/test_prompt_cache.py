@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from server.engine.base import EngineConfig, EngineResult
+from server.engine.base import BatchPart, EngineConfig, EngineResult
 from server.engine.disk_cache.kv_files import MAC_BYTES, MAGIC, SUFFIX
 from server.engine.disk_cache.prompt_cache import identity
 from server.engine.disk_cache.state_layout import StateLayout, read_layout
@@ -185,7 +185,7 @@ def test_entries_of_other_settings_or_models_never_load(
     assert "made by another model or other KV settings" in caplog.text
 
 
-LAYOUT = StateLayout(header="d83c14af00000000", n_stream=1, v_trans=False)
+LAYOUT = StateLayout(magic="d83c14af", n_stream=1, v_trans=False)
 
 
 def test_the_placement_is_not_part_of_the_identity(tiny_gguf: Path, tmp_path: Path) -> None:
@@ -199,7 +199,7 @@ def test_the_placement_is_not_part_of_the_identity(tiny_gguf: Path, tmp_path: Pa
     for layout in (
         dataclasses.replace(LAYOUT, v_trans=True),
         dataclasses.replace(LAYOUT, n_stream=2),
-        dataclasses.replace(LAYOUT, header="d83c14af01000000"),
+        dataclasses.replace(LAYOUT, magic="d83c14b0"),
     ):
         assert identity(base, 2048, layout) != identity(base, 2048, LAYOUT), layout
     assert identity(base, 1024, LAYOUT) != identity(base, 2048, LAYOUT)
@@ -213,14 +213,17 @@ def test_the_placement_is_not_part_of_the_identity(tiny_gguf: Path, tmp_path: Pa
 
 def test_the_layout_is_read_from_the_contexts_own_states(tiny_gguf: Path) -> None:
     """V is stored transposed without flash attention; one stream per sequence when each has
-    cells of its own. The probe leaves the context empty."""
+    cells of its own. The probe leaves the context empty; every sequence's states have its
+    layout."""
     layouts = {}
     for flash_attn, invariant in (("on", False), ("off", False), ("auto", False), ("on", True)):
         cfg = config(tiny_gguf, None, flash_attn=flash_attn, batch_invariant=invariant)
         ctx = LlamaContext(dataclasses.replace(cfg, n_slots=2))
         try:
-            layouts[flash_attn, invariant] = read_layout(ctx.probe_state())
+            layouts[flash_attn, invariant] = layout = read_layout(ctx.probe_state())
             assert ctx.seq_end(0) == 0
+            ctx.decode([BatchPart(1, tokens(120, 3), 0, False)])  # another sequence, more cells
+            assert read_layout(ctx.seq_state(1)) == layout
         finally:
             ctx.close()
     on, off = layouts["on", False], layouts["off", False]

@@ -252,7 +252,7 @@ def test_a_cache_hit_marks_the_build_used_and_leaves_the_file_alone(tmp_path: Pa
     for it, so a server restarted while another test session starts still finds them."""
     path = models.cached_gguf("tiny", cache_dir=tmp_path)
     os.utime(path, (1.0, 1.0))
-    layout = StateLayout(header="d83c14af00000000", n_stream=1, v_trans=False)
+    layout = StateLayout(magic="d83c14af", n_stream=1, v_trans=False)
     identity = prompt_cache.identity(EngineConfig(model_path=str(path)), 4096, layout)
     assert models.cached_gguf("tiny", cache_dir=tmp_path) == path
     assert time.time() - models._last_used(path) < 60

@@ -74,7 +74,7 @@ def identity(config: EngineConfig, n_ctx: int, layout: StateLayout) -> str:
             "swa_full": config.swa_full,
             "type_k": KV_TYPE,
             "type_v": KV_TYPE,
-            "state_format": layout.header,
+            "state_format": layout.magic,
             "n_stream": layout.n_stream,
             "v_trans": layout.v_trans,
         },

@@ -1,6 +1,6 @@
 """The layout of llama.cpp's sequence states: what a saved state must match to be restored.
 
-llama.cpp writes a sequence's state as a format header (its magic and version), the number of
+llama.cpp writes a sequence's state as a format magic word and the sequence's id, the number of
 cache streams, then per stream its cell count, each cell's position and sequence ids, and the
 cells' data — which starts with whether V is stored transposed (so without flash attention, as
 llama.cpp resolved it for the context: `--flash-attn auto` decides it from the devices). A state
@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-HEADER_BYTES = 8  # the format's magic and version
 _WORD = 4
+MAGIC_BYTES = _WORD  # the format's magic word; the sequence's id follows it
 
 
 class UnknownStateFormat(ValueError):
@@ -30,7 +30,7 @@ class UnknownStateFormat(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class StateLayout:
-    header: str  # the format's magic and version, hex
+    magic: str  # the format's magic word, hex
     n_stream: int  # cache streams: 1 with one unified cache, one per sequence otherwise
     v_trans: bool  # V stored transposed (no flash attention)
 
@@ -42,8 +42,8 @@ def read_layout(data: State, offset: int = 0) -> StateLayout:
     """The layout of the state in `data[offset:]`; UnknownStateFormat if it is not one."""
     view = memoryview(data.data if isinstance(data, np.ndarray) else data)[offset:]
     words = _Words(view)
-    header = bytes(view[:HEADER_BYTES]).hex()
-    words.skip(HEADER_BYTES)
+    magic = bytes(view[:MAGIC_BYTES]).hex()
+    words.skip(MAGIC_BYTES + _WORD)
     n_stream = words.next()
     for _ in range(n_stream):
         cell_count = words.next()
@@ -53,7 +53,7 @@ def read_layout(data: State, offset: int = 0) -> StateLayout:
         v_trans = words.next()
         if v_trans not in (0, 1):
             raise UnknownStateFormat(f"V transposition flag {v_trans}")
-        return StateLayout(header, n_stream, bool(v_trans))
+        return StateLayout(magic, n_stream, bool(v_trans))
     raise UnknownStateFormat("a state without cells")
 
 
