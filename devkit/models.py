@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from devkit.trained import model as trained_model
+from server.ops import settings
 from server.synth import build
 
 logger = logging.getLogger(__name__)
@@ -48,7 +49,7 @@ def default_cache_dir() -> Path:
     env = os.environ.get("GPT_OSS_TEST_CACHE")
     if env:
         return Path(env)
-    return Path.home() / ".cache" / "gpt-oss-server" / "synthetic"
+    return settings.default_cache_dir() / "synthetic"
 
 
 # Every change to the builder (or to the trained parameters) names a new file; the builds it

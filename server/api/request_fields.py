@@ -1,14 +1,15 @@
 """Request fields: parts of a request every adapter reads, parsed to the core's types or a 400.
 
 Reasoning effort and summary style, tool choice, response format, text content parts, and any
-part of a body as a pydantic model (`parse_as`); each error names where in the request it is.
+part of a body as a pydantic model (`parse_as`; `Lenient`, the base of the request models);
+each error names where in the request it is.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from server.contracts.errors import InvalidRequest
 from server.contracts.transcript import (
@@ -70,6 +71,12 @@ def effort_for_budget(max_tokens: int) -> ReasoningEffort:
 
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
+
+
+class Lenient(BaseModel):
+    """A request part that keeps the fields it does not name (clients send more than they must)."""
+
+    model_config = ConfigDict(extra="allow")
 
 
 def parse_as(model: type[ModelT], raw: dict[str, Any], param: str) -> ModelT:

@@ -28,7 +28,7 @@ import httpx
 
 from server.bench.machine import OtherLoad
 from server.bench.plan import BenchError, Measurement, PathRun, Plan, Step, pp_label, tg_label
-from server.bench.procs import ServerProcess, serve_command
+from server.bench.procs import measure_server, serve_command
 from server.bench.prompts import WordPrompts
 from server.bench.sse import stream_events
 from server.engine.loading.gguf_header import vocabulary_bytes
@@ -217,17 +217,12 @@ def run_http(plan: Plan, workdir: Path) -> PathRun:
     """Start `gpt-oss-server serve` on the plan's settings, measure, stop it."""
     run = PathRun("http")
     port = free_port()
-    command = server_command(plan, port)
-    run.commands.append(command)
-    base = f"http://127.0.0.1:{port}"
-    server = ServerProcess(
-        command, workdir / "http-server.log", f"{base}/health", plan.startup_timeout_s
+
+    def measure(client: httpx.Client, base: str, pid: int) -> None:
+        run_steps(client, f"{base}/v1/chat/completions", plan, run, pid)
+
+    log_path = workdir / "http-server.log"
+    measure_server(
+        run, server_command(plan, port), port, log_path, plan.startup_timeout_s, measure=measure
     )
-    try:
-        with server, httpx.Client() as client:
-            run.load_s = server.load_s
-            run_steps(client, f"{base}/v1/chat/completions", plan, run, server.pid)
-    finally:
-        if server.ended is not None:
-            run.add_child(server.ended.peak_rss_bytes, server.ended.cpu_s)
     return run

@@ -21,7 +21,7 @@ from server.bench.http_path import free_port
 from server.bench.llama_bench import common_flags, llama_binary
 from server.bench.machine import OtherLoad
 from server.bench.plan import BenchError, Measurement, PathRun, Plan, Step, pp_label, tg_label
-from server.bench.procs import ServerProcess
+from server.bench.procs import measure_server
 from server.bench.prompts import random_tokens
 from server.bench.sse import stream_events
 from server.ops.settings import Settings
@@ -128,24 +128,19 @@ def record(run: PathRun, step: Step, trace: CompletionTrace) -> None:
 def run_llama_server(plan: Plan, workdir: Path) -> PathRun:
     run = PathRun("llama-server")
     port = free_port()
-    command = server_command(plan, port)
-    run.commands.append(command)
-    base = f"http://127.0.0.1:{port}"
-    server = ServerProcess(
-        command, workdir / "llama-server.log", f"{base}/health", plan.startup_timeout_s
+
+    def measure(client: httpx.Client, base: str, pid: int) -> None:
+        for step in plan.steps():
+            prompt = random_tokens(plan.seed, step.index, step.n_prompt)
+            load = OtherLoad((pid,))
+            sampling = (plan.temperature, plan.top_p)
+            trace = complete(client, f"{base}/completion", prompt, step.n_gen,
+                             plan.seed + step.index, sampling=sampling)  # fmt: skip
+            trace.other_cpus = load.cores()
+            record(run, step, trace)
+
+    log_path = workdir / "llama-server.log"
+    measure_server(
+        run, server_command(plan, port), port, log_path, plan.startup_timeout_s, measure=measure
     )
-    try:
-        with server, httpx.Client() as client:
-            run.load_s = server.load_s
-            for step in plan.steps():
-                prompt = random_tokens(plan.seed, step.index, step.n_prompt)
-                load = OtherLoad((server.pid,))
-                sampling = (plan.temperature, plan.top_p)
-                trace = complete(client, f"{base}/completion", prompt, step.n_gen,
-                                 plan.seed + step.index, sampling=sampling)  # fmt: skip
-                trace.other_cpus = load.cores()
-                record(run, step, trace)
-    finally:
-        if server.ended is not None:
-            run.add_child(server.ended.peak_rss_bytes, server.ended.cpu_s)
     return run

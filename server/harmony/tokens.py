@@ -20,6 +20,7 @@ START = 200006  # <|start|>: a message header starts
 END = 200007  # <|end|>: a message ends
 MESSAGE = 200008  # <|message|>: the header is complete, content follows
 CALL = 200012  # <|call|>: a tool call is complete (stop)
+END_OF_PROMPT = 200018  # <|endofprompt|>: the last named special; reserved ones between
 
 NAMES = {
     START_OF_TEXT: "<|startoftext|>",
@@ -31,6 +32,7 @@ NAMES = {
     END: "<|end|>",
     MESSAGE: "<|message|>",
     CALL: "<|call|>",
+    END_OF_PROMPT: "<|endofprompt|>",
 }
 SPECIALS = frozenset(range(FIRST_SPECIAL, N_VOCAB))
 MESSAGE_TERMINATORS = frozenset({END, CALL, RETURN})

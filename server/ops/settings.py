@@ -83,7 +83,10 @@ def parse_duration(value: object) -> object:
 
 
 def default_cache_dir() -> Path:
-    return Path.home() / ".cache" / "gpt-oss-server"
+    """The server's cache directory (vocabulary, prompt cache, test models): gpt-oss-server in
+    $XDG_CACHE_HOME, or in ~/.cache where that is unset or empty."""
+    cache_home = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache_home) / "gpt-oss-server"
 
 
 def default_responses_store() -> Path:
@@ -92,8 +95,7 @@ def default_responses_store() -> Path:
 
 
 def default_prompt_cache_dir() -> Path:
-    cache_home = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache_home) / "gpt-oss-server" / "kv"
+    return default_cache_dir() / "kv"
 
 
 class Settings(BaseSettings):
@@ -374,7 +376,8 @@ class Settings(BaseSettings):
     )
     cache_dir: Path = Field(
         default_factory=default_cache_dir,
-        description="Where the server keeps its own files (the o200k vocabulary copy).",
+        description="Where the server keeps its own files (the o200k vocabulary copy); default: "
+        "$XDG_CACHE_HOME/gpt-oss-server (~/.cache/gpt-oss-server).",
     )
     download_dir: Path | None = Field(
         None, description="Hugging Face cache for model downloads; default: huggingface-hub's."

@@ -21,6 +21,7 @@ from numpy.typing import NDArray
 
 from server.engine.loading import gpt_oss
 from server.engine.loading.gpt_oss import F32, MXFP4, Q8_0, Shape, TensorSpec, tensor_specs
+from server.harmony import tokens as harmony_tokens
 from server.synth.vocab import add_vocab
 
 logger = logging.getLogger(__name__)
@@ -184,4 +185,9 @@ def build_gguf(preset: str, out_path: Path, seed: int = 0) -> Path:
 
 def builder_sources() -> list[Path]:
     """The files whose code decides a build's bytes (a cache of builds keys on them)."""
-    return [Path(__file__), Path(__file__).with_name("vocab.py"), Path(gpt_oss.__file__)]
+    return [
+        Path(__file__),
+        Path(__file__).with_name("vocab.py"),
+        Path(gpt_oss.__file__),
+        Path(harmony_tokens.__file__),  # the special tokens' ids and texts
+    ]

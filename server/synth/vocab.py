@@ -15,31 +15,27 @@ from pathlib import Path
 import gguf
 
 from server.contracts.vocabulary import N_VOCAB
+from server.harmony.tokens import (
+    END_OF_PROMPT,
+    END_OF_TEXT,
+    FIRST_SPECIAL,
+    NAMES,
+    RETURN,
+    START_OF_TEXT,
+)
 
 logger = logging.getLogger(__name__)
 
-N_BASE_TOKENS = 199998
+N_BASE_TOKENS = FIRST_SPECIAL
 EXPECTED_MERGES = 446189
 O200K_RESOURCE = ("bpe_openai", "data/o200k_base.tiktoken.gz")
 O200K_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
 
-BOS_ID = 199998  # <|startoftext|>
-PAD_ID = 199999  # <|endoftext|>
-EOS_ID = 200002  # <|return|>
-_NAMED_SPECIALS: dict[int, str] = {
-    199998: "<|startoftext|>",
-    199999: "<|endoftext|>",
-    200002: "<|return|>",
-    200003: "<|constrain|>",
-    200005: "<|channel|>",
-    200006: "<|start|>",
-    200007: "<|end|>",
-    200008: "<|message|>",
-    200012: "<|call|>",
-    200018: "<|endofprompt|>",
-}
+BOS_ID = START_OF_TEXT
+PAD_ID = END_OF_TEXT
+EOS_ID = RETURN
 HARMONY_SPECIALS: dict[int, str] = {
-    i: _NAMED_SPECIALS.get(i, f"<|reserved_{i}|>") for i in range(N_BASE_TOKENS, 200019)
+    i: NAMES.get(i, f"<|reserved_{i}|>") for i in range(FIRST_SPECIAL, END_OF_PROMPT + 1)
 }
 
 
@@ -113,8 +109,8 @@ def build_vocab() -> tuple[list[str], list[int], list[str]]:
     base = load_o200k_ranks()
     byte_map = bytes_to_unicode()
     base_texts = ["".join(byte_map[b] for b in tok) for tok in base]
-    texts = base_texts + [HARMONY_SPECIALS[i] for i in range(N_BASE_TOKENS, 200019)]
-    texts += [f"[PAD{i}]" for i in range(200019, N_VOCAB)]
+    texts = base_texts + list(HARMONY_SPECIALS.values())
+    texts += [f"[PAD{i}]" for i in range(END_OF_PROMPT + 1, N_VOCAB)]
     types = [int(gguf.TokenType.NORMAL)] * N_BASE_TOKENS
     types += [int(gguf.TokenType.CONTROL)] * len(HARMONY_SPECIALS)
     types += [int(gguf.TokenType.UNUSED)] * (N_VOCAB - len(types))

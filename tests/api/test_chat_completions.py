@@ -13,7 +13,7 @@ from openai_harmony import HarmonyEncoding
 
 from devkit.forced import ForcedScript
 from server.api.chat.adapter import generation_options, to_transcript
-from server.api.chat.output import ChatEmitter, ChatEvent
+from server.api.chat.emitter import ChatEmitter, ChatEvent
 from server.api.chat.schemas import ChatCompletionRequest
 from server.app import create_app
 from server.contracts.events import Finished, FinishReason

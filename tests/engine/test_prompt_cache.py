@@ -24,10 +24,12 @@ from pathlib import Path
 
 import pytest
 
-from server.engine.base import EngineConfig, EngineResult
+from server.engine.base import BatchPart, EngineConfig, EngineResult
 from server.engine.disk_cache.kv_files import MAC_BYTES, MAGIC, SUFFIX
 from server.engine.disk_cache.prompt_cache import identity
+from server.engine.disk_cache.state_layout import StateLayout, read_layout
 from server.engine.llama import LlamaEngine
+from server.engine.llama_context import LlamaContext
 from server.private_files import PrivatePathError
 from tests.support.engine_runs import GREEDY
 from tests.support.root import require_root
@@ -184,21 +186,107 @@ def test_entries_of_other_settings_or_models_never_load(
     assert "made by another model or other KV settings" in caplog.text
 
 
+LAYOUT = StateLayout(magic="d83c14af", n_stream=1, v_trans=False)
+
+
 def test_the_placement_is_not_part_of_the_identity(tiny_gguf: Path, tmp_path: Path) -> None:
     """A reload places the model by the memory free then: its saved conversations still load."""
     base = config(tiny_gguf, tmp_path)
     placed = dataclasses.replace(base, n_gpu_layers=3, cpu_tensor_patterns=("ffn_.*_exps",))
-    assert identity(placed, 2048) == identity(base, 2048)
-    for changes in ({"swa_full": False}, {"flash_attn": "off"}):
-        other = dataclasses.replace(base, **changes)  # type: ignore[arg-type]
-        assert identity(other, 2048) != identity(base, 2048), changes
-    assert identity(base, 1024) != identity(base, 2048)
+    assert identity(placed, 2048, LAYOUT) == identity(base, 2048, LAYOUT)
+    assert identity(dataclasses.replace(base, swa_full=False), 2048, LAYOUT) != identity(
+        base, 2048, LAYOUT
+    )
+    for layout in (
+        dataclasses.replace(LAYOUT, v_trans=True),
+        dataclasses.replace(LAYOUT, n_stream=2),
+        dataclasses.replace(LAYOUT, magic="d83c14b0"),
+    ):
+        assert identity(base, 2048, layout) != identity(base, 2048, LAYOUT), layout
+    assert identity(base, 1024, LAYOUT) != identity(base, 2048, LAYOUT)
     shared = tokens(44, 200)
     with running(base) as engine:
         run(engine, shared + tokens(45, 10), save_points=[len(shared)])
     with running(dataclasses.replace(base, cpu_tensor_patterns=("ffn_.*_exps",))) as engine:
         _, result = run(engine, shared + tokens(46, 30))
     assert result.usage.cached_tokens == len(shared)
+
+
+def test_the_layout_is_read_from_the_contexts_own_states(tiny_gguf: Path) -> None:
+    """V is stored transposed without flash attention; one stream per sequence when each has
+    cells of its own. The probe leaves the context empty; every sequence's states have its
+    layout."""
+    layouts = {}
+    for flash_attn, invariant in (("on", False), ("off", False), ("auto", False), ("on", True)):
+        cfg = config(tiny_gguf, None, flash_attn=flash_attn, batch_invariant=invariant)
+        ctx = LlamaContext(dataclasses.replace(cfg, n_slots=2))
+        try:
+            layouts[flash_attn, invariant] = layout = read_layout(ctx.probe_state())
+            assert ctx.seq_end(0) == 0
+            ctx.decode([BatchPart(1, tokens(120, 3), 0, False)])  # another sequence, more cells
+            assert read_layout(ctx.seq_state(1)) == layout
+        finally:
+            ctx.close()
+    on, off = layouts["on", False], layouts["off", False]
+    assert (on.v_trans, off.v_trans) == (False, True)
+    assert layouts["auto", False] == on  # auto resolves to flash attention on the CPU
+    assert (on.n_stream, layouts["on", True].n_stream) == (1, 2)
+
+
+def test_auto_and_on_share_entries_where_auto_resolves_to_on(
+    tiny_gguf: Path, tmp_path: Path
+) -> None:
+    """The identity holds the layout llama.cpp resolved, not the setting that chose it."""
+    shared = tokens(110, 200)
+    with running(config(tiny_gguf, tmp_path, flash_attn="on")) as engine:
+        run(engine, shared + tokens(111, 10), save_points=[len(shared)])
+    with running(config(tiny_gguf, tmp_path, flash_attn="auto")) as engine:
+        _, result = run(engine, shared + tokens(112, 30))
+    assert result.usage.cached_tokens == len(shared)
+
+
+def with_identity(data: bytes, identity_of: bytes) -> bytes:
+    """The entry `data` (its MAC removed) under the identity in the header of `identity_of`."""
+
+    def header(entry: bytes) -> tuple[dict[str, object], int]:
+        size = int.from_bytes(entry[len(MAGIC) : len(MAGIC) + 4], "little")
+        return json.loads(entry[len(MAGIC) + 4 : len(MAGIC) + 4 + size]), len(MAGIC) + 4 + size
+
+    fields, end = header(data[:-MAC_BYTES])
+    fields["identity"] = header(identity_of)[0]["identity"]
+    encoded = json.dumps(fields).encode()
+    return MAGIC + len(encoded).to_bytes(4, "little") + encoded + data[end:-MAC_BYTES]
+
+
+def test_an_entry_of_the_other_v_layout_is_dropped_and_evicts_nothing(
+    tiny_gguf: Path, tmp_path: Path
+) -> None:
+    """A state of the other V layout under this identity (what `--flash-attn auto` resolving
+    otherwise after a restart wrote under an identity without the layout) cannot load: it is
+    a bad file, deleted once; not a lack of room, for which idle conversations and the slot's
+    own prefix would be dropped."""
+    shared = tokens(100, 200)
+    with running(config(tiny_gguf, tmp_path / "off", flash_attn="off")) as engine:
+        run(engine, shared + tokens(101, 10), save_points=[len(shared)])
+    other_layout = entry(tmp_path / "off", len(shared)).read_bytes()
+    directory = tmp_path / "auto"
+    with running(config(tiny_gguf, directory)) as engine:
+        run(engine, shared + tokens(101, 10), save_points=[len(shared)])
+    planted = entry(directory, len(shared))
+    planted.write_bytes(signed(directory, with_identity(other_layout, planted.read_bytes())))
+    idle = tokens(102, 100)
+    with running(config(tiny_gguf, directory, n_slots=3)) as engine:
+        run(engine, idle)  # an idle conversation in one slot
+        run(engine, shared[:100] + tokens(103, 10))  # the prompt's first 100 in another
+        out, result = run(engine, shared + tokens(104, 30))
+        _, back = run(engine, idle + tokens(105, 70))
+        stats = engine.prompt_cache
+    assert result.usage.cached_tokens == 100  # the slot's own prefix kept
+    assert not planted.exists()  # not tried again
+    assert back.usage.cached_tokens == 100  # the idle conversation, still in memory
+    assert stats is not None
+    assert (stats.hits, stats.corrupt) == (0, 1)
+    assert out == cold_output(tiny_gguf, shared + tokens(104, 30))
 
 
 def test_the_budget_deletes_the_least_recently_used(tiny_gguf: Path, tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ from devkit import models
 from server.contracts.vocabulary import N_VOCAB
 from server.engine.base import EngineConfig
 from server.engine.disk_cache import prompt_cache
+from server.engine.disk_cache.state_layout import StateLayout
 from server.engine.loading import gpt_oss
 from server.synth import build
 from server.synth import vocab as synth_vocab
@@ -251,8 +252,9 @@ def test_a_cache_hit_marks_the_build_used_and_leaves_the_file_alone(tmp_path: Pa
     for it, so a server restarted while another test session starts still finds them."""
     path = models.cached_gguf("tiny", cache_dir=tmp_path)
     os.utime(path, (1.0, 1.0))
-    identity = prompt_cache.identity(EngineConfig(model_path=str(path)), 4096)
+    layout = StateLayout(magic="d83c14af", n_stream=1, v_trans=False)
+    identity = prompt_cache.identity(EngineConfig(model_path=str(path)), 4096, layout)
     assert models.cached_gguf("tiny", cache_dir=tmp_path) == path
     assert time.time() - models._last_used(path) < 60
     assert path.stat().st_mtime == 1.0
-    assert prompt_cache.identity(EngineConfig(model_path=str(path)), 4096) == identity
+    assert prompt_cache.identity(EngineConfig(model_path=str(path)), 4096, layout) == identity

@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from openai_harmony import HarmonyEncoding
 
-from server.api.chat.output import ChatEmitter, ChatEvent, ChunkFactory, encode, fold
+from server.api.chat.emitter import ChatEmitter, ChatEvent, ChunkFactory, encode, fold
 from server.api.messages.emitter import MessagesEmitter
 from server.api.messages.emitter import fold as fold_message
 from server.api.messages.schemas import StreamEvent as MessageEvent

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
 
-from server.api.chat.output import ChatEmitter, ChatEvent, ChatFailed, fold
+from server.api.chat.emitter import ChatEmitter, ChatEvent, ChatFailed, fold
 from server.api.chat.schemas import ChatCompletion, ChatCompletionChunk, UsageOut
 from server.api.stream_run import merged
 

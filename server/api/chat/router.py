@@ -17,7 +17,7 @@ from server.api.chat.adapter import (
     to_transcript,
 )
 from server.api.chat.choices import folded, merged_stream
-from server.api.chat.output import ChatEmitter, ChatEvent, ChatFailed, ChunkFactory, encode, fold
+from server.api.chat.emitter import ChatEmitter, ChatEvent, ChatFailed, ChunkFactory, encode, fold
 from server.api.chat.schemas import ChatCompletionRequest
 from server.api.response_fields import new_id, now
 from server.api.sse import sse_response

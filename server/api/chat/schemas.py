@@ -7,37 +7,34 @@ from __future__ import annotations
 
 from typing import Any, Literal, TypedDict
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from server.api.logprobs import TokenLogprobOut
+from server.api.request_fields import Lenient
 
 
-class _Lenient(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-
-class ContentPart(_Lenient):
+class ContentPart(Lenient):
     type: str
     text: str | None = None
 
 
-class FunctionCallIn(_Lenient):
+class FunctionCallIn(Lenient):
     name: str
     arguments: str = ""
 
 
-class ToolCallIn(_Lenient):
+class ToolCallIn(Lenient):
     id: str
     type: str = "function"
     function: FunctionCallIn
 
 
-class ReasoningDetail(_Lenient):
+class ReasoningDetail(Lenient):
     type: str
     text: str | None = None
 
 
-class ChatMessageIn(_Lenient):
+class ChatMessageIn(Lenient):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
@@ -49,7 +46,7 @@ class ChatMessageIn(_Lenient):
     tool_call_id: str | None = None
 
 
-class ReasoningConfig(_Lenient):
+class ReasoningConfig(Lenient):
     effort: str | None = None
     exclude: bool = False
     max_tokens: int | None = Field(None, ge=1)
@@ -57,23 +54,23 @@ class ReasoningConfig(_Lenient):
     summary: str | None = None  # auto | concise | detailed | none: an extension
 
 
-class StreamOptions(_Lenient):
+class StreamOptions(Lenient):
     include_usage: bool = False
 
 
-class FunctionDefinition(_Lenient):
+class FunctionDefinition(Lenient):
     name: str = Field(min_length=1, max_length=128)
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
 
 
-class ToolIn(_Lenient):
+class ToolIn(Lenient):
     type: str
     function: FunctionDefinition | None = None
 
 
-class ChatCompletionRequest(_Lenient):
+class ChatCompletionRequest(Lenient):
     model: str = ""
     messages: list[ChatMessageIn] = Field(min_length=1)
     stream: bool = False

@@ -10,48 +10,46 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
+
+from server.api.request_fields import Lenient
 
 # ---------------------------------------------------------------------------- request side
 
 
-class _Lenient(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-
-class MessageIn(_Lenient):
+class MessageIn(Lenient):
     """A message; `system` ones (Claude Code's mid-conversation-tool-changes beta) hold text."""
 
     role: Literal["user", "assistant", "system"]
     content: str | list[dict[str, Any]]
 
 
-class TextBlockIn(_Lenient):
+class TextBlockIn(Lenient):
     type: Literal["text"]
     text: str
 
 
-class ToolUseBlockIn(_Lenient):
+class ToolUseBlockIn(Lenient):
     type: Literal["tool_use"]
     id: str = Field(min_length=1)
     name: str = Field(min_length=1)
     input: dict[str, Any] = Field(default_factory=dict)
 
 
-class ToolResultBlockIn(_Lenient):
+class ToolResultBlockIn(Lenient):
     type: Literal["tool_result"]
     tool_use_id: str = Field(min_length=1)
     content: str | list[dict[str, Any]] | None = None
     is_error: bool | None = None
 
 
-class ThinkingBlockIn(_Lenient):
+class ThinkingBlockIn(Lenient):
     type: Literal["thinking"]
     thinking: str
     signature: str = ""
 
 
-class RedactedThinkingBlockIn(_Lenient):
+class RedactedThinkingBlockIn(Lenient):
     type: Literal["redacted_thinking"]
     data: str = ""
 
@@ -61,7 +59,7 @@ BlockIn = (
 )
 
 
-class ToolIn(_Lenient):
+class ToolIn(Lenient):
     """A client tool: `name`, `description`, `input_schema` (type absent or `custom`)."""
 
     name: str = Field(min_length=1, max_length=128)
@@ -69,18 +67,18 @@ class ToolIn(_Lenient):
     input_schema: dict[str, Any]
 
 
-class ThinkingParam(_Lenient):
+class ThinkingParam(Lenient):
     type: Literal["enabled", "adaptive", "disabled"]
     budget_tokens: int | None = Field(None, ge=1)
     display: str | None = None  # summarized | omitted (others are tolerated: shown)
 
 
-class OutputConfig(_Lenient):
+class OutputConfig(Lenient):
     effort: str | None = None
     format: dict[str, Any] | None = None  # {"type": "json_schema", "schema": {...}}
 
 
-class CountTokensRequest(_Lenient):
+class CountTokensRequest(Lenient):
     """POST /v1/messages/count_tokens: everything a prompt is rendered from."""
 
     model: str = ""

@@ -11,22 +11,20 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
+from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, model_serializer
+
+from server.api.request_fields import Lenient
 
 # ---------------------------------------------------------------------------- request side
 
 
-class _Lenient(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-
-class ContentPartIn(_Lenient):
+class ContentPartIn(Lenient):
     type: str
     text: str | None = None
     refusal: str | None = None
 
 
-class MessageIn(_Lenient):
+class MessageIn(Lenient):
     """`message` (or an EasyInputMessage without `type`)."""
 
     type: Literal["message"] = "message"
@@ -35,19 +33,19 @@ class MessageIn(_Lenient):
     phase: str | None = None
 
 
-class ReasoningContentIn(_Lenient):
+class ReasoningContentIn(Lenient):
     type: str = "reasoning_text"
     text: str = ""
 
 
-class ReasoningIn(_Lenient):
+class ReasoningIn(Lenient):
     type: Literal["reasoning"]
     summary: list[dict[str, Any]] = Field(default_factory=list)
     content: list[ReasoningContentIn] | None = None
     encrypted_content: str | None = None
 
 
-class FunctionCallIn(_Lenient):
+class FunctionCallIn(Lenient):
     type: Literal["function_call"]
     call_id: str
     name: str
@@ -55,7 +53,7 @@ class FunctionCallIn(_Lenient):
     namespace: str | None = None
 
 
-class CustomToolCallIn(_Lenient):
+class CustomToolCallIn(Lenient):
     type: Literal["custom_tool_call"]
     call_id: str
     name: str
@@ -63,7 +61,7 @@ class CustomToolCallIn(_Lenient):
     namespace: str | None = None
 
 
-class ToolOutputIn(_Lenient):
+class ToolOutputIn(Lenient):
     """`function_call_output` and `custom_tool_call_output`."""
 
     type: Literal["function_call_output", "custom_tool_call_output"]
@@ -73,7 +71,7 @@ class ToolOutputIn(_Lenient):
     namespace: str | None = None
 
 
-class McpCallIn(_Lenient):
+class McpCallIn(Lenient):
     """An `mcp_call` output item sent back (a client that keeps the conversation itself)."""
 
     type: Literal["mcp_call"]
@@ -85,7 +83,7 @@ class McpCallIn(_Lenient):
     error: Any = None
 
 
-class McpApprovalRequestIn(_Lenient):
+class McpApprovalRequestIn(Lenient):
     type: Literal["mcp_approval_request"]
     id: str
     server_label: str
@@ -104,7 +102,7 @@ InputItem = (
 )
 
 
-class FunctionToolIn(_Lenient):
+class FunctionToolIn(Lenient):
     type: Literal["function"]
     name: str = Field(min_length=1)
     description: str | None = None
@@ -112,32 +110,32 @@ class FunctionToolIn(_Lenient):
     strict: bool | None = None
 
 
-class CustomToolIn(_Lenient):
+class CustomToolIn(Lenient):
     type: Literal["custom"]
     name: str = Field(min_length=1)
     description: str | None = None
     format: dict[str, Any] | None = None
 
 
-class NamespaceToolIn(_Lenient):
+class NamespaceToolIn(Lenient):
     type: Literal["namespace"]
     name: str = Field(min_length=1)
     description: str | None = None
     tools: list[dict[str, Any]] = Field(default_factory=list)
 
 
-class ReasoningParam(_Lenient):
+class ReasoningParam(Lenient):
     effort: str | None = None
     summary: str | None = None
     max_tokens: int | None = Field(None, ge=1)  # OpenRouter-style budget, an extension
 
 
-class TextParam(_Lenient):
+class TextParam(Lenient):
     format: dict[str, Any] | None = None
     verbosity: str | None = None
 
 
-class ResponsesRequest(_Lenient):
+class ResponsesRequest(Lenient):
     model: str = ""
     input: str | list[dict[str, Any]] = ""
     instructions: str | None = None

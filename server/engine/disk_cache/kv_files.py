@@ -12,10 +12,11 @@ The directory is private (server/private_files.py: 0700, this user's, refused ot
 entries are 0600: they hold conversations. Files are written under a temporary name, fsynced and
 renamed, so a reader never sees half an entry. Reads open regular files only, without following
 links or blocking (a FIFO under an entry's name cannot stall the reader). A file that fails any
-check (not a regular file, MAC, header, tokens) is deleted with a warning and counts as a miss; the
-next shorter entry is tried. Least recently used entries (by mtime, touched on every hit) are
-deleted while the directory holds more than its budget; only files named exactly as entries (of any
-identity) are ever counted or deleted, and only stale temporary files of this module's own naming.
+check (not a regular file, MAC, header, tokens, the state's layout) is deleted with a warning
+and counts as a miss; the next shorter entry is tried. Least recently used entries (by mtime,
+touched on every hit) are deleted while the directory holds more than its budget; only files
+named exactly as entries (of any identity) are ever counted or deleted, and only stale temporary
+files of this module's own naming.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import stat
 import threading
 import time
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,9 +95,18 @@ class CorruptEntry(ValueError):
 class KVFiles:
     """The directory of saved prefixes for one model identity; thread-safe where it says so."""
 
-    def __init__(self, directory: Path, identity: str, budget_bytes: int, max_pending: int) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        identity: str,
+        budget_bytes: int,
+        max_pending: int,
+        check_state: Callable[[bytearray, int], None] | None = None,
+    ) -> None:
+        """`check_state(data, offset)` raises if the state at `data[offset:]` cannot load."""
         self.directory = directory
         self.identity = identity
+        self._check_state = check_state
         self.tag = hashlib.blake2b(identity.encode(), digest_size=8).hexdigest()
         self.budget_bytes = budget_bytes
         self.stats = PromptCacheStats()
@@ -200,6 +210,8 @@ class KVFiles:
             raise CorruptEntry(f"truncated ({len(data)} bytes, expected {payload_start + size})")
         if data[token_start:payload_start] != token_bytes(tokens[:n_tokens]):
             raise CorruptEntry("its tokens differ from the prompt's")
+        if self._check_state is not None:
+            self._check_state(data, payload_start)
         return int(payload_start)
 
     # --- writing ---

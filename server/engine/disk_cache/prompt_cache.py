@@ -4,8 +4,8 @@ Runs on the engine thread, beside the scheduler: `save()` copies a sequence's st
 llama.cpp (it must be copied there) and hands it to the writer thread of KVFiles (checksum,
 write, fsync, rename happen there); `lookup()` finds the longest saved prefix of a prompt and
 reads it on a reader thread, and `load()` restores it into a sequence. Entries are keyed by the
-model file's identity and every setting that changes the KV layout (see `identity()`), so
-entries made under other settings never load.
+model file's identity and the layout of the context's states, as llama.cpp resolved it (see
+`identity()`), so entries made under other settings never load.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ import llama_cpp
 import numpy as np
 
 from server.engine.base import EngineConfig, PromptCacheStats
-from server.engine.disk_cache.kv_files import Entry, KVFiles
+from server.engine.disk_cache.kv_files import CorruptEntry, Entry, KVFiles
+from server.engine.disk_cache.state_layout import StateLayout, read_layout
 
 log = logging.getLogger(__name__)
 
@@ -47,18 +48,19 @@ class SequenceStates(Protocol):
 
     def load_seq_state(self, seq_id: int, data: bytearray, offset: int) -> bool: ...
 
+    def probe_state(self) -> np.ndarray[Any, np.dtype[np.uint8]]: ...
 
-def identity(config: EngineConfig, n_ctx: int) -> str:
+
+def identity(config: EngineConfig, n_ctx: int, layout: StateLayout) -> str:
     """What a saved state's format depends on: the model file (its layers and heads), the
     llama.cpp that wrote it, and the KV cache's layout — the context (a state fits a cache of
-    its cell count), the sliding window's cache size, the K and V types and whether V is
-    stored transposed (without flash attention).
+    its cell count), the sliding window's cache size, the K and V types, and the layout read
+    from the context's own states: the cache streams and whether V is stored transposed (as
+    llama.cpp resolved flash attention, which `auto` decides from the devices).
 
     Not the placement (GPU layers, tensors kept on the CPU): llama.cpp writes a sequence's
     state row by row from whichever device holds it, and a reload after an idle unload may
-    place the model differently by the memory free then. With `flash_attn` "auto", llama.cpp
-    decides V's layout from the devices; a state written under the other layout is refused
-    by llama.cpp's own check of it (its V transposition flag) and counts as a miss.
+    place the model differently by the memory free then.
     """
     path = Path(config.model_path)
     stat = path.stat()
@@ -68,12 +70,13 @@ def identity(config: EngineConfig, n_ctx: int) -> str:
         {
             "model": {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "header": header_hash},
             "llama_cpp": llama_cpp.__version__,
-            "n_ctx_seq": n_ctx,  # one unified cache: every sequence may use all of it
-            "kv_unified": True,
+            "n_ctx_seq": n_ctx,
             "swa_full": config.swa_full,
             "type_k": KV_TYPE,
             "type_v": KV_TYPE,
-            "flash_attn": config.flash_attn,
+            "state_format": layout.magic,
+            "n_stream": layout.n_stream,
+            "v_trans": layout.v_trans,
         },
         sort_keys=True,
     )
@@ -100,7 +103,9 @@ class PromptCache:
         budget = config.prompt_cache_bytes
         directory = Path(os.path.expanduser(config.prompt_cache_dir))
         pending = min(budget, MAX_PENDING_BYTES)  # states copied, not written yet
-        self.files = KVFiles(directory, identity(config, ctx.n_ctx), budget, pending)
+        self.layout = read_layout(ctx.probe_state())
+        key = identity(config, ctx.n_ctx, self.layout)
+        self.files = KVFiles(directory, key, budget, pending, self._check_layout)
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="kv-reader")
         # reads by their candidates, while a job still holds them: one read per entry
         self._reads: weakref.WeakValueDictionary[tuple[Path, ...], Future[Found | None]] = (
@@ -169,8 +174,16 @@ class PromptCache:
                 return Found(entry, *read)
         return None
 
+    def _check_layout(self, data: bytearray, offset: int) -> None:
+        """A state of another layout (under this identity only if written by another llama.cpp
+        build, or before the layout was part of it) is a bad file: llama.cpp would refuse it."""
+        layout = read_layout(data, offset)
+        if layout != self.layout:
+            raise CorruptEntry(f"its KV layout {layout} is not this context's {self.layout}")
+
     def load(self, seq_id: int, found: Found) -> bool:
-        """Restore `found` into a sequence (emptied first); False when llama.cpp refuses it."""
+        """Restore `found` into a sequence (emptied first); False when llama.cpp refuses it:
+        for lack of room, its layout being checked when it was read."""
         started = time.perf_counter()
         ok = self._ctx.load_seq_state(seq_id, found.data, found.offset)
         self.stats.load_seconds += time.perf_counter() - started

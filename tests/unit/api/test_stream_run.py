@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from openai_harmony import HarmonyEncoding
 
-from server.api.chat.output import ChatEmitter, ChatEvent, ChunkFactory, encode, fold
+from server.api.chat.emitter import ChatEmitter, ChatEvent, ChunkFactory, encode, fold
 from server.api.completions.emitter import CompletionEvent, CompletionsEmitter, Identity
 from server.api.completions.emitter import encode as encode_completion
 from server.api.messages.emitter import MessagesEmitter

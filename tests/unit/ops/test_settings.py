@@ -9,6 +9,7 @@ import pytest
 from pydantic import ValidationError
 from pydantic_settings import CliApp
 
+from devkit import models
 from server.cli import Command, Serve, main
 from server.contracts.errors import ConfigFileError
 from server.ops.settings import Settings
@@ -203,3 +204,19 @@ def test_conversation_date_by_flag_or_environment(monkeypatch: pytest.MonkeyPatc
     assert Settings().today() == "2025-01-31"
     with pytest.raises(ValidationError, match="conversation_date"):
         Settings(conversation_date="2025-02-30")  # type: ignore[arg-type]
+
+
+def test_every_cache_directory_follows_xdg_cache_home(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The server's files, the prompt cache and the test models: one rule, $XDG_CACHE_HOME
+    where set (and not empty), ~/.cache otherwise."""
+    monkeypatch.delenv("GPT_OSS_TEST_CACHE", raising=False)
+    for name in ("GPT_OSS_CACHE_DIR", "GPT_OSS_PROMPT_CACHE_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    for cache_home, expected in ((str(tmp_path), tmp_path), ("", Path.home() / ".cache")):
+        monkeypatch.setenv("XDG_CACHE_HOME", cache_home)
+        settings = Settings()
+        assert settings.cache_dir == expected / "gpt-oss-server"
+        assert settings.prompt_cache_dir == expected / "gpt-oss-server" / "kv"
+        assert models.default_cache_dir() == expected / "gpt-oss-server" / "synthetic"
