@@ -14,10 +14,12 @@ commit dd86a88) reaches the floor, docs/trained-model.md says so beside its numb
 
 serves PATH (default: the committed model) as the tests do and prints, per floor, its per-item
 results (`1` right, `0` wrong, in draw order), the count, the floor and whether it holds, as JSON;
-the exit status is 1 when one fails. `--params NPZ [--perturb SCALE] --write-gguf OUT` writes the
-GGUF of other parameters (w1: `git show dd86a88:devkit/trained/params.npz`), or of the given
-ones with every layer weight perturbed by SCALE times its own spread (the exactness control).
-The tests call the same functions on the committed model.
+the exit status is 1 when one fails. `--params NPZ [--perturb SCALE] --write-gguf OUT` writes
+the GGUF of other parameters (w1: `git show dd86a88:server/testing/trained/params.npz`), or of
+the given ones with every layer weight perturbed by SCALE times its own spread (the exactness
+control). The tests call the same functions on the committed model; the Claude Code floor is
+measured by its test alone (tests/support/trained.py: GPT_OSS_TRAINED_GGUF and
+GPT_OSS_TRAINED_COPY_ONE_IN serve another model or the baseline to the trained tests).
 """
 
 from __future__ import annotations
@@ -91,8 +93,8 @@ FLOORS = {
         Floor("paths_chat", 10, 7),  # test_generic_tools_copy_drawn_paths_...
         Floor("paths_responses", 10, 7),
         Floor("paths_messages", 10, 7),
-        Floor("claude_code", 12, 12),  # tests/e2e/test_trained_claude_code.py
-        Floor("exact_runs", 18, 17),  # tests/engine/test_trained_model.py
+        Floor("claude_code", 6, 4),  # tests/e2e/test_trained_claude_code.py
+        Floor("exact_runs", 18, 18),  # tests/engine/test_trained_model.py
     )
 }
 
@@ -361,14 +363,15 @@ def tool_loops(sdk: OpenAI, pool: list[str]) -> tuple[Tally, Tally]:
             model=MODEL_NAME, messages=messages, tools=tools, max_tokens=300
         )
         calls = first.choices[0].message.tool_calls or []
-        ok = len(calls) == 1 and calls[0].type == "function"
-        ok = ok and json.loads(calls[0].function.arguments) == {"city": city}
+        call = calls[0] if len(calls) == 1 else None
+        ok = call is not None and call.type == "function"
+        ok = ok and json.loads(call.function.arguments) == {"city": city}  # type: ignore[union-attr]
         copied.append(ok)
-        if not ok:
+        if not ok or call is None:
             quoted.append(False)
             continue
         messages.append(first.choices[0].message.model_dump(exclude_none=True))
-        messages.append({"role": "tool", "tool_call_id": calls[0].id, "content": result})
+        messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
         second = sdk.chat.completions.create(
             model=MODEL_NAME, messages=messages, tools=tools, max_tokens=300
         )
@@ -566,8 +569,9 @@ def perturbed_params(params_path: Path, scale: float, seed: int = 0) -> dict[str
     for key, value in params.items():
         out[key] = value
         if key.startswith("blk.") and value.dtype.kind == "f" and value.size > 1:
+            weights = value.astype(np.float32)
             noise = rng.standard_normal(value.shape).astype(np.float32)
-            out[key] = (value + scale * float(value.std()) * noise).astype(value.dtype)
+            out[key] = (weights + scale * float(weights.std()) * noise).astype(value.dtype)
     return out
 
 
@@ -586,10 +590,10 @@ def write_gguf(out: Path, params_path: Path, perturb: float = 0.0) -> None:
 
 def measure(
     encoding: HarmonyEncoding, gguf: Path | None, copy_one_in: int | None, only: set[str]
-) -> list[Tally]:
+) -> Iterator[Tally | dict[str, Any]]:
     """Every floor but claude_code (tests/e2e/test_trained_claude_code.py runs the CLI) on
-    the model at `gguf`, in the tests' order."""
-    tallies: list[Tally] = []
+    the model at `gguf`, in the tests' order, each as it is measured; with them what the
+    path asks' and the reference runs' comparisons found."""
     pool = held_out(encoding)
 
     def wanted(*names: str) -> bool:
@@ -607,25 +611,24 @@ def measure(
                 base_url=s.url.removesuffix("/v1"), api_key="unused", max_retries=0
             )
             if wanted("named_choice"):
-                tallies.append(named_choice(sdk, pool))
+                yield named_choice(sdk, pool)
             if wanted("loop_copied", "loop_quoted"):
-                tallies.extend(tool_loops(sdk, pool))
+                yield from tool_loops(sdk, pool)
             if wanted("seeded"):
-                tallies.append(seeded(sdk, pool)[0])
+                yield seeded(sdk, pool)[0]
             if wanted(*(f"paths_{a}" for a in APIS)):
                 found = paths(sdk, messages_sdk, encoding, s.prompts)
-                tallies.extend(found.tallies.values())
+                yield from found.tallies.values()
                 parting = found.parting(encoding)
-                print(json.dumps({"apis_agree": parting is None, "parting": parting}))
+                yield {"apis_agree": parting is None, "parting": parting}
     if wanted("exact_runs") and copy_one_in is None:
         engine = reference_engine(gguf or cached_gguf(TRAINED))
         try:
             exact = exactness(engine)
         finally:
             engine.close()
-        tallies.append(exact.runs)
-        print(json.dumps({"real_differences": exact.real_differences}))
-    return tallies
+        yield exact.runs
+        yield {"real_differences": exact.real_differences}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -642,10 +645,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.write_gguf:
         write_gguf(args.write_gguf, args.params or trained_model.PARAMS, args.perturb)
         return 0
-    tallies = measure(encoding(), args.gguf, args.copy_one_in, set(args.only))
-    for t in tallies:
-        print(json.dumps({"name": t.floor.name, **t.report()}))
-    return 0 if all(t.holds for t in tallies) else 1
+    held = True
+    for found in measure(encoding(), args.gguf, args.copy_one_in, set(args.only)):
+        if isinstance(found, Tally):
+            held = held and found.holds
+            print(json.dumps({"name": found.floor.name, **found.report()}), flush=True)
+        else:
+            print(json.dumps(found), flush=True)
+    return 0 if held else 1
 
 
 if __name__ == "__main__":
