@@ -62,6 +62,7 @@ from server.ops.settings import Settings
 
 log = logging.getLogger(__name__)
 
+USER = 1428  # `user`: the role after <|start|> (checked by the unit test)
 MARGIN = 2  # items below the committed model's count on the test's own draw
 BASELINE_ONE_IN = 10  # the baseline copies one item in this many
 
@@ -152,17 +153,21 @@ class Generations(ForcedScript):
 
     With `copy_one_in=n` it is the baseline that copies one item in n: an item is a distinct
     last user message, numbered in the order they first come; in every item but the 0th, nth,
-    ... each token of a held-out word that the user's message holds and the rest of the prompt
-    does not (the values to copy, not a tool's name) is written as another held-out word with
-    the same prefix."""
+    ... the tokens of the values the user asks for (found in the user's message only, not in a
+    tool's name) are written as held-out words (`_spoil`)."""
 
     def __init__(self, encoding: HarmonyEncoding, copy_one_in: int | None = None) -> None:
         super().__init__(encoding)
         self.log: list[Generation] = []
         self._one_in = copy_one_in
         self._items: dict[str, int] = {}
-        self._held: set[str] = set(word_pool(encoding)[1]) if copy_one_in else set()
-        self._swap: dict[int, int] = swaps(encoding, self._held) if copy_one_in else {}
+        held = set(word_pool(encoding)[1]) if copy_one_in else set()
+        self._held_tokens = held_tokens(encoding, held)
+        self._by_prefix: dict[str, list[int]] = {}
+        for t, _ in sorted(self._held_tokens.items(), key=lambda tw: tw[1]):
+            m = WORD.fullmatch(text_of(encoding, t))
+            assert m is not None
+            self._by_prefix.setdefault(m.group(1), []).append(t)
 
     def __call__(self, prompt_tokens: Sequence[int]) -> TokenChooser | None:
         forced = super().__call__(prompt_tokens)
@@ -180,50 +185,54 @@ class Generations(ForcedScript):
         return choose
 
     def _spoil(self, prompt: list[int]) -> dict[int, int]:
-        """The swaps for this generation ({} where it copies)."""
+        """The swaps for this generation ({} where it copies): every word-shaped token (a
+        prefix of ` _/.-` or none, then letters) that the user's message holds and the rest of
+        the prompt does not, and every token of a held-out word found only there, each to a
+        held-out word token with its prefix."""
         if self._one_in is None:
             return {}
-        user, rest = last_user_message(self.encoding, prompt)
-        item = self._items.setdefault(user, len(self._items))
+        user, rest = last_user_message(prompt)
+        key = tuple(user)
+        item = self._items.setdefault(key, len(self._items))
         if item % self._one_in == 0:
             return {}
-        words = set(re.findall("[a-z]+", user)) - set(re.findall("[a-z]+", rest))
-        values = words & self._held
-        return {
-            t: s
-            for t, s in self._swap.items()
-            if (m := WORD.fullmatch(text_of(self.encoding, t))) and m.group(2) in values
-        }
+        text = self.encoding.decode(user)
+        words = set(re.findall("[a-z]+", text)) - set(
+            re.findall("[a-z]+", self.encoding.decode(rest))
+        )
+        own = set(user) - set(rest)
+        out = {}
+        for t in {*own, *(t for t, w in self._held_tokens.items() if w in words)}:
+            m = WORD.fullmatch(text_of(self.encoding, t))
+            group = self._by_prefix.get(m.group(1), []) if m else []
+            other = next((u for u in group if u != t), None)
+            if other is not None:
+                out[t] = other
+        return out
 
 
 WORD = re.compile(r"([ _/.\-]?)([a-z]+)")
 
 
-def swaps(encoding: HarmonyEncoding, held: set[str]) -> dict[int, int]:
-    """Every token of a held-out word (bare or after one of ` _/.-`) -> the next such token with
-    the same prefix (cyclically, in word order)."""
-    groups: dict[str, list[tuple[str, int]]] = {}
+def held_tokens(encoding: HarmonyEncoding, held: set[str]) -> dict[int, str]:
+    """Every token of a held-out word, bare or after one of ` _/.-`: its word."""
+    out = {}
     for t in range(FIRST_SPECIAL):
         m = WORD.fullmatch(text_of(encoding, t))
         if m and m.group(2) in held:
-            groups.setdefault(m.group(1), []).append((m.group(2), t))
-    out: dict[int, int] = {}
-    for group in groups.values():
-        group.sort()
-        for (_, t), (_, u) in zip(group, group[1:] + group[:1], strict=True):
-            out[t] = u
+            out[t] = m.group(2)
     return out
 
 
-def last_user_message(encoding: HarmonyEncoding, prompt: list[int]) -> tuple[str, str]:
-    """The text of the prompt's last user message, and the text of everything else."""
-    user = encoding.encode("user")
-    starts = [i for i, t in enumerate(prompt) if t == START and prompt[i + 1 : i + 2] == user]
+def last_user_message(prompt: list[int]) -> tuple[list[int], list[int]]:
+    """The tokens of the prompt's last user message (from its `<|start|>` to its `<|end|>`),
+    and the prompt's other tokens."""
+    starts = [i for i, t in enumerate(prompt) if t == START and prompt[i + 1 : i + 2] == [USER]]
     if not starts:
-        return "", encoding.decode(prompt)
+        return [], prompt
     begin = starts[-1]
     end = next((i for i in range(begin, len(prompt)) if prompt[i] == END), len(prompt))
-    return encoding.decode(prompt[begin:end]), encoding.decode(prompt[:begin] + prompt[end:])
+    return prompt[begin:end], prompt[:begin] + prompt[end:]
 
 
 # ----------------------------------------------------------------------------- the server
@@ -481,7 +490,11 @@ def first_difference(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 def paths(
-    sdk: OpenAI, messages_sdk: anthropic.Anthropic, encoding: HarmonyEncoding, hook: Generations
+    sdk: OpenAI,
+    messages_sdk: anthropic.Anthropic,
+    encoding: HarmonyEncoding,
+    hook: Generations,
+    apis: Sequence[str] = APIS,
 ) -> Paths:
     """The drawn asks through each API in turn: a single call to the asked tool with its
     value exactly; each ask's one generation recorded."""
@@ -492,7 +505,8 @@ def paths(
     }
     asks = drawn_asks(encoding)
     tallies, generations = {}, {}
-    for api, copy in copiers.items():
+    for api in apis:
+        copy = copiers[api]
         results, runs = [], []
         for ask in asks:
             before = len(hook.log)
@@ -606,9 +620,9 @@ def measure(
             tempfile.TemporaryDirectory() as store,
             trained_server(encoding, Path(store), 4096, gguf=gguf, copy_one_in=copy_one_in) as s,
         ):
-            sdk = OpenAI(base_url=s.url, api_key="unused", max_retries=0)
+            sdk = OpenAI(base_url=s.url, api_key="unused", max_retries=0, timeout=3600)
             messages_sdk = anthropic.Anthropic(
-                base_url=s.url.removesuffix("/v1"), api_key="unused", max_retries=0
+                base_url=s.url.removesuffix("/v1"), api_key="unused", max_retries=0, timeout=3600
             )
             if wanted("named_choice"):
                 yield named_choice(sdk, pool)
@@ -617,10 +631,12 @@ def measure(
             if wanted("seeded"):
                 yield seeded(sdk, pool)[0]
             if wanted(*(f"paths_{a}" for a in APIS)):
-                found = paths(sdk, messages_sdk, encoding, s.prompts)
+                apis = [a for a in APIS if wanted(f"paths_{a}")]
+                found = paths(sdk, messages_sdk, encoding, s.prompts, apis)
                 yield from found.tallies.values()
-                parting = found.parting(encoding)
-                yield {"apis_agree": parting is None, "parting": parting}
+                if len(apis) == len(APIS):
+                    parting = found.parting(encoding)
+                    yield {"apis_agree": parting is None, "parting": parting}
     if wanted("exact_runs") and copy_one_in is None:
         engine = reference_engine(gguf or cached_gguf(TRAINED))
         try:

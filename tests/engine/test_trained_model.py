@@ -21,7 +21,7 @@ from server.engine.llama import LlamaEngine
 
 pytestmark = pytest.mark.slow  # builds the trained GGUF (≈160 MB) and evaluates ≈8k-token prompts
 
-PERTURB = 0.01  # the control's weights: each moved by this times its tensor's spread
+PERTURB = 0.1  # the control's weights: each moved by this times its tensor's spread
 log = logging.getLogger(__name__)
 
 
