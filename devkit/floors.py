@@ -160,7 +160,7 @@ class Generations(ForcedScript):
         super().__init__(encoding)
         self.log: list[Generation] = []
         self._one_in = copy_one_in
-        self._items: dict[str, int] = {}
+        self._items: dict[tuple[int, ...], int] = {}
         held = set(word_pool(encoding)[1]) if copy_one_in else set()
         self._held_tokens = held_tokens(encoding, held)
         self._by_prefix: dict[str, list[int]] = {}
