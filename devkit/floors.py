@@ -280,24 +280,22 @@ def trained_server(
 
 # ----------------------------------------------------------------------------- the agent floors
 
-WEATHER = {
-    "name": "get_weather",
-    "description": "Current weather for a city.",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string"}},
-        "required": ["city"],
-    },
-}
-LOOKUP = {
-    "name": "lookup_user",
-    "description": "Find a user by name.",
-    "parameters": {
-        "type": "object",
-        "properties": {"name": {"type": "string"}},
-        "required": ["name"],
-    },
-}
+
+def string_tool(name: str, description: str, parameter: str) -> dict[str, Any]:
+    """A function spec taking one required string."""
+    return {
+        "name": name,
+        "description": description,
+        "parameters": {
+            "type": "object",
+            "properties": {parameter: {"type": "string"}},
+            "required": [parameter],
+        },
+    }
+
+
+WEATHER = string_tool("get_weather", "Current weather for a city.", "city")
+LOOKUP = string_tool("lookup_user", "Find a user by name.", "name")
 NAMES_SEED, LOOPS_SEED, SEEDED_SEED = 2, 1, 3  # the draws' seeds
 PATHS_SEED = 11
 
