@@ -1,4 +1,5 @@
-"""The agent task the trained tiny model's Codex CLI test gives it, and where and when it runs.
+"""The agent task the trained tiny model's Codex CLI test gives it, and where and when it runs;
+where the Claude Code rounds run.
 
 One definition for the test (tests/e2e/test_trained_codex.py) and for the script that measures
 the model on the same request (devkit/train_tiny/behaviour.py): the file, the ask, the expected
@@ -41,3 +42,6 @@ CODEX_PLACE = Path("/tmp/gpt-oss-server-tests/codex-edit")
 MODEL_NAME = "gpt-oss-trained"
 # the server's system message (--conversation-date): the same tokens on any day
 CONVERSATION_DATE = datetime.date(2026, 11, 24)
+# the Claude Code rounds' place: home/ (HOME) and work/ (the working directory), both written
+# into Claude Code's prompt; one test run at a time holds it
+CLAUDE_PLACE = Path("/tmp/gpt-oss-server-tests/claude-rounds")
