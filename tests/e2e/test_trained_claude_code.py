@@ -23,7 +23,6 @@ model copying one round in ten gets).
 from __future__ import annotations
 
 import datetime
-import fcntl
 import random
 import shutil
 from collections.abc import Iterator
@@ -39,7 +38,6 @@ from devkit import floors
 from devkit.train_tiny.corpus import ClaudeAsk, Values, claude_ask
 from devkit.trained.tasks import CLAUDE_PLACE, CONVERSATION_DATE
 from devkit.trained.words import word_pool
-from server.private_files import open_private, private_dir
 from tests.support.anthropic import ExchangeRecorder
 from tests.support.claude_code import (
     N_CTX,
@@ -47,7 +45,7 @@ from tests.support.claude_code import (
     Server,
     run_claude,
 )
-from tests.support.trained import trained_server
+from tests.support.trained import locked_place, trained_server
 
 pytestmark = pytest.mark.slow  # the real Claude Code CLI and its ≈20k-token prompt
 
@@ -105,17 +103,9 @@ def server(encoding: HarmonyEncoding, tmp_path_factory: pytest.TempPathFactory) 
 
 @pytest.fixture(scope="module")
 def place() -> Iterator[Path]:
-    """CLAUDE_PLACE, held under a lock while the module's tests run (another test run on the
-    machine waits for it), removed afterwards. Its folder in /tmp must be this user's alone
-    (private_dir), or the test fails."""
-    with open_private(private_dir(CLAUDE_PLACE.parent) / "claude-rounds.lock", "ab") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        shutil.rmtree(CLAUDE_PLACE, ignore_errors=True)
-        CLAUDE_PLACE.mkdir()
-        try:
-            yield CLAUDE_PLACE
-        finally:
-            shutil.rmtree(CLAUDE_PLACE, ignore_errors=True)
+    """CLAUDE_PLACE, held under a lock while the module's tests run."""
+    with locked_place(CLAUDE_PLACE, "claude-rounds.lock") as place:
+        yield place
 
 
 def drawn_rounds(encoding: HarmonyEncoding, seed: int) -> list[ClaudeAsk]:

@@ -16,8 +16,6 @@ edits the file exactly on 60 of 60 days (`--test-days 60`, docs/trained-model.md
 
 from __future__ import annotations
 
-import fcntl
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,14 +25,13 @@ from openai_harmony import HarmonyEncoding
 
 from devkit.trained.tasks import CODEX_EDIT, CODEX_PLACE
 from server.ops.codex_config import CodexSetup, write
-from server.private_files import open_private, private_dir
 from tests.support.codex import (
     N_CTX,
     SANDBOX,
     Codex,
     item_types,
 )
-from tests.support.trained import MODEL, TrainedServer, trained_server
+from tests.support.trained import MODEL, TrainedServer, locked_place, trained_server
 
 pytestmark = pytest.mark.slow  # the real Codex CLI and ≈8k-token prompts
 
@@ -49,17 +46,9 @@ def server(
 
 @pytest.fixture(scope="module")
 def place() -> Iterator[Path]:
-    """CODEX_PLACE, emptied, held under a lock while the module's tests run (another test run
-    on the machine waits for it), removed afterwards. Its folder in /tmp must be this user's
-    alone (private_dir), or the test fails."""
-    with open_private(private_dir(CODEX_PLACE.parent) / "codex-edit.lock", "ab") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        shutil.rmtree(CODEX_PLACE, ignore_errors=True)
-        CODEX_PLACE.mkdir()
-        try:
-            yield CODEX_PLACE
-        finally:
-            shutil.rmtree(CODEX_PLACE, ignore_errors=True)
+    """CODEX_PLACE, emptied and held under a lock while the module's tests run."""
+    with locked_place(CODEX_PLACE, "codex-edit.lock") as place:
+        yield place
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,9 @@ floors must then fail (docs/trained-model.md).
 
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,6 +26,7 @@ from starlette.types import ASGIApp
 from devkit import floors
 from devkit.floors import TrainedServer
 from devkit.trained.tasks import MODEL_NAME
+from server.private_files import open_private, private_dir
 from tests.support.responses import StreamRecorder
 
 MODEL = MODEL_NAME
@@ -48,3 +51,18 @@ def trained_server(
         copy_one_in=int(one_in) if one_in else None,
     ) as running:
         yield running
+
+
+@contextmanager
+def locked_place(place: Path, lock_name: str) -> Iterator[Path]:
+    """`place`, a fixed directory made empty, held under a lock beside it while a module's tests
+    run (another test run on the machine waits for it), removed afterwards. Its parent must be
+    this user's alone (private_dir), or the test fails."""
+    with open_private(private_dir(place.parent) / lock_name, "ab") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        shutil.rmtree(place, ignore_errors=True)
+        place.mkdir()
+        try:
+            yield place
+        finally:
+            shutil.rmtree(place, ignore_errors=True)
