@@ -18,6 +18,7 @@ from server.engine.plan import (
     Row,
     decide,
     draft_room,
+    repeat_guess,
     without_extra,
 )
 
@@ -225,3 +226,57 @@ def test_every_part_fits_its_limits(
         assert total <= max(budgets.n_batch, sum(pending))
         if any(p.extra is not None for p in planned):
             assert total <= budgets.n_ubatch
+
+
+# Each case below pins one boundary of the plan (`python -m devkit.mutation --module plan`).
+WIDE = Budgets(n_batch=64, n_ubatch=16, n_ctx=256, prefill_chunk=32)
+
+
+def test_a_draft_keeps_the_prefill_chunk_within_the_ubatch() -> None:
+    for proposal, chunk in (((1, 2, 3), 16 - 4), ((1,), 16 - 2), ((), 32)):
+        rows = [prefill(0), generating(1, (7,))]
+        *_, planned = decide(rows, WIDE, drafts({1: proposal}))
+        # drafting: the batch stays within one ubatch; else the chunk is the prefill's own
+        assert len(planned.part.tokens) == chunk, proposal
+
+
+def test_a_draft_of_one_token_uses_the_last_place_of_the_ubatch() -> None:
+    budgets = Budgets(n_batch=64, n_ubatch=16, n_ctx=256, prefill_chunk=8)
+    (planned,) = decide([generating(0, tuple(range(15)))], budgets, drafts({0: (1, 2)}))
+    assert planned.extra == Extra(Kind.DRAFT, (1,))
+
+
+def test_a_budget_of_one_token_still_prefills_one() -> None:
+    budgets = Budgets(n_batch=2, n_ubatch=2, n_ctx=256, prefill_chunk=8)
+    _, chunk = decide([prefill(0), generating(1, (7,))], budgets, no_drafts)
+    assert chunk.part.tokens == PROMPT[:1]
+
+
+def test_the_room_for_drafts_is_halved_only_beside_a_prefill() -> None:
+    assert draft_room(16, 1, prefilling=False) == 15
+    assert draft_room(16, 1, prefilling=True) == 7
+
+
+def test_the_invariant_mode_keeps_two_outputs_of_several_pending_tokens() -> None:
+    (planned,) = decide([generating(0, (7, 8, 9))], INVARIANT, no_drafts)
+    assert planned.part.outputs == 2
+
+
+def test_the_repeat_guess_stops_one_token_before_the_context_ends() -> None:
+    n_ctx = 256
+    assert repeat_guess(generating(0, (5,), held=n_ctx - 3), n_ctx) == (5,)
+    assert repeat_guess(generating(0, (5,), held=n_ctx - 2), n_ctx) == ()
+
+
+def test_a_lead_that_exactly_fills_the_chunk_goes_in_and_no_guess_after_it() -> None:
+    budgets = Budgets(n_batch=6, n_ubatch=6, n_ctx=256, prefill_chunk=8)
+    row = prefill(0, next_prompt=36, lead=(1, 2), guess=(9, 9))
+    (planned,) = decide([row], budgets, no_drafts)
+    assert list(planned.part.tokens) == [*PROMPT[36:], 1, 2]
+    assert planned.extra is None
+    assert planned.part.outputs == 1
+
+
+def test_without_extra_keeps_every_logit_a_prompt_asked_for() -> None:
+    part = BatchPart(0, (1, 2, 3), 5, True, 3, all_logits=True)
+    assert without_extra(part, Extra(Kind.DRAFT, (2, 3))) == BatchPart(0, (1,), 5, True, 1, True)
