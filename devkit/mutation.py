@@ -52,7 +52,6 @@ TARGETS = (
     Target("decoder", "server/harmony/decoder.py", ("tests/unit/harmony/test_decoder.py",)),
     Target("steering", "server/harmony/steering.py", ("tests/unit/harmony/test_steering.py",)),
     Target("plan", "server/engine/plan.py", ("tests/unit/engine/test_plan.py",)),
-    Target("address_rule", "server/tools/browser/fetch.py", ("tests/tools/test_browser_guard.py",)),
     Target(
         "json_schema", "server/grammars/json_schema.py", ("tests/unit/grammars/test_grammars.py",)
     ),
