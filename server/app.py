@@ -57,8 +57,10 @@ def create_app(settings: Settings, runtime: Runtime | ServedModels | None = None
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if isinstance(runtime, Runtime):
             models = ServedModels((runtime,))
+        elif runtime is not None:
+            models = runtime
         else:
-            models = runtime or await asyncio.to_thread(load_models, settings)
+            models = await asyncio.to_thread(load_models, settings)
         loaded = models.default
         app.state.settings = settings
         app.state.models = models

@@ -96,14 +96,23 @@ def loading_notice(response: Response, served: Served) -> Response:
     body = response.body_iterator
     notice = f": loading model {served.name}; this request waits for it\n\n".encode()
 
+    async def chunks() -> AsyncIterator[bytes]:
+        try:
+            async for chunk in body:
+                yield chunk.encode() if isinstance(chunk, str) else bytes(chunk)
+        finally:  # the client left: the stream behind it closes (its generation stops)
+            close = getattr(body, "aclose", None)
+            if close is not None:
+                await close()
+
     async def noticed() -> AsyncIterator[bytes]:
         yield notice
-        async for chunk in with_keepalive(body, LOADING_NOTICE_S):
+        async for chunk in with_keepalive(chunks(), LOADING_NOTICE_S):
             if chunk is None:
                 if not served.loaded:
                     yield notice
                 continue
-            yield chunk if isinstance(chunk, bytes) else str(chunk).encode()
+            yield chunk
 
     response.body_iterator = noticed()
     return response

@@ -32,6 +32,7 @@ from server.ops.startup import engine_config, memory_estimate
 N_CTX = 1024
 BETA_N_CTX = 2048  # beta's own context, from its [models.beta] table
 GIB = 1024**3
+START_S = 180.0  # the first model loaded and both checked, on a busy machine
 CHAT = {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4}
 
 
@@ -76,7 +77,7 @@ def settings_for(alpha: Path, beta: Path, directory: Path) -> Settings:
 def server(sources: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     directory = tmp_path_factory.mktemp("several")
     alpha, beta = copies(sources, directory)
-    with served(create_app(settings_for(alpha, beta, directory))) as url:
+    with served(create_app(settings_for(alpha, beta, directory)), start_s=START_S) as url:
         yield url
 
 
@@ -203,7 +204,7 @@ def test_a_model_that_fails_to_load_leaves_the_other_serving(
     sources: tuple[Path, Path], tmp_path: Path
 ) -> None:
     alpha, beta = copies(sources, tmp_path)
-    with served(create_app(settings_for(alpha, beta, tmp_path))) as url:
+    with served(create_app(settings_for(alpha, beta, tmp_path)), start_s=START_S) as url:
         with beta.open("r+b") as file:  # damaged since the start: cut short
             file.truncate(beta.stat().st_size // 2)
         failed = chat(url, "beta")  # waited for the load, which failed

@@ -243,11 +243,14 @@ def test_per_model_settings_come_from_the_config_file(tmp_path: Path) -> None:
     assert settings.for_model(settings.model_options("gpt-oss-20b")).n_ctx == 8192
 
 
-@pytest.mark.parametrize(
-    ("table", "named"),
-    [("bogus = 1", "models.b.bogus"), ("n_ctx = -1", "models.b.n_ctx"),
-     ('speculative = "sometimes"', "models.b.speculative")],  # fmt: skip
-)
+BAD_TABLES = [
+    ("bogus = 1", "models.b.bogus"),
+    ("n_ctx = -1", "models.b.n_ctx"),
+    ('speculative = "sometimes"', "models.b.speculative"),
+]
+
+
+@pytest.mark.parametrize(("table", "named"), BAD_TABLES)
 def test_a_bad_per_model_setting_is_named(tmp_path: Path, table: str, named: str) -> None:
     config = tmp_path / "server.toml"
     config.write_text(f"[models.b]\n{table}\n", encoding="utf-8")
