@@ -317,7 +317,7 @@ class ModelResidency:
             self._state = ModelState.UNLOADING
             self._engine = None
         try:
-            self._unload(engine, "to make room for another model")
+            self._unload(engine, "another model needs the memory", "the memory budget")
         finally:
             with self._cond:
                 self._state = ModelState.UNLOADED
@@ -361,7 +361,7 @@ class ModelResidency:
                     engine, self._engine = self._engine, None
                     self._cond.release()
                     try:
-                        self._unload(engine, f"no request for {idle_for:.0f} s (--idle-unload)")
+                        self._unload(engine, f"no request for {idle_for:.0f} s", "--idle-unload")
                         if self._gate is not None:
                             self._gate.release(self)
                     finally:
@@ -371,9 +371,9 @@ class ModelResidency:
                 wait = (self.idle_unload_s or 0.0) - idle_for if unloadable else None
                 self._cond.wait(wait)
 
-    def _unload(self, engine: Engine | None, why: str) -> None:
+    def _unload(self, engine: Engine | None, why: str, rule: str) -> None:
         assert engine is not None
-        log.info("%s: unloading %s; the next request loads it again", why, self.name)
+        log.info("%s: unloading %s (%s); the next request loads it again", why, self.name, rule)
         started = time.perf_counter()
         stats = engine.prompt_cache
         engine.close()  # saves the conversations to the prompt cache, frees model and context
