@@ -6,11 +6,13 @@ Each model is listed under its names (OpenAI's, Anthropic's and Ollama's lists);
 SDKs; a request for the model not loaded swaps it in (the other, idle, unloaded first), and a
 stream that waits for that load says so; requests for both at once are all answered while the
 two are never loaded together; a model whose file went bad fails its load and the other goes on
-serving; per-model settings come from the config file; metrics carry the model.
+serving; per-model settings come from the config file; metrics carry the model; the terminal
+chat picks one by name; `serve --model A --model B` as a real process.
 """
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import threading
 from collections.abc import Iterator
@@ -24,8 +26,9 @@ import openai
 import pytest
 
 from devkit.models import cached_gguf
-from devkit.serving import served
+from devkit.serving import served, server_process
 from server.app import create_app
+from server.ops.chat.remote import ChatConnectError, RemoteChat
 from server.ops.settings import Settings
 from server.ops.startup import engine_config, memory_estimate
 
@@ -220,3 +223,33 @@ def test_a_model_that_fails_to_load_leaves_the_other_serving(
         assert health["status"] == "ok"
         assert health["models"] == {"alpha": "loaded", "beta": "unloaded"}
         assert facts(url)["budget"]["loaded"] == ["alpha"]
+
+
+def test_the_terminal_chat_picks_a_model_of_the_server(server: str) -> None:
+    async def connect(model: str | None) -> str:
+        chat = RemoteChat(server, None, model)
+        try:
+            return await chat.connect()
+        finally:
+            await chat.close()
+
+    assert asyncio.run(connect("beta")) == "beta"
+    assert asyncio.run(connect(None)) == "alpha"  # the server's first
+    with pytest.raises(ChatConnectError, match=r"serves no model named 'gpt-5'.*alpha.*beta"):
+        asyncio.run(connect("gpt-5"))
+
+
+def test_serve_takes_model_repeated(sources: tuple[Path, Path], tmp_path: Path) -> None:
+    alpha, beta = copies(sources, tmp_path)
+    options = ("--model", str(beta), "--models-memory-gb", "0.5", "--n-ctx", "1024",
+               "--n-threads", "2", "--no-prompt-cache", "--log-level", "info")  # fmt: skip
+    with server_process(alpha, tmp_path, *options) as proc:
+        root = proc.health_url.removesuffix("/health")
+        listed = [m["id"] for m in httpx.get(f"{root}/v1/models").json()["data"]]
+        assert listed == ["alpha", "gpt-oss:20b", "openai/gpt-oss-20b", "beta"]
+        answer = httpx.post(f"{root}/v1/chat/completions", json={**CHAT, "model": "beta"},
+                            timeout=120)  # fmt: skip
+        assert answer.status_code == 200, answer.text
+    log = proc.log_path.read_text()
+    assert "2 models, loaded on demand within 0.5 GiB" in log
+    assert "also       beta" in log  # the banner names the other model
