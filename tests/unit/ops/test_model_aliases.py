@@ -3,6 +3,7 @@ with several models, each name picks one."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import cast
 
 import pytest
@@ -12,7 +13,7 @@ from server.contracts.errors import StartupError
 from server.engine.base import Engine
 from server.ops.runtime import Runtime
 from server.ops.settings import Settings
-from server.ops.startup import distinct_names, model_aliases
+from server.ops.startup import directory_models, distinct_names, model_aliases, model_specs
 
 
 def test_a_20b_model_answers_to_codexs_20b_slugs() -> None:
@@ -51,3 +52,20 @@ def test_an_alias_cannot_take_another_models_id() -> None:
 def test_two_models_of_one_id_are_refused() -> None:
     with pytest.raises(StartupError, match="two models are named 'a'"):
         distinct_names([named("a"), named("a")])
+
+
+def test_a_models_directory_serves_each_model_once(tmp_path: Path) -> None:
+    for name in ("b.gguf", "a-00001-of-00002.gguf", "a-00002-of-00002.gguf", "notes.txt"):
+        (tmp_path / name).write_bytes(b"")
+    (tmp_path / "sub.gguf").mkdir()
+    assert directory_models(tmp_path) == [tmp_path / "a-00001-of-00002.gguf", tmp_path / "b.gguf"]
+    only_dir = Settings(models_dir=tmp_path)
+    assert model_specs(only_dir) == [
+        str(tmp_path / "a-00001-of-00002.gguf"),
+        str(tmp_path / "b.gguf"),
+    ]
+    both = Settings(model="gpt-oss-20b", models_dir=tmp_path)
+    assert model_specs(both)[0] == "gpt-oss-20b"
+    assert len(model_specs(both)) == 3
+    with pytest.raises(StartupError, match=r"no \.gguf file"):
+        model_specs(Settings(models_dir=tmp_path / "sub.gguf"))
