@@ -319,11 +319,11 @@ class ModelResidency:
         try:
             self._unload(engine, "another model needs the memory", "the memory budget")
         finally:
+            if self._gate is not None:  # before a request that came meanwhile asks it again
+                self._gate.release(self)
             with self._cond:
                 self._state = ModelState.UNLOADED
-                self._cond.notify_all()  # a request that came meanwhile loads it again
-            if self._gate is not None:
-                self._gate.release(self)
+                self._cond.notify_all()  # that request loads it again
         return True
 
     def _finished(self) -> None:
