@@ -6,6 +6,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 
 import anyio
 from fastapi import Depends, FastAPI
@@ -22,6 +23,7 @@ from server.api.messages.router import router as messages_router
 from server.api.messages.signature import KEY_FILE, ThinkingSigner, load_key
 from server.api.metrics import Metrics, RequestMetricsMiddleware
 from server.api.metrics import router as metrics_router
+from server.api.model_choice import ModelChoice
 from server.api.models import health_router
 from server.api.models import router as models_router
 from server.api.ollama import router as ollama_router
@@ -33,16 +35,16 @@ from server.core.generation import Generator, SamplingDefaults
 from server.core.history import History
 from server.core.summaries import SummaryConfig
 from server.harmony.render import assistant_start_tokens
-from server.ops.runtime import Runtime
+from server.ops.runtime import Runtime, ServedModels
 from server.ops.settings import Settings
-from server.ops.startup import load_runtime
+from server.ops.startup import load_models
 from server.ops.tools import start_server_tools
 from server.private_files import PrivatePathError, private_dir
 from server.tools.mcp import McpConfigError, McpServers, load_config
 
 
-def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
-    """The app; loads the model at startup unless a ready runtime is given (then not owned).
+def create_app(settings: Settings, runtime: Runtime | ServedModels | None = None) -> FastAPI:
+    """The app; loads the models at startup unless ready ones are given (then not owned).
 
     StartupError at once if the state directory (settings.state_dir) or the signing key in it
     is not private (server.private_files).
@@ -53,26 +55,23 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        loaded = runtime if runtime is not None else await asyncio.to_thread(load_runtime, settings)
+        if isinstance(runtime, Runtime):
+            models = ServedModels((runtime,))
+        elif runtime is not None:
+            models = runtime
+        else:
+            models = await asyncio.to_thread(load_models, settings)
+        loaded = models.default
         app.state.settings = settings
-        app.state.runtime = loaded
+        app.state.models = models
+        app.state.runtime = loaded  # the first (default) model's
         app.state.model_name = loaded.model_name
         app.state.started_at = int(time.time())
-        defaults = SamplingDefaults(settings.temperature, settings.top_p, seed=settings.seed)
-        history = History(assistant_start_tokens(loaded.encoding), settings.history_max_entries)
-        app.state.metrics = Metrics(loaded.engine)
-        app.state.generator = Generator(
-            loaded.engine,
-            loaded.encoding,
-            defaults,
-            history,
-            app.state.metrics.observe,
-            summaries=SummaryConfig(max_tokens=settings.summary_max_tokens),
-            strict_tools=settings.strict_tools,
-            stream_interval_s=settings.stream_interval_ms / 1000,
-        )
-        app.state.metrics.watch(app.state.generator.admission)
-        app.state.metrics.watch_model(loaded)
+        metrics = Metrics({r.model_name: r.engine for r in models.runtimes})
+        generators = _generators(settings, models, metrics)
+        app.state.metrics = metrics
+        app.state.choice = ModelChoice(models, generators)
+        app.state.generator = generators[loaded.model_name]  # the first model's
         app.state.responses = ResponsesState.from_settings(settings, key)
         app.state.messages = MessagesState.from_settings(settings, signer)
         app.state.server_tools = await start_server_tools(settings)
@@ -85,7 +84,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
             app.state.responses.store.close()
             await mcp.close()
             if runtime is None:
-                loaded.close()
+                models.close()
 
     app = FastAPI(title="gpt-oss-server", version=__version__, lifespan=lifespan)
     install_error_handlers(app)
@@ -107,6 +106,33 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     ):
         app.include_router(router, dependencies=[Depends(require_api_key)])
     return app
+
+
+def _generators(settings: Settings, models: ServedModels, metrics: Metrics) -> dict[str, Generator]:
+    """Each served model's generator (its own history and admission), by the model's id, and
+    its metrics (labelled by model when there are several)."""
+    defaults = SamplingDefaults(settings.temperature, settings.top_p, seed=settings.seed)
+    generators = {}
+    for served in models.runtimes:
+        name = served.model_name
+        start = assistant_start_tokens(served.encoding)
+        generator = Generator(
+            served.engine,
+            served.encoding,
+            defaults,
+            History(start, settings.history_max_entries),
+            partial(metrics.observe, model=name) if metrics.labelled else metrics.observe,
+            summaries=SummaryConfig(max_tokens=settings.summary_max_tokens),
+            strict_tools=settings.strict_tools,
+            stream_interval_s=settings.stream_interval_ms / 1000,
+        )
+        metrics.watch(generator.admission, name)
+        generators[name] = generator
+    if metrics.labelled:
+        metrics.watch_models(list(models.runtimes))
+    else:
+        metrics.watch_model(models.default)
+    return generators
 
 
 def _state_key(settings: Settings) -> bytes:

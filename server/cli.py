@@ -30,10 +30,10 @@ from server.ops import codex_config, doctor
 from server.ops.chat.repl import run_chat
 from server.ops.model_source import resolve_model
 from server.ops.rpc_worker import WorkerOptions, run_worker
-from server.ops.runtime import Runtime
+from server.ops.runtime import ServedModels
 from server.ops.serving import banner, serve
 from server.ops.settings import Settings, default_cache_dir
-from server.ops.startup import load_runtime, placement_options
+from server.ops.startup import load_models, placement_options
 
 log = logging.getLogger("gpt_oss_server")
 
@@ -45,15 +45,20 @@ class Serve(Settings):
         configure_logging(self.log_level)
         doctor.log_startup_check(log)
         try:
-            runtime = load_runtime(self)
-            app = create_app(self, runtime)  # StartupError: a state directory not private
+            models = load_models(self)
         except StartupError as exc:
             log.error("%s", exc)
             sys.exit(1)
+        try:
+            app = create_app(self, models)  # StartupError: a state directory not private
+        except StartupError as exc:
+            models.close()
+            log.error("%s", exc)
+            sys.exit(1)
         try:  # graceful shutdown on SIGTERM / Ctrl-C: see server/ops/serving.py
-            serve(app, self, runtime, on_started=lambda: print_banner(self, runtime))
+            serve(app, self, models, on_started=lambda: print_banner(self, models))
         finally:
-            runtime.close()
+            models.close()
 
 
 class Run(Settings):
@@ -66,7 +71,8 @@ class Run(Settings):
     url: str | None = Field(
         None,
         description="Chat with the gpt-oss-server running at this address "
-        "(http://127.0.0.1:8000) instead of loading the model here; --api-key is its key.",
+        "(http://127.0.0.1:8000) instead of loading the model here; --api-key is its key, "
+        "--model NAME picks one of its models (default: its first).",
     )
     system: str | None = Field(None, description="Instructions for the model.")
     log_level: Literal["debug", "info", "warning", "error"] = Field(
@@ -74,7 +80,7 @@ class Run(Settings):
     )
 
     def cli_cmd(self) -> None:
-        settings = self.model_copy(update={"model": self.model_arg}) if self.model_arg else self
+        settings = self.model_copy(update={"model": (self.model_arg,)}) if self.model_arg else self
         sys.exit(run_chat(settings, self.url, self.system))
 
 
@@ -263,9 +269,9 @@ def configure_logging(level: str) -> None:
         logging.getLogger("llama_cpp").setLevel(logging.WARNING)
 
 
-def print_banner(settings: Settings, runtime: Runtime) -> None:
+def print_banner(settings: Settings, models: ServedModels) -> None:
     """Model, file, context, device placement, URL and client snippets, once listening."""
-    log.info("%s", banner(settings, runtime))
+    log.info("%s", banner(settings, models.default, models.runtimes[1:]))
 
 
 def list_flags(subcommand: str) -> frozenset[str]:

@@ -17,6 +17,11 @@ The one worker thread (`model-residency`) makes every transition; the lock guard
     unloaded --a generation waits--> loading --engine opened--> loaded
     loading --the load failed--> unloaded (the waiting generations end with the error)
 
+With several models served (server.ops.fleet), every model has a residency, and the ones
+not loaded at start begin unloaded; a `LoadGate` (the fleet's memory budget) decides when a
+load may start, and may unload another idle model first (`evict()`); without --idle-unload a
+model is then unloaded only to make room for another.
+
 A failed load is kept (`ResidencyReport.load_error`: /health answers 503, /v1/server
 and /metrics report it) until a load succeeds, and the next attempt waits a backoff that
 doubles with each failure (`RELOAD_BACKOFF_S`): meanwhile requests are refused at once with
@@ -82,6 +87,23 @@ class ResidencyReport:
     retry_in_s: float | None = None  # while backing off after a failed load
 
 
+class LoadGate(Protocol):
+    """The memory budget several residencies share (server.ops.fleet.ModelFleet)."""
+
+    def acquire(self, member: ModelResidency) -> None:
+        """Block until `member` may load (other idle models unloaded to make room); raises
+        when it never will (the shutdown)."""
+        ...
+
+    def release(self, member: ModelResidency) -> None:
+        """`member` gave its memory back (unloaded, or its load failed)."""
+        ...
+
+    def changed(self) -> None:
+        """A member went idle: a load waiting for room may go on."""
+        ...
+
+
 class Vocabulary(Protocol):
     """The model's vocabulary without its weights (server.engine.loading.vocabulary)."""
 
@@ -97,26 +119,43 @@ class ModelResidency:
 
     def __init__(
         self,
-        engine: Engine,
+        engine: Engine | None,
         open_engine: Callable[[], Engine],
         vocabulary: Vocabulary,
-        idle_unload_s: float,
+        idle_unload_s: float | None,
+        *,
+        unloaded: Unloaded | None = None,
+        gate: LoadGate | None = None,
+        name: str = "the model",
     ) -> None:
+        """`engine` loaded at start, or None and what is known of the model before its first
+        load (`unloaded`); `idle_unload_s` None: unloaded only to make room (`gate`)."""
         self._engine: Engine | None = engine
         self._open_engine = open_engine
         self._vocabulary = vocabulary
         self.idle_unload_s = idle_unload_s
-        self._info = engine.info
-        load = engine.load
-        self._slots, self._max_waiting = load.slots, load.max_waiting
+        self._gate = gate
+        self.name = name  # for the log
+        if engine is not None:
+            self._info = engine.info
+            load = engine.load
+            self._slots, self._max_waiting = load.slots, load.max_waiting
+            caching = engine.prompt_cache is not None
+        else:
+            assert unloaded is not None, "an unloaded residency needs its model's facts"
+            self._info = unloaded.info
+            self._slots, self._max_waiting = unloaded.slots, unloaded.max_waiting
+            caching = unloaded.prompt_cache
         self._cache_before: PromptCacheStats | None = (
-            PromptCacheStats() if engine.prompt_cache is not None else None
+            PromptCacheStats() if caching else None
         )  # the counters of the engines closed so far
         self._cond = threading.Condition()
-        self._state = ModelState.LOADED
+        self._state = ModelState.LOADED if engine is not None else ModelState.UNLOADED
+        self._again = " again" if engine is not None else ""  # "" until a first load
         self._active = 0  # generations submitted and not finished (waiting ones included)
         self._pending: list[PendingStream] = []
         self._idle_since = time.monotonic()
+        self.last_used = self._idle_since  # the last request's start or end (the fleet's LRU)
         self._closing = False  # begin_shutdown() was called
         self._closed = False
         self._loads = 0
@@ -135,6 +174,12 @@ class ModelResidency:
     @property
     def state(self) -> ModelState:
         return self._state
+
+    @property
+    def busy(self) -> bool:
+        """Requests in flight or waiting, or a load or unload under way: not to be unloaded
+        (read without the lock: the fleet's snapshot; evict() checks again)."""
+        return self._active > 0 or self._state is not ModelState.LOADED
 
     @property
     def closing(self) -> bool:
@@ -207,6 +252,7 @@ class ModelResidency:
             if engine is None and error is not None and time.monotonic() < self._retry_at:
                 raise EngineUnavailable(error)
             self._active += 1
+            self.last_used = time.monotonic()
             if engine is None:
                 pending = PendingStream(
                     self, loop, (list(prompt_tokens), params, steering, tuple(save_points))
@@ -256,12 +302,39 @@ class ModelResidency:
 
     # the worker thread
 
+    def evict(self) -> bool:
+        """Unload now to make room for another model, if idle (False: it is not)."""
+        with self._cond:
+            engine = self._engine
+            if (
+                self._closing
+                or self._state is not ModelState.LOADED
+                or self._active > 0
+                or engine is None
+                or engine.failure is not None
+            ):
+                return False
+            self._state = ModelState.UNLOADING
+            self._engine = None
+        try:
+            self._unload(engine, "another model needs the memory", "the memory budget")
+        finally:
+            if self._gate is not None:  # before a request that came meanwhile asks it again
+                self._gate.release(self)
+            with self._cond:
+                self._state = ModelState.UNLOADED
+                self._cond.notify_all()  # that request loads it again
+        return True
+
     def _finished(self) -> None:
         with self._cond:
             self._active -= 1
-            if self._active == 0:
-                self._idle_since = time.monotonic()
+            idle = self._active == 0
+            if idle:
+                self._idle_since = self.last_used = time.monotonic()
                 self._cond.notify_all()
+        if idle and self._gate is not None:
+            self._gate.changed()  # outside the lock: the fleet's lock is taken before ours
 
     def _run(self) -> None:
         with self._cond:
@@ -277,30 +350,30 @@ class ModelResidency:
                 idle_for = time.monotonic() - self._idle_since
                 engine = self._engine
                 unloadable = (
-                    self._state is ModelState.LOADED
+                    self.idle_unload_s is not None
+                    and self._state is ModelState.LOADED
                     and self._active == 0
                     and engine is not None
                     and engine.failure is None  # a failed engine stays, and says so
                 )
-                if unloadable and idle_for >= self.idle_unload_s:
+                if unloadable and idle_for >= (self.idle_unload_s or 0.0):
                     self._state = ModelState.UNLOADING
                     engine, self._engine = self._engine, None
                     self._cond.release()
                     try:
-                        self._unload(engine, idle_for)
+                        self._unload(engine, f"no request for {idle_for:.0f} s", "--idle-unload")
+                        if self._gate is not None:
+                            self._gate.release(self)
                     finally:
                         self._cond.acquire()
                     self._state = ModelState.UNLOADED
                     continue
-                self._cond.wait(self.idle_unload_s - idle_for if unloadable else None)
+                wait = (self.idle_unload_s or 0.0) - idle_for if unloadable else None
+                self._cond.wait(wait)
 
-    def _unload(self, engine: Engine | None, idle_for: float) -> None:
+    def _unload(self, engine: Engine | None, why: str, rule: str) -> None:
         assert engine is not None
-        log.info(
-            "no request for %.0f s: unloading the model (--idle-unload); the next request "
-            "loads it again",
-            idle_for,
-        )
+        log.info("%s: unloading %s (%s); the next request loads it again", why, self.name, rule)
         started = time.perf_counter()
         stats = engine.prompt_cache
         engine.close()  # saves the conversations to the prompt cache, frees model and context
@@ -310,14 +383,22 @@ class ModelResidency:
                 self._cache_before = _added(self._cache_before, stats)
             self._unloads += 1
             self._last_unload_s = seconds
-        log.info("model unloaded in %.1f s", seconds)
+        log.info("%s unloaded in %.1f s", self.name, seconds)
 
     def _reload(self) -> None:
-        log.info("a request is waiting: loading the model again")
+        log.info("a request is waiting: loading %s%s", self.name, self._again)
+        try:
+            if self._gate is not None:
+                self._gate.acquire(self)  # room made, or waited for
+        except Exception as exc:  # the shutdown
+            self._load_failed(exc)
+            return
         started = time.perf_counter()
         try:
             engine = self._open_engine()
         except Exception as exc:  # reported to the waiting requests, recorded and logged
+            if self._gate is not None:
+                self._gate.release(self)
             self._load_failed(exc)
             return
         seconds = time.perf_counter() - started
@@ -328,12 +409,15 @@ class ModelResidency:
                 self._state = ModelState.LOADED
                 return
             self._engine = engine
+            self._info = engine.info  # as llama.cpp resolved it (the context's size)
             self._state = ModelState.LOADED
             self._loads += 1
             self._last_load_s = seconds
             self._load_error, self._failed_in_row = None, 0
             pending, self._pending = self._pending, []
-        log.info("model loaded again in %.1f s; %d request(s) were waiting", seconds, len(pending))
+        log.info("%s loaded%s in %.1f s; %d request(s) were waiting",
+                 self.name, self._again, seconds, len(pending))  # fmt: skip
+        self._again = " again"
         for stream in pending:
             stream.start(engine)
 
@@ -348,13 +432,24 @@ class ModelResidency:
             backoff = min(most, first * 2**self._failed_in_row)
             self._failed_in_row += 1
             self._load_failures += 1
-            self._load_error = f"The model could not be loaded again: {exc}"
+            name = self.name[0].upper() + self.name[1:]
+            self._load_error = f"{name} could not be loaded{self._again}: {exc}"
             self._retry_at = time.monotonic() + backoff
             error = self._load_error
-        log.error("loading the model again failed: %s; the next try in %g s at the earliest",
-                  exc, backoff)  # fmt: skip
+        log.error("loading %s%s failed: %s; the next try in %g s at the earliest",
+                  self.name, self._again, exc, backoff)  # fmt: skip
         for stream in pending:
             stream.fail(error)
+
+
+@dataclass(frozen=True, slots=True)
+class Unloaded:
+    """What is known of a model before its first load (its GGUF header, its settings)."""
+
+    info: ModelInfo
+    slots: int
+    max_waiting: int
+    prompt_cache: bool  # whether its engine keeps the disk prompt cache
 
 
 def _added(a: PromptCacheStats, b: PromptCacheStats) -> PromptCacheStats:

@@ -17,7 +17,7 @@ import math
 import signal
 import socket
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from types import FrameType
 from typing import Any
@@ -26,7 +26,7 @@ import uvicorn
 
 from server.engine.rpc.hosts import is_loopback
 from server.ops.healthcheck import ALL_INTERFACES, client_url
-from server.ops.runtime import Runtime
+from server.ops.runtime import Runtime, ServedModels
 from server.ops.settings import Settings
 
 log = logging.getLogger("gpt_oss_server")
@@ -94,7 +94,9 @@ def exposure_warning(host: str, has_api_key: bool) -> str | None:
     )
 
 
-def serve(app: Any, settings: Settings, runtime: Runtime, on_started: Callable[[], None]) -> None:
+def serve(
+    app: Any, settings: Settings, models: ServedModels, on_started: Callable[[], None]
+) -> None:
     """Run until SIGTERM or Ctrl-C, then drain (see the module docstring)."""
     warning = exposure_warning(settings.host, settings.api_key is not None)
 
@@ -113,10 +115,10 @@ def serve(app: Any, settings: Settings, runtime: Runtime, on_started: Callable[[
     server = GracefulServer(
         config,
         on_started=started,
-        stop_generations=runtime.engine.close,
+        stop_generations=models.close,
         grace_s=settings.shutdown_grace_s,
-        # requests waiting for the model to load again end at once, and the load stops
-        on_shutdown=runtime.residency.begin_shutdown if runtime.residency else None,
+        # requests waiting for a model to load end at once, and the loads stop
+        on_shutdown=models.begin_shutdown,
     )
     with _absorb_replayed_signals():
         server.run()
@@ -141,8 +143,9 @@ def _absorb_replayed_signals() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def banner(settings: Settings, runtime: Runtime) -> str:
-    """What the server says once it listens: model, placement, URL, a snippet to paste."""
+def banner(settings: Settings, runtime: Runtime, others: Sequence[Runtime] = ()) -> str:
+    """What the server says once it listens: model (and the others it serves), placement, URL,
+    a snippet to paste."""
     info = runtime.engine.info
     url = client_url(settings.host, settings.port)
     placement = runtime.placement.summary if runtime.placement else "see the log above"
@@ -153,6 +156,10 @@ def banner(settings: Settings, runtime: Runtime) -> str:
         f"  file       {info.path}",
         f"  context    {info.n_ctx} tokens (trained for {info.n_ctx_train})",
         f"  placement  {placement}",
+        *(
+            f"  also       {other.model_name}: {other.engine.info.path} (loaded on demand)"
+            for other in others
+        ),
         f"  API        {url}{where}: /chat/completions, /responses, /models (and /health)",
         f"  chat page  {url.removesuffix('/v1')}/ (in a browser)",
         "Try it:",

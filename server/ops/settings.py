@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BeforeValidator, Field, SecretStr, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
@@ -44,6 +44,16 @@ def _name_list(value: object) -> object:
     if not isinstance(items, list | tuple):
         return value  # pydantic reports the type error
     return tuple(dict.fromkeys(str(item).strip().lower() for item in items if str(item).strip()))
+
+
+def _model_list(value: object) -> object:
+    """--model A --model B (the flag repeated: the values come comma-joined), --model A,B, a
+    variable, or a TOML list: a tuple of specs, each once."""
+    if isinstance(value, str):
+        value = value.split(",")
+    if isinstance(value, list | tuple):
+        return tuple(dict.fromkeys(str(item).strip() for item in value if str(item).strip()))
+    return value  # pydantic reports the type error
 
 
 def _alias_list(value: object) -> object:
@@ -98,6 +108,29 @@ def default_prompt_cache_dir() -> Path:
     return default_cache_dir() / "kv"
 
 
+class ModelOptions(BaseModel):
+    """The settings one served model may set for itself (the config file's `[models.NAME]`
+    tables); the others are the server's, shared by every model."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    served_model_name: str | None = None
+    model_aliases: Annotated[tuple[str, ...] | None, BeforeValidator(_alias_list)] = None
+    n_ctx: int | None = Field(None, ge=0)
+    n_slots: int | None = Field(None, ge=1, le=64)
+    max_waiting: int | None = Field(None, ge=0)
+    n_threads: int | None = Field(None, ge=1)
+    n_threads_batch: int | None = Field(None, ge=1)
+    n_gpu_layers: Annotated[int, Field(ge=-1)] | Literal["auto", "all"] | None = None
+    cpu_moe: bool | None = None
+    n_cpu_moe: int | None = Field(None, ge=0)
+    speculative: Literal["auto", "on", "off"] | None = None
+    draft_max: int | None = Field(None, ge=0, le=64)
+    batch_invariant: bool | None = None
+    swa_full: bool | None = None
+    idle_unload: Annotated[float | None, BeforeValidator(parse_duration)] = Field(None, gt=0)
+
+
 class Settings(BaseSettings):
     """Everything the server can be told."""
 
@@ -110,10 +143,41 @@ class Settings(BaseSettings):
         description="TOML file of settings, keyed by these options' names (n_ctx = 65536); "
         "flags and GPT_OSS_* variables win over it.",
     )
-    model: str = Field(
-        "gpt-oss-20b",
+    model: Annotated[tuple[str, ...], NoDecode, BeforeValidator(_model_list)] = Field(
+        ("gpt-oss-20b",),
+        min_length=1,
         description="Catalog alias (gpt-oss-20b, gpt-oss-120b), a path to a .gguf file, or a "
-        "Hugging Face repo as owner/name[:file.gguf].",
+        "Hugging Face repo as owner/name[:file.gguf]. Repeat it to serve several models: a "
+        "request's `model` picks one, loaded on demand within --models-memory (the first is "
+        "loaded at start and answers requests that name no model).",
+    )
+    models_dir: Path | None = Field(
+        None,
+        description="Serve every gpt-oss GGUF in this directory too (each under its file name "
+        "without .gguf; a split model by its first part), after the --model ones.",
+    )
+    models_memory_gb: float | None = Field(
+        None,
+        gt=0,
+        description="With several models: the memory (GiB) the models loaded together may take, "
+        "each counted by its estimate from its GGUF header at its context (weights, KV cache, "
+        "compute buffer). Default: the GPUs' free memory at start, less --gpu-margin-mb each; "
+        "without a GPU, the system memory available at start less 1 GiB. A model that needs "
+        "more than the whole budget loads alone. The least recently used idle model is "
+        "unloaded to make room; one with requests in flight never is.",
+    )
+    models_max: int | None = Field(
+        None,
+        ge=1,
+        description="With several models: the most loaded at once (default: as many as "
+        "--models-memory holds).",
+    )
+    models: dict[str, ModelOptions] = Field(
+        default_factory=dict,
+        description="Per-model settings, in the config file as [models.NAME] tables (NAME: the "
+        "--model value or the model's id): n_ctx, n_slots, max_waiting, n_threads, "
+        "n_threads_batch, n_gpu_layers, cpu_moe, n_cpu_moe, speculative, draft_max, "
+        "batch_invariant, swa_full, idle_unload, served_model_name, model_aliases.",
     )
     served_model_name: str | None = Field(
         None, description="Model id reported by /v1/models; default: the alias or file name."
@@ -475,6 +539,16 @@ class Settings(BaseSettings):
     def today(self) -> str:
         """The date of a new conversation's system message: conversation_date, else today."""
         return (self.conversation_date or datetime.date.today()).isoformat()
+
+    def model_options(self, *names: str) -> ModelOptions | None:
+        """The `[models.NAME]` table of the first of `names` that has one."""
+        return next((self.models[name] for name in names if name in self.models), None)
+
+    def for_model(self, options: ModelOptions | None) -> Settings:
+        """These settings with one model's own (its `[models.NAME]` table) over them."""
+        if options is None:
+            return self
+        return self.model_copy(update=options.model_dump(exclude_unset=True))
 
     @property
     def state_dir(self) -> Path:

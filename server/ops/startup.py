@@ -1,29 +1,41 @@
-"""Start-up: Settings -> a Runtime: resolve the model, connect RPC hosts, place it, load it;
-with --idle-unload, the residency that unloads it when idle and loads it again (placed anew)."""
+"""Start-up: Settings -> the served models: resolve each model, connect RPC hosts, place it, load
+it; with --idle-unload, the residency that unloads it when idle and loads it again (placed
+anew). With several models (--model repeated, --models-dir): the first is loaded, the others
+are checked (their header and vocabulary) and load on demand, all under one memory budget
+(server.ops.fleet), each with its own settings from the config file's [models.NAME] table."""
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+import psutil
 from openai_harmony import HarmonyEncoding
 
 from server.contracts.errors import PlacementError, StartupError
-from server.engine.base import Engine, EngineConfig, SamplingHook
+from server.engine.base import Engine, EngineConfig, ModelInfo, SamplingHook
 from server.engine.llama import LlamaEngine
 from server.engine.loading import offload
-from server.engine.loading.gguf_header import GGUFFormatError, vocabulary_bytes
-from server.engine.loading.placement import Placement, PlacementOptions
+from server.engine.loading.gguf_header import (
+    GGUFFormatError,
+    read_metadata,
+    read_tensor_infos,
+    split_paths,
+    vocabulary_bytes,
+)
+from server.engine.loading.placement import ContextShape, Placement, PlacementOptions
 from server.engine.loading.vocabulary import Vocabulary
 from server.engine.rpc import backend as rpc
 from server.engine.rpc.hosts import RpcError
 from server.harmony import tokens
 from server.harmony.encoding import load_encoding
-from server.ops.model_source import resolve_model
-from server.ops.residency import ModelResidency
-from server.ops.runtime import Runtime
+from server.ops.fleet import ModelFleet
+from server.ops.model_source import ResolvedModel, model_name, resolve_model
+from server.ops.residency import ModelResidency, Unloaded
+from server.ops.runtime import Runtime, ServedModels
 from server.ops.settings import Settings
 from server.private_files import PrivatePathError, private_dir
 
@@ -68,9 +80,195 @@ def connect_rpc_hosts(settings: Settings) -> None:
         log.info("RPC host %s: device %s", device.endpoint, device.name)
 
 
+GIB = 1024**3
+SYSTEM_MARGIN_BYTES = GIB  # system memory the automatic budget leaves free without a GPU
+
+
+def load_models(settings: Settings, sampling_hook: SamplingHook | None = None) -> ServedModels:
+    """Every model the settings name: one as a single-model server always served it (any
+    name accepted); several under one memory budget."""
+    specs = model_specs(settings)
+    if len(specs) == 1:
+        own = settings.for_model(settings.model_options(specs[0]))
+        one = own.model_copy(update={"model": (specs[0],)})
+        return ServedModels((load_runtime(one, sampling_hook),))
+    models = [(spec, resolve_model(spec, settings.download_dir)) for spec in specs]
+    encoding = load_encoding(
+        settings.cache_dir / "vocab", lambda: vocabulary_bytes(models[0][1].path)
+    )
+    connect_rpc_hosts(settings)
+    fleet = ModelFleet(memory_budget(settings), settings.models_max)
+    log.info(
+        "%d models, loaded on demand within %.1f GiB%s",
+        len(models),
+        fleet.budget_bytes / GIB,
+        f", at most {settings.models_max} at once" if settings.models_max else "",
+    )
+    runtimes: list[Runtime] = []
+    try:
+        for index, (spec, model) in enumerate(models):
+            own = model_settings(settings, spec, model, first=index == 0)
+            runtime = served_runtime(
+                own, model, encoding, fleet, load_now=index == 0, sampling_hook=sampling_hook
+            )
+            runtimes.append(runtime)
+    except BaseException:
+        for runtime in runtimes:
+            runtime.close()
+        raise
+    return ServedModels(tuple(distinct_names(runtimes)), fleet)
+
+
+def model_specs(settings: Settings) -> list[str]:
+    """The --model values (unless only --models-dir was given), then the directory's models."""
+    given = "model" in settings.model_fields_set or settings.models_dir is None
+    specs = list(settings.model) if given else []
+    if settings.models_dir is not None:
+        specs += [str(path) for path in directory_models(settings.models_dir)]
+    if not specs:
+        raise StartupError(f"--models-dir {settings.models_dir}: no .gguf file in it")
+    return list(dict.fromkeys(specs))
+
+
+def directory_models(directory: Path) -> list[Path]:
+    """The GGUF files of a directory, a split model by its first part only."""
+    if not directory.is_dir():
+        raise StartupError(f"--models-dir {directory} is not a directory")
+    files = sorted(p for p in directory.iterdir() if p.suffix == ".gguf" and p.is_file())
+    return [p for p in files if split_paths(p)[0] == p]
+
+
+def model_settings(settings: Settings, spec: str, model: ResolvedModel, *, first: bool) -> Settings:
+    """The settings one model is served with: the server's, its [models.NAME] table over them;
+    --served-model-name and --model-aliases name the first model only."""
+    options = settings.model_options(spec, model.name, model_name(spec))
+    own = settings.for_model(options)
+    if first:
+        return own
+    named = options.model_fields_set if options is not None else set()
+    return own.model_copy(
+        update={
+            "served_model_name": own.served_model_name if "served_model_name" in named else None,
+            "model_aliases": own.model_aliases if "model_aliases" in named else None,
+        }
+    )
+
+
+def served_runtime(
+    settings: Settings,
+    model: ResolvedModel,
+    encoding: HarmonyEncoding,
+    fleet: ModelFleet,
+    *,
+    load_now: bool,
+    sampling_hook: SamplingHook | None,
+) -> Runtime:
+    """One of several models: its residency in the fleet, loaded now (the first) or checked
+    (header, vocabulary) and loaded when a request names it."""
+    config = engine_config(settings, model.path)
+    check_prompt_cache_dir(config)
+    name = settings.served_model_name or model.name
+    cost = memory_estimate(config)
+    try:
+        vocabulary = Vocabulary(str(model.path))
+    except RuntimeError as exc:
+        raise StartupError(str(exc)) from exc
+    check_vocabulary(vocabulary.token_text, vocabulary.n_vocab, encoding)
+    engine: Engine | None = None
+    placement: Placement | None = None
+    if load_now:
+        engine, placement = load_engine(settings, config, sampling_hook)
+        info = engine.info
+    else:
+        info = header_info(config, vocabulary.n_vocab)
+    unloaded = Unloaded(info, settings.n_slots, settings.max_waiting, settings.prompt_cache)
+
+    def reload() -> Engine:
+        """Placed anew (by the memory free now)."""
+        engine, runtime.placement = load_engine(
+            settings, config, sampling_hook, abort=lambda: residency.closing
+        )
+        return engine
+
+    residency = ModelResidency(
+        engine, reload, vocabulary, settings.idle_unload, unloaded=unloaded, gate=fleet, name=name
+    )
+    fleet.add(residency, cost, loaded=load_now)
+    log.info("%s: %s, ≈%.2f GiB at its context%s", name, model.path, cost / GIB,
+             "" if load_now else " (loaded on demand)")  # fmt: skip
+    aliases = model_aliases(settings, info.n_params)
+    runtime = Runtime(residency, encoding, name, placement, aliases, residency)
+    return runtime
+
+
+def distinct_names(runtimes: list[Runtime]) -> list[Runtime]:
+    """Each name picks one model: two models of one id are refused; an alias another model
+    has (two files of one size) stays with the first that has it."""
+    taken: dict[str, str] = {}
+    for runtime in runtimes:
+        if runtime.model_name in taken:
+            raise StartupError(
+                f"two models are named {runtime.model_name!r}: give one another id with "
+                "served_model_name in its [models.NAME] table of the config file"
+            )
+        taken[runtime.model_name] = runtime.model_name
+    for runtime in runtimes:
+        kept = []
+        for alias in runtime.aliases:
+            owner = taken.setdefault(alias, runtime.model_name)
+            if owner == runtime.model_name:
+                kept.append(alias)
+            else:
+                log.warning("%s: the name %r is %s's already", runtime.model_name, alias, owner)
+        runtime.aliases = tuple(kept)
+    return runtimes
+
+
+def memory_budget(settings: Settings) -> int:
+    """--models-memory-gb, else the GPUs' free memory less the margin (the placement's
+    measure), else the system memory available less SYSTEM_MARGIN_BYTES."""
+    if settings.models_memory_gb is not None:
+        return int(settings.models_memory_gb * GIB)
+    gpus = offload.gpu_devices()
+    margin = settings.gpu_margin_mb * 1024**2
+    if gpus:
+        return sum(max(0, gpu.free - margin) for gpu in gpus)
+    return max(0, psutil.virtual_memory().available - SYSTEM_MARGIN_BYTES)
+
+
+def memory_estimate(config: EngineConfig) -> int:
+    """What the model takes loaded, by the placement's estimate from its GGUF header: weights,
+    KV cache and compute buffer at its context."""
+    context = ContextShape(config.n_ctx, config.n_ubatch, config.n_slots, config.swa_full,
+                           config.flash_attn != "off")  # fmt: skip
+    try:
+        footprint = offload.model_footprint(Path(config.model_path), context)
+    except (OSError, GGUFFormatError) as exc:
+        raise PlacementError(f"cannot measure {config.model_path}: {exc}") from exc
+    return footprint.total + footprint.compute
+
+
+def header_info(config: EngineConfig, n_vocab: int) -> ModelInfo:
+    """A model's facts from its GGUF header, until its first load tells llama.cpp's."""
+    path = Path(config.model_path)
+    tensors = [t for part in split_paths(path) for t in read_tensor_infos(part)]
+    meta = read_metadata(path, ["general.size_label", "gpt-oss.context_length"])
+    n_ctx_train = int(meta.get("gpt-oss.context_length", 0))
+    size_label = str(meta.get("general.size_label", ""))
+    return ModelInfo(
+        path=str(path),
+        description=f"gpt-oss {size_label}".strip(),
+        n_ctx=config.n_ctx or n_ctx_train,
+        n_ctx_train=n_ctx_train,
+        n_vocab=n_vocab,
+        n_params=sum(math.prod(t.shape) for t in tensors),
+        size_bytes=sum(t.n_bytes for t in tensors),
+    )
+
+
 def load_runtime(settings: Settings, sampling_hook: SamplingHook | None = None) -> Runtime:
     """Resolve (and download) the model, load the vocabulary and the engine."""
-    model = resolve_model(settings.model, settings.download_dir)
+    model = resolve_model(settings.model[0], settings.download_dir)
     encoding = load_encoding(settings.cache_dir / "vocab", lambda: vocabulary_bytes(model.path))
     config = engine_config(settings, model.path)
     engine, placement = start_engine(settings, config, sampling_hook)
@@ -190,8 +388,15 @@ def place_model(config: EngineConfig, settings: Settings) -> Placement:
 
 def check_token_ids(engine: Engine, encoding: HarmonyEncoding) -> None:
     """The model's vocabulary must give harmony's special tokens harmony's ids."""
+    check_vocabulary(engine.token_text, engine.info.n_vocab, encoding)
+
+
+def check_vocabulary(
+    token_text: Callable[[int], str], n_vocab: int, encoding: HarmonyEncoding
+) -> None:
+    """check_token_ids() on a vocabulary alone."""
     for token_id, text in HARMONY_SPECIALS.items():
-        in_model = engine.token_text(token_id) if token_id < engine.info.n_vocab else None
+        in_model = token_text(token_id) if token_id < n_vocab else None
         in_harmony = encoding.decode_utf8([token_id])
         if in_model != text or in_harmony != text:
             raise StartupError(

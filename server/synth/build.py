@@ -2,7 +2,8 @@
 the real vocabulary (vocab.py), and random weights (deterministic for a seed) sized so that
 activations and logits stay finite.
 
-Presets: ``tiny`` (a few tens of MB: a smoke test of a build, the test suite's engine) and
+Presets: ``tiny`` (a few tens of MB: a smoke test of a build, the test suite's engine),
+``tiny-wide`` (as small, another shape: the second model of the several-models tests) and
 ``20b`` (gpt-oss-20b's exact shapes and tensor types, about 12 GB, written streaming one tensor
 at a time: speed benchmarks at the real model's cost).
 """
@@ -28,6 +29,7 @@ logger = logging.getLogger(__name__)
 
 PRESETS: dict[str, Shape] = {
     "tiny": Shape("tiny", 2, 64, 4, 2, 16, 4, 2, 64),
+    "tiny-wide": Shape("tiny-wide", 3, 128, 4, 2, 32, 4, 2, 128),  # another shape, as small
     "20b": gpt_oss.GPT_OSS_20B,
 }
 

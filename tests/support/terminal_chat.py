@@ -44,7 +44,9 @@ def main(argv: list[str]) -> None:
             hook.prompts_file = Path(prompts)
             for text in json.loads(Path(scripts).read_text()):
                 hook.push(text)
-            settings = self.model_copy(update={"model": self.model_arg}) if self.model_arg else self
+            settings = (
+                self.model_copy(update={"model": (self.model_arg,)}) if self.model_arg else self
+            )
             sys.exit(run_chat(settings, self.url, self.system, sampling_hook=hook))
 
     CliApp.run(ScriptedRun, cli_args=flags)

@@ -19,6 +19,7 @@ from server.api.chat.adapter import (
 from server.api.chat.choices import folded, merged_stream
 from server.api.chat.emitter import ChatEmitter, ChatEvent, ChatFailed, ChunkFactory, encode, fold
 from server.api.chat.schemas import ChatCompletionRequest
+from server.api.model_choice import chosen, loading_notice
 from server.api.response_fields import new_id, now
 from server.api.sse import sse_response
 from server.api.stream_run import StreamRun, respond_all
@@ -36,7 +37,8 @@ router = APIRouter(route_class=UnicodeRoute)  # no lone surrogate in a body (uni
 @router.post("/v1/chat/completions", response_model=None)
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
     settings: Settings = request.app.state.settings
-    generator: Generator = request.app.state.generator
+    served = chosen(request, body.model)
+    generator = served.generator
     transcript = to_transcript(body, settings.reasoning_effort, settings.today())
     shown = reasoning_view(body, settings.reasoning_visibility)
     n = body.n or 1
@@ -53,7 +55,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     except ServerError as exc:
         raise exc.named(WIRE_NAMES) from None
     chat_id = new_id("chatcmpl-")
-    created, model = now(), body.model or request.app.state.model_name
+    created, model = now(), served.echo(body.model)
     emitters = [
         ChatEmitter(
             ChunkFactory(chat_id, created, model, index),
@@ -73,7 +75,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     if n == 1:
         run, emitter = runs[0], emitters[0]
         if body.stream:
-            return await run.stream(encode, keepalive_s=None)
+            return loading_notice(await run.stream(encode, keepalive_s=None), served)
         return await run.respond(request, lambda events: fold(events, emitter))
     if body.stream:
 
@@ -81,7 +83,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
             async for event in merged_stream([r.events() for r in runs], emitters):
                 yield encode(event)
 
-        return sse_response(encoded())
+        return loading_notice(sse_response(encoded()), served)
     return await respond_all(
         request,
         runs,

@@ -37,6 +37,7 @@ from server.api.completions.emitter import (
 )
 from server.api.completions.schemas import Completion, CompletionRequest, CompletionUsage
 from server.api.logprobs import LegacyLogprobs, TextOffsets, legacy
+from server.api.model_choice import chosen, loading_notice
 from server.api.response_fields import new_id, now
 from server.api.stream_run import StreamRun, respond_all
 from server.api.unicode_body import UnicodeRoute
@@ -51,7 +52,8 @@ router = APIRouter(route_class=UnicodeRoute)  # no lone surrogate in a body (uni
 
 @router.post("/v1/completions", response_model=None)
 async def completions(body: CompletionRequest, request: Request) -> Response:
-    generator: Generator = request.app.state.generator
+    served = chosen(request, body.model)
+    generator = served.generator
     try:
         check_supported(body)
         prompts = prompt_tokens(body, generator.encoding)
@@ -59,7 +61,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     except ServerError as exc:
         raise exc.named(WIRE_NAMES) from None
     vocab = generator.token_bytes
-    identity = Identity(new_id("cmpl-"), now(), body.model or request.app.state.model_name)
+    identity = Identity(new_id("cmpl-"), now(), served.echo(body.model))
     prefixes = [vocab_text(vocab, run.prompt_tokens) if body.echo else "" for run in runs]
     emitters = [
         CompletionsEmitter(
@@ -78,7 +80,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
         for run, emitter in zip(runs, emitters, strict=True)
     ]
     if body.stream:
-        return await streams[0].stream(encode, keepalive_s=None)
+        return loading_notice(await streams[0].stream(encode, keepalive_s=None), served)
 
     def folded(events: list[list[CompletionEvent]]) -> Completion:
         return _body(identity, runs, emitters, prefixes, events)

@@ -34,13 +34,13 @@ from server.api.messages.schemas import (
     TokenCount,
 )
 from server.api.messages.signature import ThinkingSigner
+from server.api.model_choice import chosen, loading_notice
 from server.api.response_fields import new_id
 from server.api.sse import sse_typed
 from server.api.stream_run import Ended, StreamRun
 from server.api.unicode_body import UnicodeRoute
 from server.contracts.errors import ContextLengthExceeded, ServerError
 from server.contracts.transcript import Transcript
-from server.core.generation import Generator
 from server.ops.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,8 @@ class MessagesState:
 @router.post("/v1/messages", response_model=None)
 async def create_message(body: MessagesRequest, request: Request) -> Response:
     settings: Settings = request.app.state.settings
-    generator: Generator = request.app.state.generator
+    served = chosen(request, body.model)
+    generator = served.generator
     state: MessagesState = request.app.state.messages
     shown = reasoning_view(body, settings.reasoning_visibility)
     try:
@@ -74,7 +75,7 @@ async def create_message(body: MessagesRequest, request: Request) -> Response:
         raise exc.named(WIRE_NAMES) from None
     emitter = MessagesEmitter(
         new_id("msg_"),
-        body.model or request.app.state.model_name,
+        served.echo(body.model),
         input_tokens=len(prepared.prompt_tokens),
         signer=state.signer,
         message_start=list(generator.renderer.assistant_start),
@@ -88,7 +89,7 @@ async def create_message(body: MessagesRequest, request: Request) -> Response:
         finish=partial(_log_usage, emitter.message_id),
     )
     if body.stream:
-        return await run.stream(sse_typed, state.ping_s)
+        return loading_notice(await run.stream(sse_typed, state.ping_s), served)
     return await run.respond(request, _body)
 
 
@@ -96,7 +97,7 @@ async def create_message(body: MessagesRequest, request: Request) -> Response:
 async def count_tokens(body: CountTokensRequest, request: Request) -> Response:
     """The prompt's length in tokens, rendered exactly as /v1/messages would render it."""
     settings: Settings = request.app.state.settings
-    generator: Generator = request.app.state.generator
+    generator = chosen(request, body.model).generator
     state: MessagesState = request.app.state.messages
     try:
         transcript = _transcript(body, settings, state)

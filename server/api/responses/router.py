@@ -17,6 +17,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from server.api.model_choice import chosen, loading_notice
 from server.api.response_fields import new_id, now
 from server.api.responses.adapter import (
     WIRE_NAMES,
@@ -105,7 +106,8 @@ class ResponsesState:
 @router.post("/v1/responses", response_model=None)
 async def create_response(body: ResponsesRequest, request: Request) -> Response:
     settings: Settings = request.app.state.settings
-    generator: Generator = request.app.state.generator
+    served = chosen(request, body.model)
+    generator = served.generator
     state: ResponsesState = request.app.state.responses
     earlier = await _earlier(state, body.previous_response_id)
     date = state.conversation_date(body.prompt_cache_key, earlier, settings.today())
@@ -136,9 +138,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
         prepared = generator.prepare(transcript, options, server_tools)
     except ServerError as exc:
         raise exc.named(WIRE_NAMES) from None
-    base = _base_response(
-        body, transcript, prepared, request.app.state.model_name, response_id=response_id
-    )
+    base = _base_response(body, transcript, prepared, served.name, response_id=response_id)
     vocab = generator.token_bytes if wants_logprobs(body) else None
     emitter = ResponsesEmitter(
         base,
@@ -157,7 +157,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
         prepared, emitter, name=f"response {base.id}", finish=finisher
     )
     if body.stream:
-        return await run.stream(SharedField("response"), state.keepalive_s)
+        return loading_notice(await run.stream(SharedField("response"), state.keepalive_s), served)
     return await run.respond(request, _body)
 
 

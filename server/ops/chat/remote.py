@@ -36,15 +36,17 @@ class RemoteChat:
     """A gpt-oss-server (or another server with the same API) reached over HTTP. Build it on
     the event loop that runs its turns, then `await connect()`."""
 
-    def __init__(self, url: str, api_key: str | None) -> None:
+    def __init__(self, url: str, api_key: str | None, model: str | None = None) -> None:
         self.url = api_root(url)
+        self._wanted = model  # a name of one of the server's models; None: its first
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         timeout = httpx.Timeout(CONNECT_TIMEOUT_S, read=None)  # a long prefill sends nothing
         self._client = httpx.AsyncClient(base_url=self.url, headers=headers, timeout=timeout)
         self.model_name = ""
 
     async def connect(self) -> str:
-        """Ask the server for its model (ChatConnectError when it cannot be used)."""
+        """Ask the server for its models and take the one wanted, or its first
+        (ChatConnectError when it cannot be used, or serves no model of the wanted name)."""
         try:
             response = await self._client.get("/models")
         except httpx.HTTPError as exc:
@@ -52,10 +54,17 @@ class RemoteChat:
         if response.status_code != 200:
             raise ChatConnectError(f"{self.url}/models: {_error_message(response)}")
         try:
-            models = response.json()["data"]
-            self.model_name = str(models[0]["id"])
+            models = [str(model["id"]) for model in response.json()["data"]]
+            self.model_name = models[0]
         except (ValueError, KeyError, IndexError, TypeError) as exc:
             raise ChatConnectError(f"{self.url}/models lists no model") from exc
+        if self._wanted is not None:
+            if self._wanted not in models:
+                raise ChatConnectError(
+                    f"{self.url} serves no model named {self._wanted!r}; it serves: "
+                    f"{', '.join(models)}"
+                )
+            self.model_name = self._wanted
         return self.model_name
 
     async def turn(self, conversation: Conversation, prompt: str) -> AsyncIterator[TurnEvent]:

@@ -299,9 +299,10 @@ def _open(
         from server.ops.chat.remote import ChatConnectError, RemoteChat
 
         key = settings.api_key.get_secret_value() if settings.api_key else None
+        wanted = settings.model[0] if "model" in settings.model_fields_set else None
 
         async def connect() -> RemoteChat:
-            chat = RemoteChat(url, key)
+            chat = RemoteChat(url, key, wanted)
             try:
                 await chat.connect()
             except ChatConnectError:

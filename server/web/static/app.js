@@ -19,6 +19,7 @@ const page = {
   facts: null,
   asking: null,
   server: null,
+  model: null,  // the model chosen in the menu (several served), else the server's
 };
 
 /** Settings for a new conversation: the server's defaults, then what was chosen last. */
@@ -65,11 +66,32 @@ async function loadFacts() {
     page.facts = await page.server.loadFacts();
     page.server.setStatus('ok');
     $('model-name').textContent = page.facts.model;
+    renderModels();
     renderTools();
   } catch (error) {
     page.server.setStatus(error.status === 401 ? 'locked' : 'down');
     if (error.status === 401) await askKey();
   }
+}
+
+/** The models menu, when the server serves several (/v1/server's `models`); the choice is
+ * what requests name (`facts.chosen`). */
+function renderModels() {
+  const select = $('model-choice');
+  const models = page.facts.models || [];
+  const several = models.length > 1;
+  select.hidden = !several;
+  $('model-name').hidden = several;
+  if (!models.some((m) => m.id === page.model)) page.model = page.facts.model;
+  page.facts.chosen = page.model;
+  if (!several) return;
+  select.replaceChildren(...models.map((m) => h('option', { value: m.id, text: m.id })));
+  select.value = page.model;
+}
+
+function chooseModel(id) {
+  page.model = id;
+  if (page.facts) page.facts.chosen = id;
 }
 
 // Conversations --------------------------------------------------------------------------------
@@ -187,7 +209,7 @@ function requestBody(conversation) {
     reasoning: { effort: s.effort },
     temperature: Number(s.temperature),
   };
-  if (page.facts) body.model = page.facts.model;
+  if (page.facts) body.model = page.facts.chosen || page.facts.model;
   return body;
 }
 
@@ -344,6 +366,7 @@ function bind() {
   for (const button of document.querySelectorAll('[data-close]')) button.addEventListener('click', closeDrawers);
   document.addEventListener('keydown', (event) => { if (event.key === 'Escape') { closeDrawers(); closeSidebar(); } });
   $('effort').addEventListener('change', (event) => changeSetting('effort', event.target.value));
+  $('model-choice').addEventListener('change', (event) => chooseModel(event.target.value));
   $('instructions').addEventListener('change', (event) => changeSetting('instructions', event.target.value));
   $('temperature').addEventListener('input', (event) => {
     $('temperature-value').textContent = Number(event.target.value).toFixed(2);

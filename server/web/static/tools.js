@@ -56,7 +56,7 @@ export function responsesBody(conversation, tools, facts) {
   };
   if (facts && facts.reasoning_visibility === 'summary') body.reasoning.summary = 'auto';
   if (s.instructions.trim()) body.instructions = s.instructions;
-  if (facts) body.model = facts.model;
+  if (facts) body.model = facts.chosen || facts.model;
   return body;
 }
 

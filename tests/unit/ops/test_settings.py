@@ -38,7 +38,7 @@ def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("GPT_OSS_MODEL", "GPT_OSS_PORT", "GPT_OSS_N_CTX"):
         monkeypatch.delenv(name, raising=False)
     settings = Settings()
-    assert settings.model == "gpt-oss-20b"
+    assert settings.model == ("gpt-oss-20b",)
     assert settings.host == "127.0.0.1"
     assert settings.port == 8000
     assert settings.use_mmap is False
@@ -86,7 +86,7 @@ def test_config_file_named_by_the_environment(
     config = write_config(tmp_path, 'model = "gpt-oss-120b"\ncpu_moe = true\nn_ctx = 8192\n')
     monkeypatch.setenv("GPT_OSS_CONFIG", str(config))
     settings = Settings()
-    assert (settings.model, settings.cpu_moe, settings.n_ctx) == ("gpt-oss-120b", True, 8192)
+    assert (settings.model, settings.cpu_moe, settings.n_ctx) == (("gpt-oss-120b",), True, 8192)
     assert parse_serve(["--n-ctx", "4096"]).n_ctx == 4096
 
 
@@ -220,3 +220,39 @@ def test_every_cache_directory_follows_xdg_cache_home(
         assert settings.cache_dir == expected / "gpt-oss-server"
         assert settings.prompt_cache_dir == expected / "gpt-oss-server" / "kv"
         assert models.default_cache_dir() == expected / "gpt-oss-server" / "synthetic"
+
+
+def test_model_repeated_gives_several() -> None:
+    settings = parse_serve(["--model", "gpt-oss-20b", "--model", "/models/b.gguf"])
+    assert settings.model == ("gpt-oss-20b", "/models/b.gguf")
+    assert parse_serve(["--model", "/models/b.gguf"]).model == ("/models/b.gguf",)
+
+
+def test_per_model_settings_come_from_the_config_file(tmp_path: Path) -> None:
+    config = tmp_path / "server.toml"
+    config.write_text(
+        'model = ["gpt-oss-20b", "b.gguf"]\nn_ctx = 8192\n'
+        '[models.b]\nn_ctx = 2048\nspeculative = "off"\nidle_unload = "5m"\n',
+        encoding="utf-8",
+    )
+    settings = parse_serve(["--config", str(config)])
+    assert settings.model == ("gpt-oss-20b", "b.gguf")
+    own = settings.for_model(settings.model_options("b.gguf", "b"))
+    assert (own.n_ctx, own.speculative, own.idle_unload) == (2048, "off", 300.0)
+    assert own.n_slots == settings.n_slots  # what the table does not set is the server's
+    assert settings.for_model(settings.model_options("gpt-oss-20b")).n_ctx == 8192
+
+
+BAD_TABLES = [
+    ("bogus = 1", "models.b.bogus"),
+    ("n_ctx = -1", "models.b.n_ctx"),
+    ('speculative = "sometimes"', "models.b.speculative"),
+]
+
+
+@pytest.mark.parametrize(("table", "named"), BAD_TABLES)
+def test_a_bad_per_model_setting_is_named(tmp_path: Path, table: str, named: str) -> None:
+    config = tmp_path / "server.toml"
+    config.write_text(f"[models.b]\n{table}\n", encoding="utf-8")
+    with pytest.raises(ValidationError, match=named.replace(".", r"\.")):
+        parse_serve(["--config", str(config)])
