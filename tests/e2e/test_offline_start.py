@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -81,3 +82,19 @@ def test_the_address_checked_is_the_first_hop(
         monkeypatch.setenv(name, value)
     address = hub_address("https://hub.example.org")
     assert (address.host, address.port, address.via_proxy) == expected
+
+
+def test_huggingface_hub_warnings_are_printed_once() -> None:
+    """The library's own handler is taken off: its messages reach the log once, formatted."""
+    script = (
+        "from server.cli import configure_logging\n"
+        "configure_logging('info')\n"
+        "from huggingface_hub.utils import logging as hub_logging\n"
+        "hub_logging.get_logger('huggingface_hub.file_download').warning('SAID-ONCE')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], check=True, capture_output=True, text=True, timeout=120
+    )
+    output = done.stdout + done.stderr
+    assert output.count("SAID-ONCE") == 1, output
+    assert "WARNING huggingface_hub.file_download: SAID-ONCE" in output
