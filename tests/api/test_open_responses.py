@@ -1,0 +1,212 @@
+"""/v1/responses against the Open Responses specification (2026-04-24), as its validator sees it.
+
+Every body, streamed event and output item the specification defines is validated against the
+specification's own published schema (tests/support/open_responses.py), over the requests a
+client makes: text, reasoning, function calls, tool results, an incomplete response, a failed
+one; the reasoning events under both names (--responses-reasoning-events). Outputs are
+forced.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from devkit.forced import ForcedScript
+from server.api.responses.emitter import ResponsesEmitter
+from server.api.responses.schemas import ResponseObject
+from server.contracts.events import Finished, FinishReason, Usage
+from server.ops.runtime import Runtime
+from tests.support import open_responses as spec
+from tests.support.event_grammar import check_stream
+from tests.support.responses import MODEL, create, responses_client, sse_payloads
+from tests.support.scripts import GREETING, answer, call, reason_then_call
+
+WEATHER_TOOL = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+}
+BARE_TOOL = {"type": "function", "name": "get_time"}  # no description, parameters, strict
+
+
+@pytest.fixture(scope="module")
+def client(runtime: Runtime, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
+    with responses_client(runtime, tmp_path_factory.mktemp("store")) as test_client:
+        yield test_client
+
+
+@pytest.fixture(scope="module")
+def spec_client(runtime: Runtime, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
+    """A server that names the reasoning events as the specification does."""
+    store = tmp_path_factory.mktemp("spec-store")
+    with responses_client(
+        runtime, store, responses_reasoning_events="open-responses"
+    ) as test_client:
+        yield test_client
+
+
+def raw_stream(client: TestClient, **body: Any) -> list[dict[str, Any]]:
+    with client.stream(
+        "POST", "/v1/responses", json={"model": MODEL, "stream": True, **body}
+    ) as response:
+        assert response.status_code == 200, response.read()
+        return sse_payloads(response.iter_lines())
+
+
+def check_response(body: dict[str, Any]) -> None:
+    """A response object, and each of its output items as the item union it belongs to."""
+    spec.check("ResponseResource", body)
+    for item in body["output"]:
+        spec.check("ItemField", item)
+
+
+def check_streamed(events: list[dict[str, Any]]) -> None:
+    """Each event the specification defines, and the response every lifecycle event carries;
+    with OpenAI's names (the default) the raw reasoning's events are the only others."""
+    foreign = spec.check_events(events)
+    assert set(foreign) <= {"response.reasoning_text.delta", "response.reasoning_text.done"}
+    for event in events:
+        if "response" in event:
+            check_response(event["response"])
+        if "item" in event:
+            spec.check("ItemField", event["item"])
+
+
+@pytest.mark.parametrize(
+    ("script", "body"),
+    [
+        (answer("Plain text."), {"input": "Say something"}),
+        (GREETING, {"input": "Hi", "reasoning": {"effort": "low"}}),
+        (
+            reason_then_call("Need weather.", "get_weather", '{"city":"Paris"}'),
+            {"input": "Weather?", "tools": [WEATHER_TOOL, BARE_TOOL]},
+        ),
+        (
+            answer("It is sunny."),
+            {
+                "input": [
+                    {"type": "message", "role": "user", "content": "Weather in Paris?"},
+                    {
+                        "type": "function_call",
+                        "call_id": "call_1",
+                        "name": "get_weather",
+                        "arguments": '{"city":"Paris"}',
+                    },
+                    {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+                ],
+                "tools": [WEATHER_TOOL],
+                "instructions": "Be brief.",
+                "metadata": {"k": "v"},
+                "temperature": 0.7,
+                "top_p": 0.9,
+                "safety_identifier": "user-1",
+                "max_tool_calls": 3,
+            },
+        ),
+        (
+            "<|channel|>final<|message|>one two three four five six seven<|return|>",
+            {"input": "Count", "max_output_tokens": 4},
+        ),
+    ],
+    ids=["text", "reasoning", "function-call", "tool-result", "incomplete"],
+)
+def test_bodies_and_streams_conform(
+    client: TestClient, forced: ForcedScript, script: str, body: dict[str, Any]
+) -> None:
+    forced.push(script)
+    check_response(create(client, **body))
+    forced.push(script)
+    events = raw_stream(client, **body)
+    check_stream(events)
+    check_streamed(events)
+    terminal = events[-1]["type"]
+    assert terminal == (
+        "response.incomplete" if "max_output_tokens" in body else "response.completed"
+    )
+
+
+def test_the_echoed_fields_say_what_was_used(client: TestClient, forced: ForcedScript) -> None:
+    forced.push(call("get_time", "{}"))
+    body = create(
+        client,
+        input="Time?",
+        tools=[BARE_TOOL],
+        top_logprobs=2,
+        max_tool_calls=2,
+        safety_identifier="abc",
+        presence_penalty=0.5,
+        service_tier="priority",
+    )
+    assert body["tools"] == [
+        {"type": "function", "name": "get_time", "description": None, "parameters": None}
+        | {"strict": None}
+    ]
+    assert (body["top_logprobs"], body["max_tool_calls"], body["safety_identifier"]) == (
+        2,
+        2,
+        "abc",
+    )
+    # no penalty is applied, one tier is served, nothing runs in the background
+    assert (body["presence_penalty"], body["frequency_penalty"]) == (0.0, 0.0)
+    assert (body["service_tier"], body["background"]) == ("default", False)
+
+
+def test_reasoning_items_have_no_null_encrypted_content(
+    client: TestClient, forced: ForcedScript
+) -> None:
+    forced.push(GREETING)
+    events = raw_stream(client, input="Hi")
+    reasoning = [e["item"] for e in events if e.get("item", {}).get("type") == "reasoning"]
+    assert reasoning
+    assert all("encrypted_content" not in item for item in reasoning)
+    for item in reasoning:
+        spec.check("ReasoningBody", item)
+
+
+def test_background_is_refused(client: TestClient) -> None:
+    response = client.post("/v1/responses", json={"model": MODEL, "input": "x", "background": True})
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "background"
+
+
+def test_a_failed_response_conforms() -> None:
+    """The terminal a failed generation ends with (its events as the emitter makes them)."""
+    emitter = ResponsesEmitter(ResponseObject(id="resp_1", created_at=1, model=MODEL))
+    events = emitter.start()
+    events += emitter.feed(Finished(FinishReason.ERROR, Usage(prompt_tokens=3), error="boom"))
+    payloads = [event.model_dump(mode="json") for event in events]
+    assert payloads[-1]["type"] == "response.failed"
+    check_streamed(payloads)
+
+
+# ------------------------------------------------------------------- the specification's names
+
+
+def test_open_responses_names_for_reasoning_events(
+    spec_client: TestClient, forced: ForcedScript
+) -> None:
+    forced.push(GREETING)
+    events = raw_stream(spec_client, input="Hi")
+    types = [event["type"] for event in events]
+    assert "response.reasoning.delta" in types
+    assert "response.reasoning.done" in types
+    spec.check_events(events, all_spec=True)  # every event is one the specification defines
+    for event in events:
+        if "response" in event:
+            check_response(event["response"])
+    # the same stream as OpenAI names it, event for event
+    renamed = [
+        {**event, "type": event["type"].replace("response.reasoning.", "response.reasoning_text.")}
+        for event in events
+    ]
+    checked = check_stream(renamed)
+    assert checked.items[0]["content"][0]["text"] == "User greets. Reply briefly."
+
+
+def _user(text: str) -> dict[str, Any]:
+    return {"type": "message", "role": "user", "content": text}
