@@ -35,7 +35,8 @@ def document() -> dict[str, Any]:
 @cache
 def _registry() -> Registry[Any]:
     resource = Resource.from_contents(document(), default_specification=DRAFT202012)
-    return Registry().with_resource(DOCUMENT_URI, resource)
+    registry: Registry[Any] = Registry().with_resource(DOCUMENT_URI, resource)
+    return registry
 
 
 @cache

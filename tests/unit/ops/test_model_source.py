@@ -257,10 +257,14 @@ def test_tensor_infos_agree_with_the_builder(tiny_gguf: Path) -> None:
     assert all(0 <= i.n_bytes - s.nbytes < 32 for i, s in zip(infos, specs, strict=True))
 
 
+def no_wait(seconds: float) -> None:
+    pytest.fail(f"a wait of {seconds} s: the first connection should have been taken")
+
+
 def test_the_hub_reachable_on_a_listening_port() -> None:
     with socket.create_server(("127.0.0.1", 0)) as listening:
         port = listening.getsockname()[1]
-        hub_reachable(HubAddress("127.0.0.1", port), sleep=pytest.fail)
+        hub_reachable(HubAddress("127.0.0.1", port), sleep=no_wait)
 
 
 def test_a_closed_port_is_tried_again_then_final(caplog: pytest.LogCaptureFixture) -> None:
@@ -284,6 +288,6 @@ def test_refresh_offline_uses_the_cached_file(
     tiny_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fill_hf_cache(tmp_path, REPO_120B, dict.fromkeys(parts_120b(), tiny_gguf))
-    monkeypatch.setattr(model_source.hub_constants, "ENDPOINT", "https://hub.invalid")
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", "https://hub.invalid")
     model = resolve_model("120b", download_dir=tmp_path, refresh=True)
     assert model.path.name == parts_120b()[0]
