@@ -3,12 +3,13 @@
 Every body, streamed event and output item the specification defines is validated against the
 specification's own published schema (tests/support/open_responses.py), over the requests a
 client makes: text, reasoning, function calls, tool results, an incomplete response, a failed
-one; the reasoning events under both names (--responses-reasoning-events). Outputs are
-forced.
+one; the reasoning events under both names (--responses-reasoning-events); compaction
+(/v1/responses/compact) and token counting (/v1/responses/input_tokens). Outputs are forced.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -206,6 +207,134 @@ def test_open_responses_names_for_reasoning_events(
     ]
     checked = check_stream(renamed)
     assert checked.items[0]["content"][0]["text"] == "User greets. Reply briefly."
+
+
+# ---------------------------------------------------------------------------------- compaction
+
+
+def test_compaction_continues_the_conversation(
+    client: TestClient, forced: ForcedScript, encoding: Any
+) -> None:
+    tag = uuid.uuid4().hex[:8]
+    turns: list[dict[str, Any]] = []
+    for n in range(3):
+        forced.push(reason_then_call(f"Look {n}.", "get_weather", f'{{"city":"C{n}"}}'))
+        first = create(client, input=[*turns, _user(f"Weather {n} {tag}?")], tools=[WEATHER_TOOL])
+        call_item = first["output"][-1]
+        output = {"type": "function_call_output", "call_id": call_item["call_id"], "output": "hot"}
+        forced.push(answer(f"C{n} is hot."))
+        second = create(
+            client,
+            input=[*turns, _user(f"Weather {n} {tag}?"), *first["output"], output],
+            tools=[WEATHER_TOOL],
+        )
+        turns += [_user(f"Weather {n} {tag}?"), *first["output"], output, *second["output"]]
+    summary = f"SUMMARY-{tag}: C0, C1 and C2 are hot."
+    forced.push(answer(summary))
+    response = client.post(
+        "/v1/responses/compact",
+        json={"model": MODEL, "input": turns, "tools": [WEATHER_TOOL], "instructions": "Brief."},
+    )
+    assert response.status_code == 200, response.text
+    compacted = response.json()
+    spec.check("CompactResource", compacted)
+    asked = encoding.decode_utf8(forced.prompts[-1])
+    assert "Compact this conversation" in asked
+    assert "C2 is hot." in asked  # the model saw the whole conversation
+    output = compacted["output"]
+    assert [item["type"] for item in output] == ["message"] * 3 + ["compaction"]
+    assert [item["content"][0]["text"] for item in output[:3]] == [
+        f"Weather {n} {tag}?" for n in range(3)
+    ]
+    assert compacted["usage"]["input_tokens"] == len(forced.prompts[-1])
+    for item in output:
+        spec.check("ItemParam", item)  # usable as input, as the specification says
+
+    forced.push(answer("Yes, all hot."))
+    after = create(client, input=[*output, _user("All hot?")], tools=[WEATHER_TOOL])
+    assert after["output"][-1]["content"][0]["text"] == "Yes, all hot."
+    prompt = encoding.decode_utf8(forced.prompts[-1])
+    assert summary in prompt
+    assert "C1 is hot." not in prompt  # the compacted turns are gone
+    assert prompt.endswith("<|start|>user<|message|>All hot?<|end|><|start|>assistant")
+    assert len(forced.prompts[-1]) < len(forced.prompts[-2])
+
+
+def test_a_foreign_compaction_item_is_a_400(client: TestClient) -> None:
+    foreign = {"type": "compaction", "id": "cmp_1", "encrypted_content": "gAAAAABpM0Yj-x"}
+    response = client.post("/v1/responses", json={"model": MODEL, "input": [foreign, _user("Hi")]})
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "input[0].encrypted_content"
+
+
+def test_nothing_to_compact_is_a_400(client: TestClient) -> None:
+    response = client.post("/v1/responses/compact", json={"model": MODEL, "input": []})
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "input"
+
+
+# ------------------------------------------------------------------------------- input tokens
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"input": "Hello there"},
+        {
+            "input": [{"type": "message", "role": "user", "content": "Weather?"}],
+            "instructions": "Answer in French.",
+            "tools": [WEATHER_TOOL, BARE_TOOL],
+            "reasoning": {"effort": "high"},
+        },
+        {
+            "input": [
+                {"type": "message", "role": "user", "content": "Weather in Paris?"},
+                {
+                    "type": "function_call",
+                    "call_id": "call_9",
+                    "name": "get_weather",
+                    "arguments": '{"city":"Paris"}',
+                },
+                {"type": "function_call_output", "call_id": "call_9", "output": "rain"},
+            ],
+            "tools": [WEATHER_TOOL],
+        },
+    ],
+    ids=["text", "tools-and-instructions", "tool-result"],
+)
+def test_input_tokens_is_the_prompt_the_engine_gets(
+    client: TestClient, forced: ForcedScript, body: dict[str, Any]
+) -> None:
+    counted = client.post("/v1/responses/input_tokens", json={"model": MODEL, **body})
+    assert counted.status_code == 200, counted.text
+    data = counted.json()
+    assert data["object"] == "response.input_tokens"
+    forced.push(answer("ok"))
+    ran = create(client, store=False, **body)
+    assert data["input_tokens"] == len(forced.prompts[-1]) == ran["usage"]["input_tokens"]
+
+
+def test_input_tokens_follows_previous_response_id(
+    client: TestClient, forced: ForcedScript
+) -> None:
+    forced.push(answer("First answer."))
+    first = create(client, input=f"First {uuid.uuid4().hex}")
+    body = {"input": "Second", "previous_response_id": first["id"]}
+    counted = client.post("/v1/responses/input_tokens", json={"model": MODEL, **body})
+    forced.push(answer("ok"))
+    create(client, **body)
+    assert counted.json()["input_tokens"] == len(forced.prompts[-1])
+
+
+def test_input_tokens_errors_are_the_apis(client: TestClient) -> None:
+    missing = client.post(
+        "/v1/responses/input_tokens",
+        json={"model": MODEL, "input": "x", "previous_response_id": "resp_nope"},
+    )
+    assert missing.status_code == 404
+    assert missing.json()["error"]["param"] == "previous_response_id"
+    bad = client.post("/v1/responses/input_tokens", json={"model": MODEL, "input": [{"x": 1}]})
+    assert bad.status_code == 400
 
 
 def _user(text: str) -> dict[str, Any]:

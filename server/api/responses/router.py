@@ -1,4 +1,6 @@
-"""POST /v1/responses (streaming and not, one event stream), GET and DELETE /v1/responses/{id}.
+"""POST /v1/responses (streaming and not, one event stream), GET and DELETE /v1/responses/{id},
+POST /v1/responses/input_tokens (the prompt's length, counted as create would render it),
+POST /v1/responses/compact (the conversation summarized by the model, server.api.responses.compact).
 
 Everything that can be refused is refused before the first byte: an unknown
 previous_response_id (404), bad input (400), a prompt that does not fit (400,
@@ -12,6 +14,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -28,6 +31,7 @@ from server.api.responses.adapter import (
     wants_logprobs,
 )
 from server.api.responses.builtin import BuiltinSetup, setup_builtin
+from server.api.responses.compact import compacted, summary_transcript
 from server.api.responses.emitter import ResponsesEmitter, fold
 from server.api.responses.items import ItemKind
 from server.api.responses.mcp import (
@@ -39,7 +43,10 @@ from server.api.responses.mcp import (
     setup_mcp,
 )
 from server.api.responses.schemas import (
+    CompactedResponse,
     DeletedResponse,
+    InputTokens,
+    MessageItem,
     ResponseObject,
     ResponsesRequest,
     StreamEvent,
@@ -50,7 +57,7 @@ from server.api.stream_run import Ended, StreamRun
 from server.api.unicode_body import UnicodeRoute
 from server.contracts.errors import InvalidRequest, NotFound, ServerError
 from server.contracts.events import ToolTarget
-from server.contracts.transcript import Item, Transcript
+from server.contracts.transcript import Item, ToolChoice, Transcript
 from server.core.generation import Generator
 from server.core.prepared import Prepared
 from server.core.tool_loop import ServerTools
@@ -108,7 +115,7 @@ class ResponsesState:
 
 @dataclass(frozen=True)
 class _Setup:
-    """A request in the core's terms, as the routes that render a prompt build it."""
+    """A request in the core's terms, as create, input_tokens and compact build it."""
 
     response_id: str
     earlier: StoredResponse | None
@@ -204,6 +211,66 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     if body.stream:
         return await run.stream(SharedField("response"), state.keepalive_s)
     return await run.respond(request, _body)
+
+
+@router.post("/v1/responses/input_tokens", response_model=None)
+async def input_tokens(body: ResponsesRequest, request: Request) -> Response:
+    """How many tokens the prompt of this request has: the prompt /v1/responses would render
+    for the same body (instructions, tools, the earlier conversation), counted, not run."""
+    generator: Generator = request.app.state.generator
+    setup = await _setup(body, request, pin_date=False)
+    try:
+        count = generator.count_tokens(setup.transcript)
+    except ServerError as exc:
+        raise exc.named(WIRE_NAMES) from None
+    return JSONResponse(InputTokens(input_tokens=count).model_dump(mode="json"))
+
+
+@router.post("/v1/responses/compact", response_model=None)
+async def compact_response(body: ResponsesRequest, request: Request) -> Response:
+    """The conversation compacted by the model (server.api.responses.compact): its user
+    messages and one `compaction` item with the model's summary; sent as the next request's
+    input (with what follows), the conversation continues from the summary."""
+    generator: Generator = request.app.state.generator
+    setup = await _setup(body, request)
+    if not setup.decided.conversation:
+        raise InvalidRequest("there is no conversation to compact", param="input")
+    transcript = summary_transcript(setup.transcript)
+    options = dataclasses.replace(
+        generation_options(body), tool_choice=ToolChoice(mode="none"), logprobs=None
+    )
+    try:
+        prepared = generator.prepare(transcript, options)
+    except ServerError as exc:
+        raise exc.named(WIRE_NAMES) from None
+    model_name = request.app.state.model_name
+    base = _base_response(body, transcript, prepared, model_name, response_id=setup.response_id)
+    emitter = ResponsesEmitter(base, view=ReasoningView(raw=False, summary=None))
+    run: StreamRun[StreamEvent] = StreamRun(prepared, emitter, name=f"compaction {base.id}")
+    return await run.respond(request, partial(_compacted_body, setup.decided.conversation))
+
+
+def _compacted_body(conversation: tuple[Item, ...], events: list[StreamEvent]) -> dict[str, Any]:
+    """The compaction's body: the user messages and the summary the model wrote."""
+    response = fold(events)
+    if response.status != "completed" or response.usage is None:
+        reason = response.error.message if response.error else f"it ended {response.status}"
+        raise ServerError(f"the conversation could not be compacted: {reason}")
+    summary = "".join(
+        part.text
+        for item in response.output
+        if isinstance(item, MessageItem) and item.phase == "final_answer"
+        for part in item.content
+    ).strip()
+    if not summary:
+        raise ServerError("the conversation could not be compacted: the model wrote no summary")
+    compaction = CompactedResponse(
+        id=response.id,
+        created_at=response.created_at,
+        output=compacted(conversation, summary),
+        usage=response.usage,
+    )
+    return compaction.model_dump(mode="json")
 
 
 @router.get("/v1/responses/{response_id}", response_model=None)

@@ -91,6 +91,13 @@ class McpApprovalRequestIn(Lenient):
     arguments: str = ""
 
 
+class CompactionIn(Lenient):
+    """A `compaction` item from /v1/responses/compact, sent back as input."""
+
+    type: Literal["compaction"]
+    encrypted_content: str
+
+
 InputItem = (
     MessageIn
     | ReasoningIn
@@ -99,6 +106,7 @@ InputItem = (
     | ToolOutputIn
     | McpCallIn
     | McpApprovalRequestIn
+    | CompactionIn
 )
 
 
@@ -691,3 +699,44 @@ class DeletedResponse(BaseModel):
     id: str
     object: Literal["response"] = "response"
     deleted: Literal[True] = True
+
+
+class InputTokens(BaseModel):
+    """POST /v1/responses/input_tokens: the prompt's length in tokens."""
+
+    object: Literal["response.input_tokens"] = "response.input_tokens"
+    input_tokens: int
+
+
+class InputTextPart(BaseModel):
+    type: Literal["input_text"] = "input_text"
+    text: str
+
+
+class UserMessageItem(BaseModel):
+    """A user message the compaction kept, as input for the next request."""
+
+    type: Literal["message"] = "message"
+    id: str
+    role: Literal["user"] = "user"
+    status: Literal["completed"] = "completed"
+    content: list[InputTextPart]
+
+
+class CompactionItem(BaseModel):
+    """What the compaction replaced: the model's summary of the conversation, opaque to clients
+    (server.api.responses.compact encodes it); sent back as input, it continues from there."""
+
+    type: Literal["compaction"] = "compaction"
+    id: str
+    encrypted_content: str
+
+
+class CompactedResponse(BaseModel):
+    """POST /v1/responses/compact: the conversation as a shorter item list, usable as input."""
+
+    id: str
+    object: Literal["response.compaction"] = "response.compaction"
+    created_at: int
+    output: list[UserMessageItem | CompactionItem]
+    usage: ResponseUsage
