@@ -11,8 +11,9 @@ calls, tool results, an incomplete response, a failed one; the reasoning events 
 
 from __future__ import annotations
 
+import copy
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -175,6 +176,43 @@ def test_background_is_refused(client: TestClient) -> None:
     response = client.post("/v1/responses", json={"model": MODEL, "input": "x", "background": True})
     assert response.status_code == 400
     assert response.json()["error"]["param"] == "background"
+
+
+def _without(key: str) -> Callable[[dict[str, Any]], object]:
+    return lambda part: part.pop(key)
+
+
+@pytest.mark.parametrize(
+    ("where", "breaking", "said"),
+    [
+        (lambda body: body, _without("background"), "'background' is a required property"),
+        (lambda body: body, _without("presence_penalty"), "'presence_penalty' is a required"),
+        (lambda body: body["tools"][0], _without("strict"), "'strict' is a required property"),
+        (
+            lambda body: body["output"][0],
+            lambda item: item.update(encrypted_content=None),
+            "None is not of type 'string'",
+        ),
+        (lambda body: body, lambda body: body.update(top_logprobs=None), "None is not of type"),
+    ],
+    ids=["no-background", "no-presence-penalty", "no-strict", "null-encrypted", "null-logprobs"],
+)
+def test_the_conformance_check_refuses_what_the_specification_does(
+    client: TestClient,
+    forced: ForcedScript,
+    where: Callable[[dict[str, Any]], dict[str, Any]],
+    breaking: Callable[[dict[str, Any]], object],
+    said: str,
+) -> None:
+    """The checks above can fail: a conforming body, broken as the server once was, is not."""
+    forced.push(reason_then_call("Need weather.", "get_weather", '{"city":"Paris"}'))
+    body = create(client, input="Weather?", tools=[WEATHER_TOOL], reasoning={"effort": "low"})
+    assert body["output"][0]["type"] == "reasoning"
+    assert not spec.problems("response", body)
+    broken = copy.deepcopy(body)
+    breaking(where(broken))
+    found = spec.problems("response", broken)
+    assert any(said in problem for problem in found), found
 
 
 def test_a_failed_response_conforms() -> None:
