@@ -28,7 +28,7 @@ from server.engine.loading import gpt_oss
 from server.engine.loading.placement import ContextShape
 from server.ops import codex_config, doctor
 from server.ops.chat.repl import run_chat
-from server.ops.model_source import resolve_model
+from server.ops.model_source import quiet_hub_logging, resolve_model
 from server.ops.rpc_worker import WorkerOptions, run_worker
 from server.ops.runtime import ServedModels
 from server.ops.serving import banner, serve
@@ -267,6 +267,7 @@ def configure_logging(level: str) -> None:
     )
     if level != "debug":
         logging.getLogger("llama_cpp").setLevel(logging.WARNING)
+    quiet_hub_logging()
 
 
 def print_banner(settings: Settings, models: ServedModels) -> None:

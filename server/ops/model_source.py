@@ -6,6 +6,13 @@ part must sit beside it), or a Hugging Face repo as `owner/name[:file]` (naming 
 model fetches all its parts).
 Downloads go through huggingface-hub, with its progress bars and cache; a cached file is used
 without network access.
+
+Before the Hub is asked anything, its host (HF_ENDPOINT's, or the proxy's when one applies) is
+looked up and connected to (`hub_reachable`): a name that does not resolve is final at once
+(no network, or a mistyped endpoint: retrying does not help), a connection that fails is tried
+again briefly, each failure said once; only then does huggingface-hub, with its own retries,
+get the request. Offline, `serve` thus fails in about a second with one clear error instead
+of half a minute of the Hub client's retries.
 """
 
 from __future__ import annotations
@@ -13,11 +20,18 @@ from __future__ import annotations
 import json
 import logging
 import re
+import socket
+import time
+import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
 
+from huggingface_hub import constants as hub_constants
 from huggingface_hub import hf_hub_download, list_repo_files, try_to_load_from_cache
 from huggingface_hub.errors import (
     EntryNotFoundError,
@@ -35,6 +49,9 @@ log = logging.getLogger(__name__)
 ARCHITECTURE = "gpt-oss"
 SPLIT_SUFFIX = re.compile(r"-\d{5}-of-\d{5}$")
 HF_SPEC = re.compile(r"(?P<repo>[\w-][\w.-]*/[\w.-]+)(?::(?P<file>[^:]+\.gguf))?")
+CONNECT_ATTEMPTS = 3  # a refused or timed-out connection to the Hub: tried this many times
+CONNECT_TIMEOUT_S = 5.0
+RETRY_WAITS_S = (1.0, 2.0)  # between those attempts
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,11 +161,124 @@ def download(
     return paths[0]
 
 
+class HubUnreachable(Exception):
+    """The Hugging Face Hub cannot be reached from here; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class HubAddress:
+    host: str
+    port: int
+    via_proxy: bool = False
+
+    def __str__(self) -> str:
+        return f"{'the proxy ' if self.via_proxy else ''}{self.host}:{self.port}"
+
+
+def hub_address(endpoint: str | None = None) -> HubAddress:
+    """Where a request to the Hub connects first: HF_ENDPOINT's host, or the proxy's that the
+    environment sets for it (the proxy then resolves the Hub's name, not this machine)."""
+    url = urlsplit(endpoint or hub_constants.ENDPOINT)
+    scheme = url.scheme or "https"
+    host = url.hostname or ""
+    default_port = 443 if scheme == "https" else 80
+    proxy = urllib.request.getproxies().get(scheme)
+    if proxy and host and not urllib.request.proxy_bypass(host):
+        proxied = urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+        if proxied.hostname:
+            return HubAddress(proxied.hostname, proxied.port or 80, via_proxy=True)
+    return HubAddress(host, url.port or default_port)
+
+
+def hub_reachable(
+    address: HubAddress | None = None,
+    *,
+    attempts: int = CONNECT_ATTEMPTS,
+    waits_s: tuple[float, ...] = RETRY_WAITS_S,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
+    """Returns once a TCP connection to the Hub (or its proxy) opens; raises HubUnreachable.
+
+    A name that does not resolve is final at once; a failed connection is tried `attempts`
+    times, each failure logged once with what comes next."""
+    address = address or hub_address()
+    try:
+        infos = socket.getaddrinfo(address.host, address.port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise HubUnreachable(
+            f"{address} does not resolve: {exc.strerror or exc} (no network, or no name "
+            "server knows it)"
+        ) from None
+    for attempt in range(1, attempts + 1):
+        try:
+            _connect(infos)
+            return
+        except OSError as exc:
+            reason = exc.strerror or str(exc) or type(exc).__name__
+            if attempt == attempts:
+                raise HubUnreachable(f"{address} refuses or drops connections: {reason}") from None
+            wait = waits_s[min(attempt - 1, len(waits_s) - 1)] if waits_s else 0.0
+            log.warning(
+                "the Hugging Face Hub at %s cannot be reached (%s); trying again in %g s "
+                "(attempt %d of %d)",
+                address,
+                reason,
+                wait,
+                attempt + 1,
+                attempts,
+            )
+            sleep(wait)
+
+
+def _connect(infos: list[tuple[Any, ...]]) -> None:
+    """A TCP connection to the first address that takes one, closed at once."""
+    error: OSError = OSError("no address")
+    for family, kind, proto, _, sockaddr in infos:
+        try:
+            with socket.socket(family, kind, proto) as sock:
+                sock.settimeout(CONNECT_TIMEOUT_S)
+                sock.connect(sockaddr)
+                return
+        except OSError as exc:
+            error = exc
+    raise error
+
+
+def _check_hub(what: str, label: str) -> None:
+    """The Hub can be reached, or a ModelSourceError saying what to do instead."""
+    if hub_constants.HF_HUB_OFFLINE:
+        return  # huggingface-hub itself answers from its cache, or says it is offline
+    try:
+        hub_reachable()
+    except HubUnreachable as exc:
+        raise ModelSourceError(
+            f"cannot download {what}: the Hugging Face Hub cannot be reached, {exc}. The file "
+            "is not in the local cache: on a machine with internet access run "
+            f"`gpt-oss-server download {label}`, or pass --model /path/to/file.gguf."
+        ) from None
+
+
+def quiet_hub_logging() -> None:
+    """huggingface-hub's messages through the root logger's handlers only: the library adds a
+    handler of its own to its logger, which (propagating too) printed each message twice."""
+    from huggingface_hub.utils import logging as hub_logging
+
+    hub = hub_logging.get_logger()  # the library's root logger, its handler set up by now
+    for handler in list(hub.handlers):
+        hub.removeHandler(handler)
+
+
 def _fetch(repo: str, filename: str, download_dir: Path | None, refresh: bool, label: str) -> Path:
-    if not refresh:
-        cached = try_to_load_from_cache(repo, filename, cache_dir=download_dir)
-        if isinstance(cached, str):
+    cached = try_to_load_from_cache(repo, filename, cache_dir=download_dir)
+    if not refresh and isinstance(cached, str):
+        return Path(cached)
+    try:
+        _check_hub(f"{repo}/{filename}", label)
+    except ModelSourceError:
+        if isinstance(cached, str):  # --refresh offline: the cached revision it is
+            log.warning("the Hugging Face Hub cannot be reached: using the cached %s", filename)
             return Path(cached)
+        raise
     log.info("downloading %s from %s", filename, repo)
     try:
         return Path(hf_hub_download(repo, filename, cache_dir=download_dir))
@@ -170,6 +300,7 @@ def _fetch(repo: str, filename: str, download_dir: Path | None, refresh: bool, l
 
 
 def _repo_gguf_files(repo: str) -> tuple[str, ...]:
+    _check_hub(f"the file list of {repo}", repo)
     try:
         names = list_repo_files(repo)
     except (HfHubHTTPError, OSError) as exc:

@@ -468,6 +468,14 @@ class Settings(BaseSettings):
         "/v1/responses stream sends a response.in_progress event; Codex resets its idle timer "
         "only on real events.",
     )
+    responses_reasoning_events: Literal["openai", "open-responses"] = Field(
+        "openai",
+        description="Names of the /v1/responses events that stream raw reasoning text: openai "
+        "(response.reasoning_text.delta / .done, what OpenAI's API sends and Codex and the "
+        "OpenAI SDKs read) or open-responses (response.reasoning.delta / .done, the Open "
+        "Responses specification's names). One name per event, never both: a client that "
+        "knows both would read the text twice.",
+    )
     # --- server-run tools (/v1/responses) ---
     mcp_config: Path | None = Field(
         None,

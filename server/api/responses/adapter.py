@@ -31,7 +31,9 @@ from server.api.request_fields import (
     to_summary_style,
     to_tool_choice,
 )
+from server.api.responses.compact import summary_message
 from server.api.responses.schemas import (
+    CompactionIn,
     ContentPartIn,
     CustomToolCallIn,
     CustomToolIn,
@@ -78,6 +80,7 @@ _ITEM_MODELS: dict[str, type[BaseModel]] = {
     "custom_tool_call_output": ToolOutputIn,
     "mcp_call": McpCallIn,
     "mcp_approval_request": McpApprovalRequestIn,
+    "compaction": CompactionIn,
 }
 # Every input item type of OpenAI's Responses API: those without a model above are skipped.
 OPENAI_ITEM_TYPES = frozenset(
@@ -330,6 +333,9 @@ def to_items(value: str | list[dict[str, Any]], earlier: Sequence[Item] = ()) ->
             call_id = call_id_of(parsed.id)
             call = ToolCall(call_id, parsed.name, parsed.arguments, parsed.server_label)
             items += [call, _mcp_result(parsed)]
+            continue
+        if isinstance(parsed, CompactionIn):  # a summary from /v1/responses/compact
+            items.append(summary_message(parsed.encrypted_content, f"input[{index}]"))
             continue
         item = _item(parsed, f"input[{index}]", calls)
         if item is None:

@@ -45,6 +45,11 @@ from server.api.responses.schemas import (
     OutputItemAdded,
     OutputItemDone,
     OutputTextDelta,
+    ReasoningDelta,
+    ReasoningDone,
+    ReasoningEventNames,
+    ReasoningTextDelta,
+    ReasoningTextDone,
     ResponseCompleted,
     ResponseCreated,
     ResponseError,
@@ -100,6 +105,7 @@ class ResponsesEmitter:
         container_id: str = "",
         approval_id: Callable[[str, ToolTarget, str], str] | None = None,
         approved: Mapping[str, str] | None = None,
+        reasoning_events: ReasoningEventNames = "openai",
     ) -> None:
         """`call_kind`: the item of a call to a server-run tool (None: a client's call);
         `ready`: items complete before generation (MCP listings), streamed first;
@@ -107,7 +113,9 @@ class ResponsesEmitter:
         signed id of a call's approval request (call id, target, arguments), known once the
         call is written: the request item is sent whole when it closes; `approved`: the calls
         the client approved (call id -> approval request id), run before the first round, each
-        shown as a whole `mcp_call` item when its result comes."""
+        shown as a whole `mcp_call` item when its result comes; `reasoning_events`: the names
+        of the raw reasoning text's events (OpenAI's `response.reasoning_text.*`, or Open
+        Responses' `response.reasoning.*`)."""
         self._base = base
         self._logprobs = logprobs  # the output text's logprobs were asked for
         self._new_item_id = new_item_id
@@ -117,6 +125,7 @@ class ResponsesEmitter:
         self._container_id = container_id
         self._approval_id = approval_id
         self._approved = dict(approved or {})
+        self._spec_reasoning = reasoning_events == "open-responses"
         self._sequence = 0
         self._output: list[OutputItem] = []
         self._open: OpenItem | None = None
@@ -255,7 +264,7 @@ class ResponsesEmitter:
         if self._logprobs is not None and isinstance(out, OutputTextDelta):
             out.logprobs = token_entries(event.logprobs, self._logprobs)
             item.scores += out.logprobs
-        return [out]
+        return self._named([out])
 
     def _shows_text(self, item: OpenItem) -> bool:
         """Whether the item's text is streamed: all but reasoning whose raw text is hidden."""
@@ -362,7 +371,13 @@ class ResponsesEmitter:
     def _done_events(self, item: OpenItem, text: str) -> list[StreamEvent]:
         if not self._shows_text(item):
             return []  # no content part was opened
-        return LIFECYCLES[item.kind].done(item, self._next, text)
+        return self._named(LIFECYCLES[item.kind].done(item, self._next, text))
+
+    def _named(self, events: list[StreamEvent]) -> list[StreamEvent]:
+        """The raw reasoning text's events under the names this response uses."""
+        if not self._spec_reasoning:
+            return events
+        return [_spec_named(event) for event in events]
 
     def _shape(self, item: OpenItem, status: ItemStatus, text: str) -> OutputItem:
         return LIFECYCLES[item.kind].shape(item, status, text, self._view.raw)
@@ -405,6 +420,15 @@ class ResponsesEmitter:
         sequence = self._sequence
         self._sequence += 1
         return sequence
+
+
+def _spec_named(event: StreamEvent) -> StreamEvent:
+    """OpenAI's reasoning text event as Open Responses names it (the same fields)."""
+    if isinstance(event, ReasoningTextDelta):
+        return ReasoningDelta(**event.model_dump(exclude={"type"}))
+    if isinstance(event, ReasoningTextDone):
+        return ReasoningDone(**event.model_dump(exclude={"type"}))
+    return event
 
 
 def fold(events: Sequence[StreamEvent]) -> ResponseObject:

@@ -1,4 +1,6 @@
-"""POST /v1/responses (streaming and not, one event stream), GET and DELETE /v1/responses/{id}.
+"""POST /v1/responses (streaming and not, one event stream), GET and DELETE /v1/responses/{id},
+POST /v1/responses/input_tokens (the prompt's length, counted as create would render it),
+POST /v1/responses/compact (the conversation summarized by the model, server.api.responses.compact).
 
 Everything that can be refused is refused before the first byte: an unknown
 previous_response_id (404), bad input (400), a prompt that does not fit (400,
@@ -12,6 +14,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -29,6 +32,7 @@ from server.api.responses.adapter import (
     wants_logprobs,
 )
 from server.api.responses.builtin import BuiltinSetup, setup_builtin
+from server.api.responses.compact import compacted, summary_transcript
 from server.api.responses.emitter import ResponsesEmitter, fold
 from server.api.responses.items import ItemKind
 from server.api.responses.mcp import (
@@ -40,7 +44,10 @@ from server.api.responses.mcp import (
     setup_mcp,
 )
 from server.api.responses.schemas import (
+    CompactedResponse,
     DeletedResponse,
+    InputTokens,
+    MessageItem,
     ResponseObject,
     ResponsesRequest,
     StreamEvent,
@@ -51,10 +58,11 @@ from server.api.stream_run import Ended, StreamRun
 from server.api.unicode_body import UnicodeRoute
 from server.contracts.errors import InvalidRequest, NotFound, ServerError
 from server.contracts.events import ToolTarget
-from server.contracts.transcript import Item, Transcript
+from server.contracts.transcript import Item, ToolChoice, Transcript
 from server.core.generation import Generator
 from server.core.prepared import Prepared
 from server.core.tool_loop import ServerTools
+from server.core.visibility import ReasoningView
 from server.ops.settings import Settings
 from server.tools.python.tool import container_id
 
@@ -85,17 +93,20 @@ class ResponsesState:
         return cls(store, settings.responses_keepalive_s, ApprovalIds(key))
 
     def conversation_date(
-        self, cache_key: str | None, earlier: StoredResponse | None, today: str
+        self, cache_key: str | None, earlier: StoredResponse | None, today: str, *, pin: bool = True
     ) -> str:
         """The date in the system message, pinned per conversation so the prefix stays.
 
         A continuation keeps its stored date; requests that share a prompt_cache_key (Codex
-        sends its thread id) keep the date of the first one, also past midnight.
+        sends its thread id) keep the date of the first one, also past midnight. `pin`: False
+        looks the date up without pinning it.
         """
         if earlier is not None and earlier.conversation_date:
             return earlier.conversation_date
         if not cache_key:
             return today
+        if not pin:
+            return self._dates.get(cache_key, today)
         date = self._dates.pop(cache_key, today)
         self._dates[cache_key] = date
         while len(self._dates) > MAX_PINNED_DATES:
@@ -103,14 +114,35 @@ class ResponsesState:
         return date
 
 
-@router.post("/v1/responses", response_model=None)
-async def create_response(body: ResponsesRequest, request: Request) -> Response:
+@dataclass(frozen=True)
+class _Setup:
+    """A request in the core's terms, as create, input_tokens and compact build it."""
+
+    response_id: str
+    earlier: StoredResponse | None
+    date: str
+    shown: ReasoningView
+    builtin: BuiltinSetup
+    mcp: McpSetup
+    conversation_id: str
+    decided: Approvals
+    transcript: Transcript
+
+
+async def _setup(body: ResponsesRequest, request: Request, *, pin_date: bool = True) -> _Setup:
+    """Everything the prompt is rendered from: the earlier conversation, the pinned date, the
+    request's input and tools (MCP servers' listings, built-in tools), approvals decided.
+    `pin_date`: False for a request that generates nothing (the date is looked up, not kept)."""
     settings: Settings = request.app.state.settings
-    served = chosen(request, body.model)
-    generator = served.generator
     state: ResponsesState = request.app.state.responses
+    if body.background:
+        raise InvalidRequest(
+            "background responses are not supported: each response runs in its request "
+            "(stream it, or wait for the body)",
+            param="background",
+        )
     earlier = await _earlier(state, body.previous_response_id)
-    date = state.conversation_date(body.prompt_cache_key, earlier, settings.today())
+    date = state.conversation_date(body.prompt_cache_key, earlier, settings.today(), pin=pin_date)
     shown = reasoning_view(body, settings.reasoning_visibility)
     response_id = new_id("resp_")
     before = earlier.conversation if earlier is not None else ()
@@ -119,12 +151,25 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     _check_labels(mcp, builtin)
     conversation_id = (earlier.conversation_id or earlier.id) if earlier else response_id
     decided = approvals(body, to_conversation(body, before), mcp, state.approval_ids)
-    conversation = decided.conversation
-    transcript = to_transcript(body, conversation, settings.reasoning_effort, date)
+    transcript = to_transcript(body, decided.conversation, settings.reasoning_effort, date)
     if mcp.tools:
         transcript = dataclasses.replace(transcript, tools=(*transcript.tools, *mcp.specs))
     if builtin.tools:
         transcript = dataclasses.replace(transcript, builtin_tools=builtin.specs)
+    return _Setup(
+        response_id, earlier, date, shown, builtin, mcp, conversation_id, decided, transcript
+    )
+
+
+@router.post("/v1/responses", response_model=None)
+async def create_response(body: ResponsesRequest, request: Request) -> Response:
+    settings: Settings = request.app.state.settings
+    served = chosen(request, body.model)
+    generator = served.generator
+    state: ResponsesState = request.app.state.responses
+    setup = await _setup(body, request)
+    response_id, shown, mcp, builtin = setup.response_id, setup.shown, setup.mcp, setup.builtin
+    decided, transcript = setup.decided, setup.transcript
     options = generation_options(body, shown.summary)
     server_tools = _server_tools(
         mcp,
@@ -132,7 +177,8 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
         settings,
         decided=decided,
         response_id=response_id,
-        conversation_id=conversation_id,
+        conversation_id=setup.conversation_id,
+        max_calls=body.max_tool_calls,
     )
     try:
         prepared = generator.prepare(transcript, options, server_tools)
@@ -146,12 +192,18 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
         logprobs=vocab,
         call_kind=_call_kind(mcp, builtin) if server_tools is not None else None,
         ready=mcp.listings,
-        container_id=container_id(conversation_id) if "python" in builtin.tools else "",
+        container_id=container_id(setup.conversation_id) if "python" in builtin.tools else "",
         approval_id=state.approval_ids.issue,
         approved=decided.approved,
+        reasoning_events=settings.responses_reasoning_events,
     )
     finisher = _Finisher(
-        state, generator, conversation, date, store=base.store, conversation_id=conversation_id
+        state,
+        generator,
+        decided.conversation,
+        setup.date,
+        store=base.store,
+        conversation_id=setup.conversation_id,
     )
     run: StreamRun[StreamEvent] = StreamRun(
         prepared, emitter, name=f"response {base.id}", finish=finisher
@@ -159,6 +211,67 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     if body.stream:
         return loading_notice(await run.stream(SharedField("response"), state.keepalive_s), served)
     return await run.respond(request, _body)
+
+
+@router.post("/v1/responses/input_tokens", response_model=None)
+async def input_tokens(body: ResponsesRequest, request: Request) -> Response:
+    """How many tokens the prompt of this request has: the prompt /v1/responses would render
+    for the same body (instructions, tools, the earlier conversation), counted, not run."""
+    served = chosen(request, body.model)
+    generator = served.generator
+    setup = await _setup(body, request, pin_date=False)
+    try:
+        count = generator.count_tokens(setup.transcript)
+    except ServerError as exc:
+        raise exc.named(WIRE_NAMES) from None
+    return JSONResponse(InputTokens(input_tokens=count).model_dump(mode="json"))
+
+
+@router.post("/v1/responses/compact", response_model=None)
+async def compact_response(body: ResponsesRequest, request: Request) -> Response:
+    """The conversation compacted by the model (server.api.responses.compact): its user
+    messages and one `compaction` item with the model's summary; sent as the next request's
+    input (with what follows), the conversation continues from the summary."""
+    served = chosen(request, body.model)
+    generator = served.generator
+    setup = await _setup(body, request)
+    if not setup.decided.conversation:
+        raise InvalidRequest("there is no conversation to compact", param="input")
+    transcript = summary_transcript(setup.transcript)
+    options = dataclasses.replace(
+        generation_options(body), tool_choice=ToolChoice(mode="none"), logprobs=None
+    )
+    try:
+        prepared = generator.prepare(transcript, options)
+    except ServerError as exc:
+        raise exc.named(WIRE_NAMES) from None
+    base = _base_response(body, transcript, prepared, served.name, response_id=setup.response_id)
+    emitter = ResponsesEmitter(base, view=ReasoningView(raw=False, summary=None))
+    run: StreamRun[StreamEvent] = StreamRun(prepared, emitter, name=f"compaction {base.id}")
+    return await run.respond(request, partial(_compacted_body, setup.decided.conversation))
+
+
+def _compacted_body(conversation: tuple[Item, ...], events: list[StreamEvent]) -> dict[str, Any]:
+    """The compaction's body: the user messages and the summary the model wrote."""
+    response = fold(events)
+    if response.status != "completed" or response.usage is None:
+        reason = response.error.message if response.error else f"it ended {response.status}"
+        raise ServerError(f"the conversation could not be compacted: {reason}")
+    summary = "".join(
+        part.text
+        for item in response.output
+        if isinstance(item, MessageItem) and item.phase == "final_answer"
+        for part in item.content
+    ).strip()
+    if not summary:
+        raise ServerError("the conversation could not be compacted: the model wrote no summary")
+    compaction = CompactedResponse(
+        id=response.id,
+        created_at=response.created_at,
+        output=compacted(conversation, summary),
+        usage=response.usage,
+    )
+    return compaction.model_dump(mode="json")
 
 
 @router.get("/v1/responses/{response_id}", response_model=None)
@@ -225,16 +338,18 @@ def _server_tools(
     decided: Approvals,
     response_id: str,
     conversation_id: str,
+    max_calls: int | None,
 ) -> ServerTools | None:
     """The tools the server runs in this response: the MCP servers' and the built-in ones,
-    and the calls the client approved (run first, after admission)."""
+    and the calls the client approved (run first, after admission); at most the request's
+    `max_tool_calls` calls, never more than the server allows."""
     if not mcp.tools and not builtin.tools:
         return None
     return ServerTools(
         tools={**mcp.tools, **builtin.tools},
         response_id=response_id,
         conversation_id=conversation_id,
-        max_calls=settings.tool_max_calls,
+        max_calls=min(settings.tool_max_calls, max_calls or settings.tool_max_calls),
         timeout_s=settings.tool_timeout_s,
         max_output_chars=settings.tool_max_output_chars,
         needs_approval=mcp.needs_approval,
@@ -281,17 +396,27 @@ def _base_response(
         top_p=prepared.params.top_p,
         store=body.store is not False,
         prompt_cache_key=body.prompt_cache_key,
+        top_logprobs=body.top_logprobs or 0,
+        max_tool_calls=body.max_tool_calls,
+        safety_identifier=body.safety_identifier,
+        user=body.user,
     )
 
 
 def _echoed_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The request's tools as the response shows (and stores) them: an MCP tool's `headers`
-    and `authorization` (credentials) left out."""
+    and `authorization` (credentials) left out; a function tool with every field Open Responses
+    requires (`description`, `parameters`, `strict`: null where the request gave none)."""
     secret = ("headers", "authorization")
-    return [
-        {k: v for k, v in tool.items() if k not in secret} if tool.get("type") == "mcp" else tool
-        for tool in tools
-    ]
+    echoed = []
+    for tool in tools:
+        if tool.get("type") == "mcp":
+            echoed.append({k: v for k, v in tool.items() if k not in secret})
+        elif tool.get("type") == "function":
+            echoed.append({"description": None, "parameters": None, "strict": None, **tool})
+        else:
+            echoed.append(tool)
+    return echoed
 
 
 @dataclass

@@ -91,6 +91,13 @@ class McpApprovalRequestIn(Lenient):
     arguments: str = ""
 
 
+class CompactionIn(Lenient):
+    """A `compaction` item from /v1/responses/compact, sent back as input."""
+
+    type: Literal["compaction"]
+    encrypted_content: str
+
+
 InputItem = (
     MessageIn
     | ReasoningIn
@@ -99,6 +106,7 @@ InputItem = (
     | ToolOutputIn
     | McpCallIn
     | McpApprovalRequestIn
+    | CompactionIn
 )
 
 
@@ -157,6 +165,12 @@ class ResponsesRequest(Lenient):
     metadata: dict[str, str] | None = None
     truncation: str | None = None
     user: str | None = None
+    max_tool_calls: int | None = Field(None, ge=1)  # server-run tool calls in one response
+    background: bool | None = None  # only false: every response runs in its request
+    service_tier: str | None = None  # one tier here: echoed as "default"
+    safety_identifier: str | None = Field(None, max_length=64)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
 
 
 # --------------------------------------------------------------------------- output items
@@ -181,6 +195,8 @@ class SummaryTextPart(BaseModel):
     text: str = ""
 
 
+ReasoningEventNames = Literal["openai", "open-responses"]
+
 ContentPart = Annotated[ReasoningTextPart | OutputTextPart, Field(discriminator="type")]
 
 
@@ -194,7 +210,6 @@ class ReasoningItem(BaseModel):
     id: str
     summary: list[SummaryTextPart] = Field(default_factory=list)
     content: list[ReasoningTextPart] = Field(default_factory=list)
-    encrypted_content: None = None
     status: ItemStatus = "in_progress"
 
 
@@ -388,13 +403,22 @@ class ResponseObject(BaseModel):
     parallel_tool_calls: bool = True
     tool_choice: str | dict[str, Any] = "auto"
     tools: list[dict[str, Any]] = Field(default_factory=list)
-    reasoning: dict[str, Any] = Field(default_factory=dict)
+    reasoning: dict[str, Any] = Field(default_factory=lambda: {"effort": None, "summary": None})
     text: dict[str, Any] = Field(default_factory=lambda: {"format": {"type": "text"}})
-    temperature: float | None = None
-    top_p: float | None = None
+    temperature: float = 1.0  # as sampled: the request's, or the server's default
+    top_p: float = 1.0
     truncation: str = "disabled"
     store: bool = True
     prompt_cache_key: str | None = None
+    # what Open Responses requires of every response object (the sampler applies no penalty)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    top_logprobs: int = 0
+    max_tool_calls: int | None = None
+    background: bool = False
+    service_tier: str = "default"
+    safety_identifier: str | None = None
+    user: str | None = None
 
 
 # -------------------------------------------------------------------------------- events
@@ -479,6 +503,22 @@ class ReasoningTextDelta(_ItemEvent):
 
 class ReasoningTextDone(_ItemEvent):
     type: Literal["response.reasoning_text.done"] = "response.reasoning_text.done"
+    content_index: int
+    text: str
+
+
+class ReasoningDelta(_ItemEvent):
+    """Open Responses' name for `response.reasoning_text.delta` (--responses-reasoning-events)."""
+
+    type: Literal["response.reasoning.delta"] = "response.reasoning.delta"
+    content_index: int
+    delta: str
+
+
+class ReasoningDone(_ItemEvent):
+    """Open Responses' name for `response.reasoning_text.done`."""
+
+    type: Literal["response.reasoning.done"] = "response.reasoning.done"
     content_index: int
     text: str
 
@@ -625,6 +665,8 @@ StreamEvent = Annotated[
     | OutputTextDone
     | ReasoningTextDelta
     | ReasoningTextDone
+    | ReasoningDelta
+    | ReasoningDone
     | ReasoningSummaryPartAdded
     | ReasoningSummaryPartDone
     | ReasoningSummaryTextDelta
@@ -657,3 +699,44 @@ class DeletedResponse(BaseModel):
     id: str
     object: Literal["response"] = "response"
     deleted: Literal[True] = True
+
+
+class InputTokens(BaseModel):
+    """POST /v1/responses/input_tokens: the prompt's length in tokens."""
+
+    object: Literal["response.input_tokens"] = "response.input_tokens"
+    input_tokens: int
+
+
+class InputTextPart(BaseModel):
+    type: Literal["input_text"] = "input_text"
+    text: str
+
+
+class UserMessageItem(BaseModel):
+    """A user message the compaction kept, as input for the next request."""
+
+    type: Literal["message"] = "message"
+    id: str
+    role: Literal["user"] = "user"
+    status: Literal["completed"] = "completed"
+    content: list[InputTextPart]
+
+
+class CompactionItem(BaseModel):
+    """What the compaction replaced: the model's summary of the conversation, opaque to clients
+    (server.api.responses.compact encodes it); sent back as input, it continues from there."""
+
+    type: Literal["compaction"] = "compaction"
+    id: str
+    encrypted_content: str
+
+
+class CompactedResponse(BaseModel):
+    """POST /v1/responses/compact: the conversation as a shorter item list, usable as input."""
+
+    id: str
+    object: Literal["response.compaction"] = "response.compaction"
+    created_at: int
+    output: list[UserMessageItem | CompactionItem]
+    usage: ResponseUsage

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+import socket
 from pathlib import Path
 
 import gguf
 import huggingface_hub.constants
 import pytest
 
+from devkit.serving import free_port
 from server.cli import main
 from server.contracts.errors import ModelSourceError
 from server.engine.loading.gguf_header import (
@@ -20,9 +22,12 @@ from server.engine.loading.gguf_header import (
 from server.engine.loading.gpt_oss import tensor_specs
 from server.ops import model_source
 from server.ops.model_source import (
+    HubAddress,
+    HubUnreachable,
     catalog,
     check_gguf,
     find_catalog_entry,
+    hub_reachable,
     model_name,
     resolve_model,
 )
@@ -190,6 +195,7 @@ def test_download_fetches_every_part_with_huggingface_hub(
         return str(target)
 
     monkeypatch.setattr(model_source, "hf_hub_download", fake_download)
+    monkeypatch.setattr(model_source, "hub_reachable", lambda: None)  # as if online
     main(["download", "gpt-oss-120b", "--download-dir", str(tmp_path)])
     assert fetched == [(REPO_120B, part, tmp_path) for part in parts_120b()]
 
@@ -249,3 +255,39 @@ def test_tensor_infos_agree_with_the_builder(tiny_gguf: Path) -> None:
     specs = tensor_specs(PRESETS["tiny"])
     assert [(i.name, i.shape) for i in infos] == [(s.name, s.shape) for s in specs]
     assert all(0 <= i.n_bytes - s.nbytes < 32 for i, s in zip(infos, specs, strict=True))
+
+
+def no_wait(seconds: float) -> None:
+    pytest.fail(f"a wait of {seconds} s: the first connection should have been taken")
+
+
+def test_the_hub_reachable_on_a_listening_port() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as listening:
+        port = listening.getsockname()[1]
+        hub_reachable(HubAddress("127.0.0.1", port), sleep=no_wait)
+
+
+def test_a_closed_port_is_tried_again_then_final(caplog: pytest.LogCaptureFixture) -> None:
+    waits: list[float] = []
+    address = HubAddress("127.0.0.1", free_port())
+    with pytest.raises(HubUnreachable, match="refuses or drops connections"):
+        hub_reachable(address, attempts=3, waits_s=(1.0, 2.0), sleep=waits.append)
+    assert waits == [1.0, 2.0]
+    retries = [r.getMessage() for r in caplog.records if "trying again" in r.getMessage()]
+    assert [m.rsplit("(", 1)[-1] for m in retries] == ["attempt 2 of 3)", "attempt 3 of 3)"]
+
+
+def test_a_name_that_does_not_resolve_is_final_at_once() -> None:
+    waits: list[float] = []
+    with pytest.raises(HubUnreachable, match=r"hub\.invalid:443 does not resolve"):
+        hub_reachable(HubAddress("hub.invalid", 443), sleep=waits.append)
+    assert waits == []
+
+
+def test_refresh_offline_uses_the_cached_file(
+    tiny_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fill_hf_cache(tmp_path, REPO_120B, dict.fromkeys(parts_120b(), tiny_gguf))
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", "https://hub.invalid")
+    model = resolve_model("120b", download_dir=tmp_path, refresh=True)
+    assert model.path.name == parts_120b()[0]

@@ -108,9 +108,8 @@ def test_reasoning_then_answer() -> None:
         "id": "rs_0",
         "summary": [],
         "content": [{"type": "reasoning_text", "text": "User asks."}],
-        "encrypted_content": None,
         "status": "completed",
-    }
+    }  # no `encrypted_content`: Open Responses allows it absent, not null
     assert message["phase"] == "final_answer"
     response = checked.response
     assert response.status == "completed"
