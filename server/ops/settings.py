@@ -404,6 +404,12 @@ class Settings(BaseSettings):
         "/v1/responses stream sends a response.in_progress event; Codex resets its idle timer "
         "only on real events.",
     )
+    websocket: bool = Field(
+        True,
+        description="Serve /v1/responses also over a WebSocket (Codex CLI's default transport: "
+        "a socket per session, each tool round sending only its new items). --no-websocket "
+        "answers the handshake with HTTP 426, on which Codex uses HTTP at once.",
+    )
     # --- server-run tools (/v1/responses) ---
     mcp_config: Path | None = Field(
         None,

@@ -1,5 +1,8 @@
 """POST /v1/responses (streaming and not, one event stream), GET and DELETE /v1/responses/{id}.
 
+`open_response` makes a response ready to run; the WebSocket on the same path (socket.py) runs
+its responses through it too.
+
 Everything that can be refused is refused before the first byte: an unknown
 previous_response_id (404), bad input (400), a prompt that does not fit (400,
 context_length_exceeded). A stream then always ends with exactly one terminal event.
@@ -40,8 +43,11 @@ from server.api.responses.mcp import (
 )
 from server.api.responses.schemas import (
     DeletedResponse,
+    InputTokensDetails,
+    OutputTokensDetails,
     ResponseObject,
     ResponsesRequest,
+    ResponseUsage,
     StreamEvent,
 )
 from server.api.responses.store import ResponseStore, StoredResponse
@@ -104,16 +110,37 @@ class ResponsesState:
 
 @router.post("/v1/responses", response_model=None)
 async def create_response(body: ResponsesRequest, request: Request) -> Response:
-    settings: Settings = request.app.state.settings
-    generator: Generator = request.app.state.generator
-    state: ResponsesState = request.app.state.responses
-    earlier = await _earlier(state, body.previous_response_id)
+    run = await open_response(body, request.app.state)
+    if body.stream:
+        return await run.stream(SharedField("response"), request.app.state.responses.keepalive_s)
+    return await run.respond(request, _body)
+
+
+async def open_response(
+    body: ResponsesRequest,
+    app_state: Any,
+    *,
+    own: StoredResponse | None = None,
+    remember: Callable[[StoredResponse], None] | None = None,
+) -> StreamRun[StreamEvent]:
+    """A response admitted and ready to run: everything that can be refused is refused here
+    (ServerError) before its first event.
+
+    `own` is a conversation its caller keeps itself (a socket's last response, also one not
+    stored): a previous_response_id naming it continues from it without the store. `remember`
+    is handed the finished response's record (its conversation, with the exact tokens), stored
+    or not.
+    """
+    settings: Settings = app_state.settings
+    generator: Generator = app_state.generator
+    state: ResponsesState = app_state.responses
+    earlier = await _earlier(state, body.previous_response_id, own)
     date = state.conversation_date(body.prompt_cache_key, earlier, settings.today())
     shown = reasoning_view(body, settings.reasoning_visibility)
     response_id = new_id("resp_")
     before = earlier.conversation if earlier is not None else ()
-    builtin = setup_builtin(body, request.app.state.server_tools.tools)
-    mcp = await setup_mcp(body, request.app.state.mcp, _listed(earlier, body))
+    builtin = setup_builtin(body, app_state.server_tools.tools)
+    mcp = await setup_mcp(body, app_state.mcp, _listed(earlier, body))
     _check_labels(mcp, builtin)
     conversation_id = (earlier.conversation_id or earlier.id) if earlier else response_id
     decided = approvals(body, to_conversation(body, before), mcp, state.approval_ids)
@@ -136,9 +163,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
         prepared = generator.prepare(transcript, options, server_tools)
     except ServerError as exc:
         raise exc.named(WIRE_NAMES) from None
-    base = _base_response(
-        body, transcript, prepared, request.app.state.model_name, response_id=response_id
-    )
+    base = _base_response(body, transcript, prepared, app_state.model_name, response_id=response_id)
     vocab = generator.token_bytes if wants_logprobs(body) else None
     emitter = ResponsesEmitter(
         base,
@@ -151,14 +176,70 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
         approved=decided.approved,
     )
     finisher = _Finisher(
-        state, generator, conversation, date, store=base.store, conversation_id=conversation_id
+        state,
+        generator,
+        conversation,
+        date,
+        store=base.store,
+        conversation_id=conversation_id,
+        remember=remember,
     )
-    run: StreamRun[StreamEvent] = StreamRun(
-        prepared, emitter, name=f"response {base.id}", finish=finisher
+    return StreamRun(prepared, emitter, name=f"response {base.id}", finish=finisher)
+
+
+async def warm_up(
+    body: ResponsesRequest, app_state: Any, *, own: StoredResponse | None = None
+) -> StoredResponse:
+    """A response that generates nothing (`generate: false`: Codex's warm-up of a new socket):
+    completed at once with no output and no tokens, its conversation the request's input, so
+    that the next request continues it by its id with only what is new. The input is checked
+    as a generating request's is (bad items, tools or format: InvalidRequest); nothing is
+    stored, nothing is admitted or evaluated."""
+    settings: Settings = app_state.settings
+    state: ResponsesState = app_state.responses
+    earlier = await _earlier(state, body.previous_response_id, own)
+    date = state.conversation_date(body.prompt_cache_key, earlier, settings.today())
+    conversation = to_conversation(body, earlier.conversation if earlier is not None else ())
+    try:
+        transcript = to_transcript(body, conversation, settings.reasoning_effort, date)
+    except ServerError as exc:
+        raise exc.named(WIRE_NAMES) from None
+    response_id = new_id("resp_")
+    text_format = body.text.format if body.text and body.text.format else {"type": "text"}
+    created = now()
+    response = ResponseObject(
+        id=response_id,
+        created_at=created,
+        completed_at=created,
+        status="completed",
+        model=body.model or app_state.model_name,
+        usage=ResponseUsage(
+            input_tokens=0,
+            input_tokens_details=InputTokensDetails(),
+            output_tokens=0,
+            output_tokens_details=OutputTokensDetails(),
+            total_tokens=0,
+        ),
+        instructions=body.instructions,
+        metadata=body.metadata or {},
+        max_output_tokens=body.max_output_tokens,
+        previous_response_id=body.previous_response_id,
+        parallel_tool_calls=body.parallel_tool_calls is not False,
+        tool_choice=body.tool_choice or "auto",
+        tools=_echoed_tools(body.tools or []),
+        reasoning={"effort": transcript.reasoning_effort, "summary": None},
+        text={"format": text_format},
+        store=False,
+        prompt_cache_key=body.prompt_cache_key,
     )
-    if body.stream:
-        return await run.stream(SharedField("response"), state.keepalive_s)
-    return await run.respond(request, _body)
+    conversation_id = (earlier.conversation_id or earlier.id) if earlier else response_id
+    return StoredResponse(
+        id=response_id,
+        response=response.model_dump(mode="json"),
+        conversation=conversation,
+        conversation_date=date,
+        conversation_id=conversation_id,
+    )
 
 
 @router.get("/v1/responses/{response_id}", response_model=None)
@@ -187,9 +268,13 @@ def _body(events: list[StreamEvent]) -> dict[str, Any]:
     return response.model_dump(mode="json")
 
 
-async def _earlier(state: ResponsesState, response_id: str | None) -> StoredResponse | None:
+async def _earlier(
+    state: ResponsesState, response_id: str | None, own: StoredResponse | None = None
+) -> StoredResponse | None:
     if response_id is None:
         return None
+    if own is not None and own.id == response_id:
+        return own
     stored = await state.store.get(response_id)
     if stored is None:
         raise _not_found(response_id, param="previous_response_id")
@@ -304,6 +389,7 @@ class _Finisher:
     date: str
     store: bool
     conversation_id: str | None = None
+    remember: Callable[[StoredResponse], None] | None = None  # handed the record, stored or not
 
     async def __call__(self, last: list[StreamEvent], ended: list[Ended]) -> None:
         response = fold(last)  # the response the terminal event carries
@@ -327,7 +413,7 @@ class _Finisher:
                 spent.input_tokens,
                 spent.output_tokens,
             )
-        if not self.store:
+        if not self.store and self.remember is None:
             return
         message_start = list(self.generator.renderer.assistant_start)
         outputs = output_items(ended, message_start)
@@ -338,4 +424,7 @@ class _Finisher:
             conversation_date=self.date,
             conversation_id=self.conversation_id,
         )
-        await self.state.store.put(record)
+        if self.remember is not None:
+            self.remember(record)
+        if self.store:
+            await self.state.store.put(record)
