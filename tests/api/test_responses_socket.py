@@ -48,6 +48,8 @@ def server(runtime: Runtime, tmp_path: Path, **settings: Any) -> Iterator[str]:
     config = Settings(
         responses_store_path=tmp_path / f"store-{uuid.uuid4().hex}.sqlite3",
         max_request_bytes=LIMIT,
+        # no keepalive events: waiting for an event that never comes ends in the recv timeout
+        responses_keepalive_s=3600,
         **settings,
     )
     with served(create_app(config, runtime)) as url:
@@ -152,7 +154,7 @@ def test_a_second_create_while_one_runs_is_refused(
 def test_messages_over_the_announced_limit_are_refused(url: str, forced: ForcedScript) -> None:
     with connect(socket_url(url)) as ws:
         assert ws.response.headers[MAX_MESSAGE_HEADER] == str(LIMIT)
-        error = refused(ws, input="x" * LIMIT)
+        error = refused(ws, input="x" * LIMIT, max_output_tokens=16)  # short if it ran
         assert (error["status"], error["error"]["code"]) == (413, "request_too_large")
         forced.push("<|channel|>final<|message|>Small is fine.<|return|>")
         assert create(ws, input="y" * 100).items[-1]["content"][0]["text"] == "Small is fine."
