@@ -16,6 +16,7 @@ import pytest
 from openai_harmony import HarmonyEncoding
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import ClientConnection, connect
+from websockets.typing import Origin
 
 from devkit.forced import ForcedScript
 from server.api.responses.socket import MAX_MESSAGE_HEADER
@@ -153,6 +154,7 @@ def test_a_second_create_while_one_runs_is_refused(
 
 def test_messages_over_the_announced_limit_are_refused(url: str, forced: ForcedScript) -> None:
     with connect(socket_url(url)) as ws:
+        assert ws.response is not None
         assert ws.response.headers[MAX_MESSAGE_HEADER] == str(LIMIT)
         error = refused(ws, input="x" * LIMIT, max_output_tokens=16)  # short if it ran
         assert (error["status"], error["error"]["code"]) == (413, "request_too_large")
@@ -190,15 +192,16 @@ def test_a_warm_up_generates_nothing_and_is_continued(
 def test_foreign_host_or_origin_cannot_open_the_socket(url: str) -> None:
     uri = socket_url(url)
     port = httpx.URL(url).port
+    assert port is not None
     # a page whose name was re-pointed at this machine (DNS rebinding) names its own host
     with socket.create_connection(("127.0.0.1", port)) as raw:
         status, body = handshake_status(f"ws://rebound.example:{port}/v1/responses", sock=raw)
     assert (status, body["error"]["code"]) == (400, "invalid_host")
-    status, body = handshake_status(uri, origin="http://evil.example")
+    status, body = handshake_status(uri, origin=Origin("http://evil.example"))
     assert (status, body["error"]["code"]) == (403, "cross_origin_request")
-    status, _ = handshake_status(uri, origin=f"http://127.0.0.1:{port + 1}")  # another port
+    status, _ = handshake_status(uri, origin=Origin(f"http://127.0.0.1:{port + 1}"))  # a port
     assert status == 403
-    with connect(uri, origin=f"http://127.0.0.1:{port}"):  # the server's own page may
+    with connect(uri, origin=Origin(f"http://127.0.0.1:{port}")):  # the server's own page may
         pass
 
 

@@ -67,6 +67,7 @@ log = logging.getLogger(__name__)
 router = APIRouter()
 
 MAX_MESSAGE_HEADER = "x-codex-websocket-max-message-bytes"
+TERMINAL_EVENTS = ("response.completed", "response.incomplete", "response.failed")
 _DENIAL = "websocket.http.response"  # the ASGI extension that answers a handshake with HTTP
 
 
@@ -119,7 +120,8 @@ class ResponsesSocket:
         self._app_state = websocket.app.state
         self._max_bytes = max_bytes
         self._send_lock = asyncio.Lock()
-        self._running: asyncio.Task[None] | None = None
+        self._active: asyncio.Task[None] | None = None  # whose terminal event is not out yet
+        self._tasks: set[asyncio.Task[None]] = set()  # responses, also those winding down
         self._last: StoredResponse | None = None  # what a previous_response_id may continue
 
     async def serve(self) -> None:
@@ -156,7 +158,7 @@ class ResponsesSocket:
                 param="type",
             )
             return
-        if self._running is not None and not self._running.done():
+        if self._active is not None:
             await self._error(
                 409,
                 "a response is already running on this socket: send the next response.create "
@@ -164,7 +166,10 @@ class ResponsesSocket:
                 code="response_in_progress",
             )
             return
-        self._running = asyncio.create_task(self._respond(data))
+        task = asyncio.create_task(self._respond(data))
+        self._active = task
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _parse(self, text: str) -> dict[str, Any] | None:
         """The message's JSON object; None (an error event sent) for one over the limit, not
@@ -197,6 +202,8 @@ class ResponsesSocket:
         except (WebSocketDisconnect, OSError) as exc:
             # the client went away; closing the events stopped the generation
             log.debug("responses socket: the client left during a response (%r)", exc)
+        finally:
+            self._done()
 
     async def _answer(self, data: dict[str, Any]) -> None:
         fields = {key: value for key, value in data.items() if key not in ("type", "generate")}
@@ -223,6 +230,8 @@ class ResponsesSocket:
             return
         async with aclosing(run.events(state.keepalive_s)) as events:
             async for event in events:
+                if event.type in TERMINAL_EVENTS:  # the client may send its next create on it
+                    self._done()
                 await self._send(encode_json(event.model_dump(mode="json")))
 
     async def _warm_up(self, body: ResponsesRequest) -> None:
@@ -236,6 +245,11 @@ class ResponsesSocket:
             ResponseCompleted(sequence_number=2, response=completed),
         ):
             await self._send(encode_json(event.model_dump(mode="json")))
+
+    def _done(self) -> None:
+        """This task's response is over (its terminal or error event goes out next)."""
+        if self._active is asyncio.current_task():
+            self._active = None
 
     def _remember(self, record: StoredResponse) -> None:
         """The finished response becomes what the next create may continue (a failed one
@@ -253,7 +267,8 @@ class ResponsesSocket:
         self, status: int, envelope: Mapping[str, Any], headers: Mapping[str, str] | None = None
     ) -> None:
         """An error event: OpenAI's envelope with the HTTP status the error has on a POST, and
-        its headers (retry-after)."""
+        its headers (retry-after). It ends the create it answers, if any."""
+        self._done()
         event: dict[str, Any] = {"type": "error", "status": status, **envelope}
         if headers:
             event["headers"] = {name.lower(): value for name, value in headers.items()}
@@ -266,9 +281,7 @@ class ResponsesSocket:
 
     async def _stop(self) -> None:
         """The running response, if any, cancelled: its generation stops."""
-        task, self._running = self._running, None
-        if task is None or task.done():
-            return
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        for task in list(self._tasks):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
