@@ -14,7 +14,7 @@ shows a summary as its reasoning item; the raw chain of thought only with
 prompt (`codex_catalog_template.json`, taken from Codex 0.169's requests).
 
 The provider speaks the Responses API over a WebSocket (`supports_websockets = true`, the
-server's socket on /v1/responses: one socket per Codex session, each tool round sending only its
+server's socket on /v1/responses: one socket per Codex run, each tool round sending only its
 new items); `--no-websockets` writes `false`, and Codex then POSTs every request.
 
 Without `--write` the files are printed. With it, an existing file with other content is never
@@ -118,7 +118,7 @@ def config_toml(setup: CodexSetup, catalog_path: Path) -> str:
     ]
     if setup.websockets:
         lines += [
-            "# One WebSocket per session: each tool round sends only its new items, and the",
+            "# One WebSocket per Codex run: each tool round sends only its new items, and the",
             "# conversation stays in the server's KV cache. To use HTTP instead, set this to",
             "# false (or start the server with --no-websocket: Codex then falls back at once).",
             "supports_websockets = true",

@@ -407,7 +407,7 @@ class Settings(BaseSettings):
     websocket: bool = Field(
         True,
         description="Serve /v1/responses also over a WebSocket (Codex CLI's default transport: "
-        "a socket per session, each tool round sending only its new items). --no-websocket "
+        "a socket per run, each tool round sending only its new items). --no-websocket "
         "answers the handshake with HTTP 426, on which Codex uses HTTP at once.",
     )
     # --- server-run tools (/v1/responses) ---

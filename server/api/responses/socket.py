@@ -4,7 +4,7 @@ The handshake is checked as a POST is: the Host and Origin checks run before any
 (host_check.py: a foreign name or page is refused there), then the API key (auth.py, in
 constant time). A refusal is the HTTP answer to the handshake, in OpenAI's error envelope: 401
 for the key; 426 when the socket is turned off (--no-websocket), the one answer on which Codex
-falls back to HTTP at once for the rest of its session. The 101 answer announces the largest
+falls back to HTTP at once for as long as it runs. The 101 answer announces the largest
 message the server reads in `x-codex-websocket-max-message-bytes` (Codex reads it): the request
 body limit (--max-request-bytes).
 
