@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 from openai_harmony import HarmonyEncoding
 
@@ -33,6 +34,13 @@ class ForcedScript:
     def push_tokens(self, tokens: Sequence[int]) -> None:
         with self._lock:
             self._queue.append(list(tokens))
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """Generations wait at their start (the hook, on the engine thread) until the block
+        ends: a test's requests stay running while it acts. Push scripts before, not inside."""
+        with self._lock:
+            yield
 
     def clear(self) -> None:
         with self._lock:

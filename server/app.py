@@ -29,6 +29,7 @@ from server.api.models import router as models_router
 from server.api.ollama import router as ollama_router
 from server.api.responses.router import ResponsesState
 from server.api.responses.router import router as responses_router
+from server.api.responses.socket import router as responses_socket_router
 from server.api.web import router as web_router
 from server.contracts.errors import StartupError
 from server.core.generation import Generator, SamplingDefaults
@@ -96,6 +97,7 @@ def create_app(settings: Settings, runtime: Runtime | ServedModels | None = None
     app.include_router(health_router)
     app.include_router(metrics_router)
     app.include_router(web_router)  # the chat page at `/`: static files, no key
+    app.include_router(responses_socket_router)  # checks the key itself, before its handshake
     for router in (
         models_router,
         ollama_router,

@@ -140,6 +140,12 @@ class CodexConfig(BaseModel):
         "per model turn; the raw reasoning stays hidden in Codex either way).",
     )
 
+    websockets: bool = Field(
+        True,
+        description="Codex speaks the Responses API over the server's WebSocket "
+        "(supports_websockets); --no-websockets: HTTP only.",
+    )
+
     def cli_cmd(self) -> None:
         configure_logging("info")
         api_key = os.environ.get(self.env_key) if self.env_key else None
@@ -152,6 +158,7 @@ class CodexConfig(BaseModel):
             reasoning_effort=self.reasoning_effort,
             reasoning_summary=self.reasoning_summary,
             env_key=self.env_key,
+            websockets=self.websockets,
         )
         home = self.codex_home or codex_config.default_codex_home()
         if not self.write:

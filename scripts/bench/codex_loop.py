@@ -97,8 +97,12 @@ def loop(codex: Path, url: str, place: Path) -> dict[str, Any]:
     """One Codex run of the task against the server at `url`: what it did and what it cost."""
     home, repo = fresh_place(place)
     before = counters(url)
-    setup = CodexSetup(
-        base_url=f"{url}/v1", model=MODEL_NAME, context_window=N_CTX, stream_idle_timeout_ms=60_000
+    setup = CodexSetup(  # over HTTP, as this measurement has always run
+        base_url=f"{url}/v1",
+        model=MODEL_NAME,
+        context_window=N_CTX,
+        stream_idle_timeout_ms=60_000,
+        websockets=False,
     )
     write(setup, home)
     started = time.perf_counter()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hmac
 
 from fastapi import Request
+from starlette.requests import HTTPConnection
 
 from server.contracts.errors import ServerError
 from server.ops.settings import Settings
@@ -28,9 +29,9 @@ async def require_api_key(request: Request) -> None:
         )
 
 
-def carries_api_key(request: Request) -> bool:
-    """Whether the request may use the /v1 routes: it carries the configured key, or no key is
-    configured."""
+def carries_api_key(request: HTTPConnection) -> bool:
+    """Whether the request (or a WebSocket's handshake) may use the /v1 routes: it carries the
+    configured key, or no key is configured."""
     settings: Settings = request.app.state.settings
     if settings.api_key is None:
         return True

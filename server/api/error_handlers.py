@@ -7,7 +7,8 @@ OpenAI's envelope (`{"error": {message, type, param, code}}`) everywhere, except
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -62,19 +63,24 @@ async def _server_error(request: Request, exc: ServerError) -> JSONResponse:
 
 
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    errors = exc.errors()
+    message, param = describe_validation(exc.errors())
+    return _respond(request, 400, message, "invalid_request_error", param=param)
+
+
+def describe_validation(errors: Sequence[Mapping[str, Any]]) -> tuple[str, str | None]:
+    """pydantic's errors about a request body as one message and the field it names (its
+    `param`), as a 400 says them (also on the Responses WebSocket)."""
     first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
     if first.get("type") == "json_invalid":
         context = first.get("ctx")
         detail = context.get("error", "") if isinstance(context, dict) else ""
-        message = f"the request body is not valid JSON: {detail}".rstrip(": ")
-        return _respond(request, 400, message, "invalid_request_error")
+        return f"the request body is not valid JSON: {detail}".rstrip(": "), None
     location = [str(part) for part in first.get("loc", ()) if part != "body"]
     param = ".".join(location) or None
     message = f"{param}: {first['msg']}" if param else str(first["msg"])
     if len(errors) > 1:
         message += f" (and {len(errors) - 1} more problems)"
-    return _respond(request, 400, message, "invalid_request_error", param=param)
+    return message, param
 
 
 async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:

@@ -14,7 +14,9 @@ requests); a request carrying one is served only when it comes from this server'
 (its scheme, and the host and port of `Host`) or its host is among --allowed-hosts. A page
 elsewhere (another port of localhost included) gets 403 before any body is read, also for the
 "simple" requests a browser sends without a CORS preflight. The server sends no CORS headers.
-Clients that are not browsers send no `Origin` and are not affected.
+Clients that are not browsers send no `Origin` and are not affected. A WebSocket handshake (the
+Responses socket) is checked the same way (a browser always sends its page's `Origin` with one,
+and no CORS protects a socket) and refused with the same HTTP answer.
 
 Starlette's TrustedHostMiddleware fits only in part: it ignores the port and keeps IPv6
 brackets, so `localhost`, `127.0.0.1`, `[::1]` and the bound name could be listed, but it
@@ -36,6 +38,7 @@ from server.api.messages.errors import anthropic_envelope, is_messages_path
 from server.contracts.errors import error_envelope
 
 DEFAULT_PORTS = {"http": 80, "https": 443}
+WEB_SCHEMES = {"ws": "http", "wss": "https"}
 
 
 def _split(authority: str, scheme: str) -> tuple[str, int] | None:
@@ -100,15 +103,19 @@ class HostCheckMiddleware:
             (b"content-type", b"application/json"),
             (b"content-length", str(len(payload)).encode()),
         ]
-        if scope["type"] == "websocket":  # no routes; refused before the handshake
-            await send({"type": "websocket.close", "code": 1008})
-            return
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": payload})
+        kind = "http"
+        if scope["type"] == "websocket":  # refused before the handshake: its HTTP answer
+            if "websocket.http.response" not in scope.get("extensions", {}):
+                await send({"type": "websocket.close", "code": 1008})  # a bare 403
+                return
+            kind = "websocket.http"
+        await send({"type": f"{kind}.response.start", "status": status, "headers": headers})
+        await send({"type": f"{kind}.response.body", "body": payload})
 
     def _refusal(self, scope: Scope) -> tuple[int, str, str, str] | None:
         headers = dict(scope.get("headers", ()))
         scheme = str(scope.get("scheme", "http"))
+        scheme = WEB_SCHEMES.get(scheme, scheme)  # a socket's page is http(s) in its Origin
         raw_host = headers.get(b"host")
         host = _split(raw_host.decode("latin-1"), scheme) if raw_host is not None else None
         if raw_host is not None and (host is None or not self._known_host(host[0], scope)):

@@ -13,6 +13,10 @@ shows a summary as its reasoning item; the raw chain of thought only with
 `show_raw_agent_reasoning = true`. The entry's base instructions are Codex's own default
 prompt (`codex_catalog_template.json`, taken from Codex 0.169's requests).
 
+The provider speaks the Responses API over a WebSocket (`supports_websockets = true`, the
+server's socket on /v1/responses: one socket per Codex run, each tool round sending only its
+new items); `--no-websockets` writes `false`, and Codex then POSTs every request.
+
 Without `--write` the files are printed. With it, an existing file with other content is never
 replaced silently: the command refuses, unless `--force`, which keeps the old file as `.bak`.
 """
@@ -55,6 +59,7 @@ class CodexSetup:
     reasoning_effort: str = "medium"
     reasoning_summary: str = "none"  # auto | concise | detailed: what Codex asks for by default
     env_key: str | None = None  # environment variable holding the server's API key
+    websockets: bool = True  # Codex speaks the Responses API over a WebSocket to the server
 
 
 def idle_timeout_ms(cpus: int | None = None, *, gpu: bool = False) -> int:
@@ -111,6 +116,15 @@ def config_toml(setup: CodexSetup, catalog_path: Path) -> str:
         "stream_max_retries = 2",
         f"stream_idle_timeout_ms = {setup.stream_idle_timeout_ms}",
     ]
+    if setup.websockets:
+        lines += [
+            "# One WebSocket per Codex run: each tool round sends only its new items, and the",
+            "# conversation stays in the server's KV cache. To use HTTP instead, set this to",
+            "# false (or start the server with --no-websocket: Codex then falls back at once).",
+            "supports_websockets = true",
+        ]
+    else:
+        lines.append("supports_websockets = false  # HTTP (POST /v1/responses) only")
     return "\n".join(lines) + "\n"
 
 

@@ -32,6 +32,7 @@ from server.ops.settings import Settings
 log = logging.getLogger("gpt_oss_server")
 
 BACKSTOP_S = 10  # after the grace period, how long uvicorn waits before cancelling tasks
+WS_MARGIN = 64 * 1024  # bytes past --max-request-bytes a WebSocket message is still read
 
 
 class GracefulServer(uvicorn.Server):
@@ -111,6 +112,9 @@ def serve(
         port=settings.port,
         log_level=settings.log_level,
         timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s) + BACKSTOP_S,
+        # the Responses socket reads messages up to the request body limit and answers one a
+        # little over it with an error event; uvicorn closes on a larger one (1009) unread
+        ws_max_size=settings.max_request_bytes + WS_MARGIN,
     )
     server = GracefulServer(
         config,

@@ -476,6 +476,12 @@ class Settings(BaseSettings):
         "Responses specification's names). One name per event, never both: a client that "
         "knows both would read the text twice.",
     )
+    websocket: bool = Field(
+        True,
+        description="Serve /v1/responses also over a WebSocket (Codex CLI's default transport: "
+        "a socket per run, each tool round sending only its new items). --no-websocket "
+        "answers the handshake with HTTP 426, on which Codex uses HTTP at once.",
+    )
     # --- server-run tools (/v1/responses) ---
     mcp_config: Path | None = Field(
         None,

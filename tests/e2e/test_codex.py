@@ -84,8 +84,12 @@ def codex(
     """CODEX_HOME with what `gpt-oss-server codex-config --write` writes for this server."""
     home = tmp_path_factory.mktemp("codex-home")
     assert served_model(server.url) == (MODEL, N_CTX)  # what the command asks the server
-    setup = CodexSetup(
-        base_url=server.url, model=MODEL, context_window=N_CTX, stream_idle_timeout_ms=60_000
+    setup = CodexSetup(  # over HTTP, whose SSE streams are recorded (the socket: its own test)
+        base_url=server.url,
+        model=MODEL,
+        context_window=N_CTX,
+        stream_idle_timeout_ms=60_000,
+        websockets=False,
     )
     write(setup, home)
     return Codex(codex_binary, home, script, encoding, server.recorder)

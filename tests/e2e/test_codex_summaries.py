@@ -81,7 +81,10 @@ def homes(
         with served(recorders["raw"]) as raw_url, served(recorders["summary"]) as summary_url:
             for policy, url in (("raw", raw_url), ("summary", summary_url)):
                 home = tmp_path_factory.mktemp(f"codex-home-{policy}")
-                write(CodexSetup(base_url=url, model=MODEL, context_window=N_CTX), home)
+                setup = CodexSetup(  # over HTTP, whose SSE streams are recorded
+                    base_url=url, model=MODEL, context_window=N_CTX, websockets=False
+                )
+                write(setup, home)
                 codex = Codex(codex_binary, home, script, encoding, recorders[policy])
                 setups[policy] = Setup(codex, url)
             yield setups

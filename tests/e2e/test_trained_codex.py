@@ -57,8 +57,12 @@ def codex(
 ) -> Codex:
     home = place / "home"
     home.mkdir()
-    setup = CodexSetup(
-        base_url=server.url, model=MODEL, context_window=N_CTX, stream_idle_timeout_ms=60_000
+    setup = CodexSetup(  # over HTTP, whose SSE streams are recorded
+        base_url=server.url,
+        model=MODEL,
+        context_window=N_CTX,
+        stream_idle_timeout_ms=60_000,
+        websockets=False,
     )
     write(setup, home)
     return Codex(codex_binary, home, server.prompts, encoding, server.recorder)

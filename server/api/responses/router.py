@@ -2,6 +2,9 @@
 POST /v1/responses/input_tokens (the prompt's length, counted as create would render it),
 POST /v1/responses/compact (the conversation summarized by the model, server.api.responses.compact).
 
+`open_response` makes a response ready to run; the WebSocket on the same path (socket.py) runs
+its responses through it too.
+
 Everything that can be refused is refused before the first byte: an unknown
 previous_response_id (404), bad input (400), a prompt that does not fit (400,
 context_length_exceeded). A stream then always ends with exactly one terminal event.
@@ -20,7 +23,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from server.api.model_choice import chosen, loading_notice
+from server.api.model_choice import Served, chosen, loading_notice
 from server.api.response_fields import new_id, now
 from server.api.responses.adapter import (
     WIRE_NAMES,
@@ -47,9 +50,12 @@ from server.api.responses.schemas import (
     CompactedResponse,
     DeletedResponse,
     InputTokens,
+    InputTokensDetails,
     MessageItem,
+    OutputTokensDetails,
     ResponseObject,
     ResponsesRequest,
+    ResponseUsage,
     StreamEvent,
 )
 from server.api.responses.store import ResponseStore, StoredResponse
@@ -129,25 +135,33 @@ class _Setup:
     transcript: Transcript
 
 
-async def _setup(body: ResponsesRequest, request: Request, *, pin_date: bool = True) -> _Setup:
+async def _setup(
+    body: ResponsesRequest,
+    app_state: Any,
+    *,
+    pin_date: bool = True,
+    own: StoredResponse | None = None,
+) -> _Setup:
     """Everything the prompt is rendered from: the earlier conversation, the pinned date, the
     request's input and tools (MCP servers' listings, built-in tools), approvals decided.
-    `pin_date`: False for a request that generates nothing (the date is looked up, not kept)."""
-    settings: Settings = request.app.state.settings
-    state: ResponsesState = request.app.state.responses
+    `pin_date`: False for a request that generates nothing (the date is looked up, not kept).
+    `own`: a conversation the caller keeps itself (a socket's last response, also one not
+    stored), which a previous_response_id naming it continues without the store."""
+    settings: Settings = app_state.settings
+    state: ResponsesState = app_state.responses
     if body.background:
         raise InvalidRequest(
             "background responses are not supported: each response runs in its request "
             "(stream it, or wait for the body)",
             param="background",
         )
-    earlier = await _earlier(state, body.previous_response_id)
+    earlier = await _earlier(state, body.previous_response_id, own)
     date = state.conversation_date(body.prompt_cache_key, earlier, settings.today(), pin=pin_date)
     shown = reasoning_view(body, settings.reasoning_visibility)
     response_id = new_id("resp_")
     before = earlier.conversation if earlier is not None else ()
-    builtin = setup_builtin(body, request.app.state.server_tools.tools)
-    mcp = await setup_mcp(body, request.app.state.mcp, _listed(earlier, body))
+    builtin = setup_builtin(body, app_state.server_tools.tools)
+    mcp = await setup_mcp(body, app_state.mcp, _listed(earlier, body))
     _check_labels(mcp, builtin)
     conversation_id = (earlier.conversation_id or earlier.id) if earlier else response_id
     decided = approvals(body, to_conversation(body, before), mcp, state.approval_ids)
@@ -163,11 +177,32 @@ async def _setup(body: ResponsesRequest, request: Request, *, pin_date: bool = T
 
 @router.post("/v1/responses", response_model=None)
 async def create_response(body: ResponsesRequest, request: Request) -> Response:
-    settings: Settings = request.app.state.settings
     served = chosen(request, body.model)
+    run = await open_response(body, request.app.state, served)
+    if body.stream:
+        keepalive_s = request.app.state.responses.keepalive_s
+        return loading_notice(await run.stream(SharedField("response"), keepalive_s), served)
+    return await run.respond(request, _body)
+
+
+async def open_response(
+    body: ResponsesRequest,
+    app_state: Any,
+    served: Served,
+    *,
+    own: StoredResponse | None = None,
+    remember: Callable[[StoredResponse], None] | None = None,
+) -> StreamRun[StreamEvent]:
+    """A response of `served`'s model admitted and ready to run: everything that can be
+    refused is refused here (ServerError) before its first event.
+
+    `own`: as in `_setup`. `remember` is handed the finished response's record (its
+    conversation, with the exact tokens), stored or not.
+    """
+    settings: Settings = app_state.settings
     generator = served.generator
-    state: ResponsesState = request.app.state.responses
-    setup = await _setup(body, request)
+    state: ResponsesState = app_state.responses
+    setup = await _setup(body, app_state, own=own)
     response_id, shown, mcp, builtin = setup.response_id, setup.shown, setup.mcp, setup.builtin
     decided, transcript = setup.decided, setup.transcript
     options = generation_options(body, shown.summary)
@@ -204,13 +239,9 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
         setup.date,
         store=base.store,
         conversation_id=setup.conversation_id,
+        remember=remember,
     )
-    run: StreamRun[StreamEvent] = StreamRun(
-        prepared, emitter, name=f"response {base.id}", finish=finisher
-    )
-    if body.stream:
-        return loading_notice(await run.stream(SharedField("response"), state.keepalive_s), served)
-    return await run.respond(request, _body)
+    return StreamRun(prepared, emitter, name=f"response {base.id}", finish=finisher)
 
 
 @router.post("/v1/responses/input_tokens", response_model=None)
@@ -219,7 +250,7 @@ async def input_tokens(body: ResponsesRequest, request: Request) -> Response:
     for the same body (instructions, tools, the earlier conversation), counted, not run."""
     served = chosen(request, body.model)
     generator = served.generator
-    setup = await _setup(body, request, pin_date=False)
+    setup = await _setup(body, request.app.state, pin_date=False)
     try:
         count = generator.count_tokens(setup.transcript)
     except ServerError as exc:
@@ -234,7 +265,7 @@ async def compact_response(body: ResponsesRequest, request: Request) -> Response
     input (with what follows), the conversation continues from the summary."""
     served = chosen(request, body.model)
     generator = served.generator
-    setup = await _setup(body, request)
+    setup = await _setup(body, request.app.state)
     if not setup.decided.conversation:
         raise InvalidRequest("there is no conversation to compact", param="input")
     transcript = summary_transcript(setup.transcript)
@@ -274,6 +305,61 @@ def _compacted_body(conversation: tuple[Item, ...], events: list[StreamEvent]) -
     return compaction.model_dump(mode="json")
 
 
+async def warm_up(
+    body: ResponsesRequest, app_state: Any, served: Served, *, own: StoredResponse | None = None
+) -> StoredResponse:
+    """A response that generates nothing (`generate: false`: Codex's warm-up of a new socket):
+    completed at once with no output and no tokens, its conversation the request's input, so
+    that the next request continues it by its id with only what is new. The input is checked
+    as a generating request's is (bad items, tools or format: InvalidRequest); nothing is
+    stored, nothing is admitted or evaluated."""
+    settings: Settings = app_state.settings
+    state: ResponsesState = app_state.responses
+    earlier = await _earlier(state, body.previous_response_id, own)
+    date = state.conversation_date(body.prompt_cache_key, earlier, settings.today())
+    conversation = to_conversation(body, earlier.conversation if earlier is not None else ())
+    try:
+        transcript = to_transcript(body, conversation, settings.reasoning_effort, date)
+    except ServerError as exc:
+        raise exc.named(WIRE_NAMES) from None
+    response_id = new_id("resp_")
+    text_format = body.text.format if body.text and body.text.format else {"type": "text"}
+    created = now()
+    response = ResponseObject(
+        id=response_id,
+        created_at=created,
+        completed_at=created,
+        status="completed",
+        model=served.echo(body.model),
+        usage=ResponseUsage(
+            input_tokens=0,
+            input_tokens_details=InputTokensDetails(),
+            output_tokens=0,
+            output_tokens_details=OutputTokensDetails(),
+            total_tokens=0,
+        ),
+        instructions=body.instructions,
+        metadata=body.metadata or {},
+        max_output_tokens=body.max_output_tokens,
+        previous_response_id=body.previous_response_id,
+        parallel_tool_calls=body.parallel_tool_calls is not False,
+        tool_choice=body.tool_choice or "auto",
+        tools=_echoed_tools(body.tools or []),
+        reasoning={"effort": transcript.reasoning_effort, "summary": None},
+        text={"format": text_format},
+        store=False,
+        prompt_cache_key=body.prompt_cache_key,
+    )
+    conversation_id = (earlier.conversation_id or earlier.id) if earlier else response_id
+    return StoredResponse(
+        id=response_id,
+        response=response.model_dump(mode="json"),
+        conversation=conversation,
+        conversation_date=date,
+        conversation_id=conversation_id,
+    )
+
+
 @router.get("/v1/responses/{response_id}", response_model=None)
 async def get_response(response_id: str, request: Request) -> Response:
     state: ResponsesState = request.app.state.responses
@@ -300,9 +386,13 @@ def _body(events: list[StreamEvent]) -> dict[str, Any]:
     return response.model_dump(mode="json")
 
 
-async def _earlier(state: ResponsesState, response_id: str | None) -> StoredResponse | None:
+async def _earlier(
+    state: ResponsesState, response_id: str | None, own: StoredResponse | None = None
+) -> StoredResponse | None:
     if response_id is None:
         return None
+    if own is not None and own.id == response_id:
+        return own
     stored = await state.store.get(response_id)
     if stored is None:
         raise _not_found(response_id, param="previous_response_id")
@@ -429,6 +519,7 @@ class _Finisher:
     date: str
     store: bool
     conversation_id: str | None = None
+    remember: Callable[[StoredResponse], None] | None = None  # handed the record, stored or not
 
     async def __call__(self, last: list[StreamEvent], ended: list[Ended]) -> None:
         response = fold(last)  # the response the terminal event carries
@@ -452,7 +543,7 @@ class _Finisher:
                 spent.input_tokens,
                 spent.output_tokens,
             )
-        if not self.store:
+        if not self.store and self.remember is None:
             return
         message_start = list(self.generator.renderer.assistant_start)
         outputs = output_items(ended, message_start)
@@ -463,4 +554,7 @@ class _Finisher:
             conversation_date=self.date,
             conversation_id=self.conversation_id,
         )
-        await self.state.store.put(record)
+        if self.remember is not None:
+            self.remember(record)
+        if self.store:
+            await self.state.store.put(record)

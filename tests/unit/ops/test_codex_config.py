@@ -44,6 +44,15 @@ def test_config_toml_is_a_responses_provider(tmp_path: Path) -> None:
     assert "env_key" not in without_key["model_providers"]["gpt-oss-server"]
 
 
+def test_config_toml_offers_the_websocket_and_says_how_to_turn_it_off(tmp_path: Path) -> None:
+    text = config_toml(SETUP, tmp_path / "catalog.json")
+    assert tomllib.loads(text)["model_providers"]["gpt-oss-server"]["supports_websockets"] is True
+    assert "--no-websocket" in text  # the comment beside it
+    http = CodexSetup(websockets=False)
+    provider = tomllib.loads(config_toml(http, tmp_path / "c.json"))["model_providers"]
+    assert provider["gpt-oss-server"]["supports_websockets"] is False
+
+
 def test_catalog_entry_offers_freeform_apply_patch() -> None:
     (entry,) = catalog(SETUP)["models"]
     assert entry["slug"] == entry["display_name"] == "gpt-oss-120b"
@@ -96,6 +105,10 @@ def test_cli_prints_or_writes(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert config["model_providers"]["gpt-oss-server"]["stream_idle_timeout_ms"] == 300_000
     entry = json.loads((home / "gpt-oss-catalog.json").read_text())["models"][0]
     assert entry["context_window"] == 32768
+    assert config["model_providers"]["gpt-oss-server"]["supports_websockets"] is True
+    CliApp.run(Command, cli_args=["codex-config", *common, "--no-websockets"])
+    provider = tomllib.loads(capsys.readouterr().out.split("----\n", 1)[1].split("# ----")[0])
+    assert provider["model_providers"]["gpt-oss-server"]["supports_websockets"] is False
     with pytest.raises(SystemExit) as exited:
         CliApp.run(Command, cli_args=["codex-config", *common, "--write", "--model", "other"])
     assert exited.value.code == 1

@@ -90,6 +90,14 @@ def test_config_file_named_by_the_environment(
     assert parse_serve(["--n-ctx", "4096"]).n_ctx == 4096
 
 
+def test_websocket_by_flag_or_config_file(tmp_path: Path) -> None:
+    assert parse_serve([]).websocket is True
+    assert parse_serve(["--no-websocket"]).websocket is False
+    config = write_config(tmp_path, "websocket = false\n")
+    assert parse_serve(["--config", str(config)]).websocket is False
+    assert parse_serve(["--config", str(config), "--websocket"]).websocket is True
+
+
 def test_config_file_through_the_serve_subcommand(tmp_path: Path) -> None:
     config = write_config(tmp_path, "n_cpu_moe = 12\nshutdown_grace_s = 2.5\n")
     command = CliApp.run(
