@@ -148,10 +148,10 @@ class Scheduler:
             if ran is None:
                 continue
             ran_parts, indices = ran  # without the drafts the cache had no room for
-            # a step of one generating sequence, timed for the speculator (draft_length.py)
-            timer = self._speculator if len(jobs) == 1 and not jobs[0].prefilling else None
-            extra = jobs[0].extra
-            drafted = len(extra.tokens) if extra is not None and extra.kind is Kind.DRAFT else 0
+            # a step of generating sequences only, timed for the draft controller
+            timer = self._speculator if not any(job.prefilling for job in jobs) else None
+            drafted = sum(_drafted(job) for job in jobs)
+            completed = sum(job.completed for job in jobs)
             for part, job, index in zip(ran_parts, jobs, indices, strict=True):
                 try:
                     self._advance(job, part, index)
@@ -160,8 +160,10 @@ class Scheduler:
                     self._finish(job, StopReason.ERROR, f"{type(exc).__name__}: {exc}")
                     timer = None
                 job.channel.flush()  # the step's tokens of this job, in one wake
+            emitted = sum(job.completed for job in jobs) - completed
+            took = time.perf_counter() - started
             if timer is not None:
-                timer.step_took(drafted, time.perf_counter() - started)
+                timer.step_took(drafted, took, len(jobs), emitted)
 
     def _retire(self) -> None:
         for job in [j for j in self._waiting if j.channel.cancelled]:
@@ -410,6 +412,12 @@ class Memory:
             self.evict(victims[0])
         slot.tokens[:] = job.prompt_tokens[: found.n_tokens]
         return found.n_tokens
+
+
+def _drafted(job: Job) -> int:
+    """The drafted tokens the job carries this step."""
+    extra = job.extra
+    return len(extra.tokens) if extra is not None and extra.kind is Kind.DRAFT else 0
 
 
 def _announce(fresh: list[Job]) -> None:
