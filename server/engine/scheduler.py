@@ -54,6 +54,7 @@ from server.engine.plan import Budgets, Kind, decide, without_extra
 from server.engine.slots import Slot, SlotChoice, choose_slot, eviction_order, longest_prefix
 from server.engine.speculative.drafter import Speculator
 from server.engine.speculative.ngram import NgramDrafter
+from server.engine.step_trace import StepTrace
 from server.engine.stop_flag import StopFlag
 
 log = logging.getLogger(__name__)
@@ -99,6 +100,7 @@ class Scheduler:
         self._loading: list[tuple[Job, Future[Found | None]]] = []  # reading from disk
         # the n-gram index each slot's last generation left: the next turn extends it
         self._indexes: dict[int, NgramDrafter] = {}
+        self._trace = StepTrace.from_env(ctx)  # debug only (step_trace.py)
 
     @property
     def busy(self) -> bool:
@@ -121,6 +123,8 @@ class Scheduler:
         self.fail_all("the engine shut down")
         self._loading.clear()
         self._memory.save_all(SHUTDOWN_SAVE_S)
+        if self._trace is not None:
+            self._trace.close()
 
     def fail_all(self, error: str) -> None:
         """End every job with `error`: at shutdown, or off the engine thread once it is stuck for
@@ -147,6 +151,7 @@ class Scheduler:
             ran = self._decode(batch, jobs)
             if ran is None:
                 continue
+            decoded = time.perf_counter()
             ran_parts, indices = ran  # without the drafts the cache had no room for
             # a step of generating sequences only, timed for the draft controller
             timer = self._speculator if not any(job.prefilling for job in jobs) else None
@@ -164,6 +169,8 @@ class Scheduler:
             took = time.perf_counter() - started
             if timer is not None:
                 timer.step_took(drafted, took, len(jobs), emitted)
+            if self._trace is not None:
+                self._trace.step(ran_parts, took, decoded - started, drafted, emitted)
 
     def _retire(self) -> None:
         for job in [j for j in self._waiting if j.channel.cancelled]:
