@@ -121,8 +121,11 @@ def loop(codex: Path, url: str, place: Path) -> dict[str, Any]:
     }
 
 
-def server(model: str, mode: str, logs: Path) -> tuple[ServerProcess, str]:
-    """A fresh `serve` process with `mode` (not started yet) and its URL."""
+def server(
+    model: str, mode: str, logs: Path, trace: Path | None = None
+) -> tuple[ServerProcess, str]:
+    """A fresh `serve` process with `mode` (not started yet) and its URL; with `trace`, it
+    writes its step trace there (server/engine/step_trace.py, llama.cpp's cell counters on)."""
     port = free_port()
     command = serve_command(
         model, port,
@@ -138,7 +141,13 @@ def server(model: str, mode: str, logs: Path) -> tuple[ServerProcess, str]:
         "--log-level", "warning",
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
-    return ServerProcess(command, logs / f"server-{mode}-{port}.log", f"{url}/health", 300), url
+    env = None
+    if trace is not None:
+        trace.mkdir(parents=True, exist_ok=True)
+        path = trace / f"steps-{mode}-{port}.jsonl"
+        env = {"GPT_OSS_STEP_TRACE": str(path), "LLAMA_KV_CACHE_DEBUG": "1"}
+    log_path = logs / f"server-{mode}-{port}.log"
+    return ServerProcess(command, log_path, f"{url}/health", 300, env=env), url
 
 
 def round_runs(
@@ -151,7 +160,7 @@ def round_runs(
     with ExitStack() as stack:
         urls = {}
         for mode in modes:
-            process, urls[mode] = server(model, mode, logs)
+            process, urls[mode] = server(model, mode, logs, args.trace)
             stack.enter_context(process)
         for mode in modes:
             for _ in range(args.warmup):
@@ -196,6 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument("--model", help="a GGUF file (default: the trained preset)")
     parser.add_argument("--codex", type=Path, default=CODEX, help="the Codex CLI binary")
+    parser.add_argument(
+        "--trace", type=Path, help="a folder: each server writes its step trace there"
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     if not args.codex.exists():

@@ -96,9 +96,12 @@ class ServerProcess:
         health_url: str,
         timeout_s: float,
         cwd: Path | None = None,  # `python -m server` runs the `server` found there
+        *,
+        env: dict[str, str] | None = None,  # set in the child's environment besides ours
     ) -> None:
         self.command = command
         self.cwd = cwd
+        self.env = env
         self.log_path = log_path
         self.health_url = health_url
         self.timeout_s = timeout_s
@@ -115,6 +118,7 @@ class ServerProcess:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 cwd=self.cwd,
+                env={**os.environ, **self.env} if self.env else None,
             )
         started = time.perf_counter()
         try:

@@ -23,6 +23,7 @@ class Batch:
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
+        self.outputs = 0  # rows of logits the last batch filled keeps
         self._tokens = np.zeros(capacity, dtype=np.int32)
         self._pos = np.zeros(capacity, dtype=np.int32)
         self._n_seq_id = np.ones(capacity, dtype=np.int32)
@@ -47,7 +48,7 @@ class Batch:
     def fill(self, parts: Sequence[BatchPart]) -> list[int]:
         """Write the parts in order; the batch index of each part's last logits (-1: none kept;
         a part with `all_logits` has its tokens' logits at the indices just before)."""
-        n = 0
+        n = outputs = 0
         indices = []
         for part in parts:
             end = n + len(part.tokens)
@@ -59,11 +60,14 @@ class Batch:
             self._logits[n:end] = 0
             if part.all_logits:
                 self._logits[n:end] = 1
+                outputs += end - n
             elif part.logits:
                 if not 0 < part.outputs <= len(part.tokens):
                     raise ValueError(f"{part.outputs} outputs asked of {len(part.tokens)} tokens")
                 self._logits[end - part.outputs : end] = 1
+                outputs += part.outputs
             indices.append(end - 1 if part.logits or part.all_logits else -1)
             n = end
         self.struct.n_tokens = n
+        self.outputs = outputs  # rows of logits this batch keeps
         return indices

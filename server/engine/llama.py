@@ -184,6 +184,7 @@ class LlamaEngine:
     def _run(self) -> None:
         try:
             self._ctx = LlamaContext(self._config, self._abort)
+            self._ctx.reserve_outputs(1 + max(self._config.draft_max, 1))  # the same in any mode
             self._cache = self._open_cache(self._ctx)
             speculator = start_speculation(self._ctx, self._config)
         except BaseException as exc:  # reported to the constructor's caller

@@ -40,9 +40,16 @@ _FLASH_ATTN = {
 _LOG_LEVELS = {2: logging.DEBUG, 3: logging.INFO, 4: logging.ERROR}
 
 
+_DEBUG = 1  # ggml_log_level of llama.cpp's debug lines
+_debug_sinks: list[Callable[[str], None]] = []  # LlamaContext.debug_sink's (the step trace's)
+
+
 @lc.llama_log_callback  # type: ignore[untyped-decorator]
 def _route_llama_log(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
     message = text.decode("utf-8", errors="replace").rstrip()
+    if level == _DEBUG and _debug_sinks:
+        for sink in _debug_sinks:
+            sink(message)
     if message:
         llama_log.log(_LOG_LEVELS.get(level, logging.DEBUG), "%s", message)
 
@@ -86,6 +93,10 @@ class LlamaContext:
         self.workspace = Workspace(self.info.n_vocab)  # the sampling buffers of this thread
         self.llama_sampling = config.sampler == "llama"
         self._logit_views: dict[int, np.ndarray[Any, np.dtype[np.float32]]] = {}
+        # rows of llama.cpp's output buffer: it grows to the most a decode asked for, never
+        # shrinks (llama_context::output_reserve); the step trace reports it
+        self.outputs_reserved = self.n_seq
+        self._debug_sink: Callable[[str], None] | None = None
 
     @staticmethod
     def _load_model(config: EngineConfig, abort: Callable[[], bool] | None) -> Any:
@@ -143,7 +154,30 @@ class LlamaContext:
         text = lc.llama_vocab_get_text(self._vocab, token_id)
         return text.decode("utf-8", errors="replace") if text else ""
 
+    @property
+    def debug_sink(self) -> Callable[[str], None] | None:
+        """Where llama.cpp's debug log lines go besides the log (the step trace)."""
+        return self._debug_sink
+
+    @debug_sink.setter
+    def debug_sink(self, sink: Callable[[str], None] | None) -> None:
+        if self._debug_sink is not None:
+            _debug_sinks.remove(self._debug_sink)
+        self._debug_sink = sink
+        if sink is not None:
+            _debug_sinks.append(sink)
+
+    def graphs_reused(self) -> int:
+        """How many decodes reused the previous compute graph so far (llama.cpp's counter)."""
+        return int(lc.llama_perf_context(self._ctx).n_reused)
+
+    def seq_span(self, seq_id: int) -> list[int]:
+        """[lowest, highest] position a sequence holds in the KV cache ([-1, -1]: none)."""
+        low = int(lc.llama_memory_seq_pos_min(self._memory, seq_id))
+        return [low, int(lc.llama_memory_seq_pos_max(self._memory, seq_id))]
+
     def close(self) -> None:
+        self.debug_sink = None
         lc.llama_free(self._ctx)
         lc.llama_model_free(self._model)
 
@@ -194,6 +228,23 @@ class LlamaContext:
         finally:
             lc.llama_memory_clear(self._memory, False)
 
+    def reserve_outputs(self, rows: int) -> None:
+        """Grow llama.cpp's output buffer to `rows` rows of logits now, whatever the speculative
+        setting: it grows at the first decode that keeps more rows than it has (a verify), and
+        never shrinks. Reserved at load, every server steps with the buffer of the same size
+        (`auto`'s start-up timing of 1 + 16 rows used to leave its buffer 17 rows and `off`'s 4),
+        and no step reallocates it mid-generation. Only while no sequence holds anything (at
+        load): the cache is cleared after it."""
+        rows = min(rows, self.n_batch)
+        if rows <= self.outputs_reserved:
+            return
+        self._batch.fill([BatchPart(0, [0] * rows, 0, True, rows)])  # not a step: no `decode`
+        code = lc.llama_decode(self._ctx, self._batch.struct)
+        lc.llama_memory_clear(self._memory, False)
+        if code != 0:
+            raise DecodeError(int(code))
+        self.outputs_reserved = rows
+
     def load_seq_state(self, seq_id: int, data: bytearray, offset: int) -> bool:
         """Replace a sequence's cache with a state saved by seq_state (`data[offset:]`).
 
@@ -223,6 +274,8 @@ class LlamaContext:
         Raises DecodeError (code 1: the KV cache has no room for the batch; 2: aborted).
         """
         indices = self._batch.fill(parts)
+        outputs = self._batch.outputs
+        self.outputs_reserved = max(self.outputs_reserved, outputs)
         if stop is not None:
             lc.llama_set_abort_callback(self._ctx, stop.callback, stop.data)
         try:

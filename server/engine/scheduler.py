@@ -54,6 +54,7 @@ from server.engine.plan import Budgets, Kind, decide, without_extra
 from server.engine.slots import Slot, SlotChoice, choose_slot, eviction_order, longest_prefix
 from server.engine.speculative.drafter import Speculator
 from server.engine.speculative.ngram import NgramDrafter
+from server.engine.step_trace import StepTrace
 from server.engine.stop_flag import StopFlag
 
 log = logging.getLogger(__name__)
@@ -99,6 +100,7 @@ class Scheduler:
         self._loading: list[tuple[Job, Future[Found | None]]] = []  # reading from disk
         # the n-gram index each slot's last generation left: the next turn extends it
         self._indexes: dict[int, NgramDrafter] = {}
+        self._trace = StepTrace.from_env(ctx)  # debug only (step_trace.py)
 
     @property
     def busy(self) -> bool:
@@ -121,6 +123,8 @@ class Scheduler:
         self.fail_all("the engine shut down")
         self._loading.clear()
         self._memory.save_all(SHUTDOWN_SAVE_S)
+        if self._trace is not None:
+            self._trace.close()
 
     def fail_all(self, error: str) -> None:
         """End every job with `error`: at shutdown, or off the engine thread once it is stuck for
@@ -147,11 +151,12 @@ class Scheduler:
             ran = self._decode(batch, jobs)
             if ran is None:
                 continue
+            decoded = time.perf_counter()
             ran_parts, indices = ran  # without the drafts the cache had no room for
-            # a step of one generating sequence, timed for the speculator (draft_length.py)
-            timer = self._speculator if len(jobs) == 1 and not jobs[0].prefilling else None
-            extra = jobs[0].extra
-            drafted = len(extra.tokens) if extra is not None and extra.kind is Kind.DRAFT else 0
+            # a step of generating sequences only, timed for the draft controller
+            timer = self._speculator if not any(job.prefilling for job in jobs) else None
+            drafted = sum(_drafted(job) for job in jobs)
+            completed = sum(job.completed for job in jobs)
             for part, job, index in zip(ran_parts, jobs, indices, strict=True):
                 try:
                     self._advance(job, part, index)
@@ -160,8 +165,12 @@ class Scheduler:
                     self._finish(job, StopReason.ERROR, f"{type(exc).__name__}: {exc}")
                     timer = None
                 job.channel.flush()  # the step's tokens of this job, in one wake
+            emitted = sum(job.completed for job in jobs) - completed
+            took = time.perf_counter() - started
             if timer is not None:
-                timer.step_took(drafted, time.perf_counter() - started)
+                timer.step_took(drafted, took, len(jobs), emitted)
+            if self._trace is not None:
+                self._trace.step(ran_parts, took, decoded - started, drafted, emitted)
 
     def _retire(self) -> None:
         for job in [j for j in self._waiting if j.channel.cancelled]:
@@ -410,6 +419,12 @@ class Memory:
             self.evict(victims[0])
         slot.tokens[:] = job.prompt_tokens[: found.n_tokens]
         return found.n_tokens
+
+
+def _drafted(job: Job) -> int:
+    """The drafted tokens the job carries this step."""
+    extra = job.extra
+    return len(extra.tokens) if extra is not None and extra.kind is Kind.DRAFT else 0
 
 
 def _announce(fresh: list[Job]) -> None:

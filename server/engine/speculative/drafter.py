@@ -5,7 +5,11 @@ whose length is the longest draft) and the acceptance the model's drafts have ha
 sequences, each new sequence's prior. A `SequenceDrafter` follows one generation: its n-gram
 drafter over the prompt and every emitted token (ngram.py), its own acceptance, and the counters
 the result reports; `propose` gives the draft to verify after the last emitted token, as long as
-draft_length.py says pays, and `settle` records how much of it the verify confirmed.
+the engine's DraftController (controller.py) says it pays, and `settle` records how much of it
+the verify confirmed. A draft the controller declines is scored all the same, against the
+tokens the sequence emits next (a verify would have accepted exactly those that match), so the
+acceptance follows the text whether it drafts or not, and a sequence whose text starts copying
+drafts again as soon as its declined drafts start matching, with no verify paid to find out.
 
 The prompt is indexed once the generation drafts, not when it starts: indexing takes 0.7 to 1 µs
 a token (5.7 to 8.0 ms for an 8k-token prompt on a 2-core CPU), and done at the start it delayed
@@ -28,13 +32,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from server.engine.speculative.draft_length import (
-    MODEL_DECAY,
-    Acceptance,
-    StepTimes,
-    VerifyCost,
-    draft_length,
-)
+from server.engine.speculative.controller import DraftController
+from server.engine.speculative.draft_length import MODEL_DECAY, Acceptance, VerifyCost
 from server.engine.speculative.ngram import NgramDrafter
 
 INDEX_SLICE = 1024  # tokens a step indexes at most while the index catches up with the sequence
@@ -49,26 +48,24 @@ class Speculator:
     acceptance: Acceptance = field(default_factory=lambda: Acceptance(decay=MODEL_DECAY))
     isolated: bool = False  # each sequence's acceptance starts from PRIOR, not the model's
     timed: bool = True  # weigh the steps' own times (auto); False: the costs as given (on)
-    steps: StepTimes = field(default_factory=StepTimes)
-    cost: VerifyCost = field(init=False)  # the measured costs, scaled by the steps' times
+    controller: DraftController = field(init=False)  # the draft lengths (controller.py)
 
     def __post_init__(self) -> None:
-        self.cost = self.measured
+        self.controller = DraftController(self.measured, timed=self.timed)
 
     @property
     def draft_max(self) -> int:
         """The most drafted tokens verified in one step (the costs known)."""
         return self.measured.draft_max
 
-    def step_took(self, drafted: int, seconds: float) -> None:
-        """A step of one sequence (nothing else in its batch) with `drafted` drafted tokens
-        took `seconds`, its picks included (Scheduler.step)."""
-        if not self.timed:
-            return
+    def step_took(self, drafted: int, seconds: float, sequences: int = 1, emitted: int = 0) -> None:
+        """A step of `sequences` generating ones (no prefill in its batch) with `drafted`
+        drafted tokens in all took `seconds`, its picks included, and emitted `emitted` tokens
+        (Scheduler.step)."""
         if drafted == 0:
-            self.steps.plain(seconds)
-        elif self.steps.drafting(seconds, self.measured.cost[min(drafted, self.draft_max)]):
-            self.cost = self.measured.scaled(self.steps.factor)
+            self.controller.plain(seconds, sequences)
+        else:
+            self.controller.drafted(drafted, seconds, sequences, emitted)
 
     def follow(self, tokens: Sequence[int], earlier: NgramDrafter | None = None) -> SequenceDrafter:
         """A new generation's drafter; `earlier`: the index its slot's last generation left."""
@@ -90,6 +87,9 @@ class SequenceDrafter:
     _behind: list[int] = field(default_factory=list)  # the tokens not indexed yet, in order
     _chances: int = 0  # calls of `propose`
     _earlier: NgramDrafter | None = None  # an earlier turn's index, extended where it fits
+    _shadow: tuple[int, ...] = ()  # a declined draft, scored against the tokens emitted next
+    _shadow_order: int = 0
+    _shadow_matched: int = 0
 
     @property
     def ngram(self) -> NgramDrafter:
@@ -105,6 +105,8 @@ class SequenceDrafter:
 
     def append(self, token: int) -> None:
         """An emitted token (the n-gram drafter's sequence is the prompt and every emitted one)."""
+        if self._shadow:
+            self._score_shadow(token)
         if self._index is None or self._behind:
             self._behind.append(token)
         else:
@@ -148,13 +150,31 @@ class SequenceDrafter:
             if token in banned:  # the steering would refuse it
                 tokens = tokens[:i]
                 break
-        k = draft_length(self.speculator.cost, self.acceptance, found.order, tokens, limit)
-        if k == 0:
-            self.acceptance.drift(found.order)
-            self.speculator.acceptance.drift(found.order)
+        if not tokens:
             return ()
+        rate = self.acceptance.rate(found.order)
+        k = self.speculator.controller.length(rate, min(limit, len(tokens)))
+        if k == 0:  # declined: what it would have had accepted is learnt all the same
+            if not self._shadow:
+                self._shadow, self._shadow_order, self._shadow_matched = tokens, found.order, 0
+            return ()
+        self._shadow = ()  # a verify counts from here
         self._order = found.order
         return tokens[:k]
+
+    def _score_shadow(self, token: int) -> None:
+        """The next emitted token after a declined draft: the draft's next token or its end.
+        A verify accepts a draft's tokens exactly while they are those the sequence emits
+        (speculation changes no output), so a declined draft scored against the tokens that
+        follow counts as the verify it would have been, at no cost."""
+        if token == self._shadow[self._shadow_matched]:
+            self._shadow_matched += 1
+            if self._shadow_matched < len(self._shadow):
+                return
+        drafted, matched = len(self._shadow), self._shadow_matched
+        self._shadow = ()
+        self.acceptance.record(self._shadow_order, drafted, matched)
+        self.speculator.acceptance.record(self._shadow_order, drafted, matched)
 
     def settle(self, drafted: int, accepted: int) -> None:
         """The verify of the last proposed draft: `accepted` of its `drafted` tokens confirmed."""

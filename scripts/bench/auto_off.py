@@ -1,0 +1,259 @@
+"""`--speculative auto` against `off`, paired per round, with bootstrap 95 % intervals.
+
+`python -m scripts.bench.auto_off [--rounds 5] [--workloads codex prose tiny concurrent edit]
+[--tokens 256] [--resamples 4000] [--trace DIR] [--out FILE]`
+
+One `serve` process per model and setting, started once (scripts/bench/codex_loop.py's
+server: the trained preset, greedy by default, two threads, no disk cache), each warmed up by
+one uncounted run of every workload; then every round runs every workload on both settings
+back to back, which goes first alternating by round, so each pair sees the machine as it is
+then. The workloads:
+
+- `codex`: Codex CLI's read-then-patch loop (codex_loop.loop; the CLI the tests install);
+- `prose`: a long reply that copies nothing, sampled (temperature 1, a seed per round) on the
+  trained model, `--tokens` tokens;
+- `tiny`: the same request on the random-weight tiny model;
+- `concurrent`: four such replies at once on the trained model (throughput: the tokens of the
+  four over the wall time until the last ended);
+- `edit`: the trained model's apply_patch turn after reading the file (Codex's short head,
+  held-out prompts of devkit/trained/workloads.py), greedy, through /v1/completions: its
+  analysis message first (a raw completion ends at `<|end|>`; not measured), then the call.
+
+A run's rate is its generated tokens over the server's decode seconds (Prometheus), as in
+codex_loop, except `concurrent` (wall time). Both settings must generate the same tokens
+(speculation is exact): each pair's token counts are compared, and `codex` compares what the
+loop did. Per workload, the paired ratios auto / off, their geometric mean and a percentile
+bootstrap 95 % interval of it (resampling the rounds); over all workloads, the geometric mean
+of the workloads' means, its interval resampling the rounds within each workload. Prints JSON
+with the machine's load average before and after: on a busy machine the intervals are wide.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import math
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from devkit.models import cached_gguf
+from devkit.trained.tasks import CODEX_PLACE, MODEL_NAME
+from devkit.trained.workloads import trained_cases
+from scripts.bench.codex_loop import CODEX, counters, loop, server
+from server.bench.machine import load_average
+from server.bench.report import print_json
+from server.harmony.encoding import load_encoding
+from server.private_files import open_private, private_dir
+
+WORKLOADS = ("codex", "prose", "tiny", "concurrent", "edit")
+MODES = ("auto", "off")
+PROSE = "Write a long story about a lighthouse keeper and the ships she watches, in detail."
+STREAMS = 4
+
+Run = Callable[[str, int], dict[str, float]]  # (url, round) -> generated, seconds, extra
+
+
+def chat(url: str, seed: int, tokens: int) -> dict[str, Any]:
+    body = {
+        "model": MODEL_NAME,
+        "messages": [{"role": "user", "content": PROSE}],
+        "max_tokens": tokens,
+        "temperature": 1.0,
+        "seed": seed,
+    }
+    response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=600)
+    response.raise_for_status()
+    return dict(response.json())
+
+
+def by_counters(url: str, work: Callable[[], object]) -> dict[str, float]:
+    """Run `work`; the tokens it generated and the server's decode seconds for them."""
+    before = counters(url)
+    work()
+    after = counters(url)
+    names = {"generated": "generated", "seconds": "decode_s", "drafted": "drafted"}
+    names["accepted"] = "accepted"
+    return {key: after.get(c, 0.0) - before.get(c, 0.0) for key, c in names.items()}
+
+
+def runs(args: argparse.Namespace, place: Path) -> dict[str, Run]:
+    edits = trained_cases(args.rounds + 1)["trained_apply_patch"]
+    encoding = load_encoding(Path.home() / ".cache" / "gpt-oss-server" / "vocab")
+
+    def codex(url: str, r: int) -> dict[str, float]:
+        out: dict[str, Any] = {}
+
+        def work() -> None:
+            out.update(loop(args.codex, url, place))
+
+        measured = by_counters(url, work)
+        return {**measured, "exact": float(out["exact"]), "items": hash(str(out["items"]))}
+
+    def prose(url: str, r: int) -> dict[str, float]:
+        return by_counters(url, lambda: chat(url, 1000 + r, args.tokens))
+
+    def concurrent(url: str, r: int) -> dict[str, float]:
+        def work() -> None:
+            threads = [
+                threading.Thread(target=chat, args=(url, 2000 + STREAMS * r + i, args.tokens))
+                for i in range(STREAMS)
+            ]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+
+        started = time.perf_counter()
+        measured = by_counters(url, work)
+        return {**measured, "seconds": time.perf_counter() - started}
+
+    def complete(url: str, prompt: list[int]) -> str:
+        body = {
+            "model": MODEL_NAME,
+            "prompt": prompt,
+            "allow_special_tokens": True,  # the prompt is harmony's tokens, headers and all
+            "max_tokens": 200,
+            "temperature": 0.0,
+        }
+        response = httpx.post(f"{url}/v1/completions", json=body, timeout=600)
+        response.raise_for_status()
+        return str(response.json()["choices"][0]["text"])
+
+    def edit(url: str, r: int) -> dict[str, float]:
+        # a raw completion ends at <|end|>: the model's analysis first (not measured), then
+        # the turn's apply_patch call after it
+        analysis = complete(url, edits[r])
+        turn = f"{analysis}<|end|><|start|>assistant"
+        prompt = [*edits[r], *encoding.encode(turn, allowed_special="all")]
+        return by_counters(url, lambda: complete(url, prompt))
+
+    return {"codex": codex, "prose": prose, "tiny": prose, "concurrent": concurrent, "edit": edit}
+
+
+def rate_of(run: dict[str, float]) -> float:
+    return run["generated"] / run["seconds"] if run["seconds"] else 0.0
+
+
+def bootstrap(ratios: list[float], resamples: int, rng: random.Random) -> list[float]:
+    """The log geometric means of `resamples` resamplings of the ratios (in drawing order)."""
+    logs = [math.log(r) for r in ratios]
+    return [statistics.fmean(rng.choices(logs, k=len(logs))) for _ in range(resamples)]
+
+
+def interval(log_means: list[float]) -> list[float]:
+    """The percentile 95 % interval of resampled log means, as ratios."""
+    means = sorted(log_means)
+    n = len(means)
+    low, high = means[int(0.025 * n)], means[min(n - 1, int(0.975 * n))]
+    return [round(math.exp(low), 3), round(math.exp(high), 3)]
+
+
+def summary(rows: dict[str, list[dict[str, Any]]], resamples: int) -> dict[str, Any]:
+    rng = random.Random(0)
+    out: dict[str, Any] = {}
+    boots: list[list[float]] = []
+    for workload, pairs in rows.items():
+        ratios = [p["ratio"] for p in pairs if p["ratio"] > 0]
+        if not ratios:
+            continue
+        means = bootstrap(ratios, resamples, rng)
+        boots.append(means)
+        out[workload] = {
+            "ratios": [round(x, 3) for x in ratios],
+            "geomean": round(math.exp(statistics.fmean(math.log(x) for x in ratios)), 3),
+            "ci95": interval(means),
+            "same_tokens": all(p["same_tokens"] for p in pairs),
+            "auto_drafted": sum(p["auto"]["drafted"] for p in pairs),
+            "auto_accepted": sum(p["auto"]["accepted"] for p in pairs),
+        }
+    if boots:  # each workload resampled on its own: the i-th draws are independent
+        overall = [statistics.fmean(b[i] for b in boots) for i in range(resamples)]
+        out["all"] = {
+            "geomean": round(
+                math.exp(statistics.fmean(math.log(out[w]["geomean"]) for w in rows if w in out)),
+                3,
+            ),
+            "ci95": interval(overall),
+        }
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
+    parser.add_argument("--tokens", type=int, default=256, help="tokens of each prose reply")
+    parser.add_argument("--resamples", type=int, default=4000)
+    parser.add_argument("--codex", type=Path, default=CODEX, help="the Codex CLI binary")
+    parser.add_argument("--trace", type=Path, help="a folder for the servers' step traces")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    if "codex" in args.workloads and not args.codex.exists():
+        parser.error(f"no Codex CLI at {args.codex} (the Codex tests install it)")
+    models = {"trained": str(cached_gguf("trained"))}
+    if "tiny" in args.workloads:
+        models["tiny"] = str(cached_gguf("tiny"))
+    report: dict[str, Any] = {
+        "models": models,
+        "loadavg_before": load_average(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    rows: dict[str, list[dict[str, Any]]] = {w: [] for w in args.workloads}
+    with ExitStack() as stack:
+        logs = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        lock = stack.enter_context(
+            open_private(private_dir(CODEX_PLACE.parent) / "codex-edit.lock", "ab")
+        )
+        fcntl.flock(lock, fcntl.LOCK_EX)  # Codex's place: never beside its test
+        CODEX_PLACE.mkdir(exist_ok=True)
+        stack.callback(shutil.rmtree, CODEX_PLACE, True)
+        urls: dict[tuple[str, str], str] = {}
+        for name, model in models.items():
+            for mode in MODES:
+                process, urls[name, mode] = server(model, mode, logs, args.trace)
+                stack.enter_context(process)
+        work = runs(args, CODEX_PLACE)
+        for workload in args.workloads:  # warm-up: grammars built, first turns cached
+            model = "tiny" if workload == "tiny" else "trained"
+            for mode in MODES:
+                work[workload](urls[model, mode], args.rounds)
+        for r in range(args.rounds):
+            for workload in args.workloads:
+                model = "tiny" if workload == "tiny" else "trained"
+                order = MODES if r % 2 == 0 else MODES[::-1]
+                got = {mode: work[workload](urls[model, mode], r) for mode in order}
+                rate = {m: rate_of(g) for m, g in got.items()}
+                pair = {
+                    "round": r,
+                    **got,
+                    "ratio": rate["auto"] / rate["off"] if rate["off"] else 0.0,
+                    "same_tokens": got["auto"]["generated"] == got["off"]["generated"]
+                    and got["auto"].get("items") == got["off"].get("items"),
+                }
+                rows[workload].append(pair)
+                print(
+                    f"round {r} {workload}: auto {rate['auto']:.1f} off {rate['off']:.1f} tok/s",
+                    file=sys.stderr,
+                )
+    report |= {
+        "pairs": rows,
+        "summary": summary(rows, args.resamples),
+        "loadavg_after": load_average(),
+    }
+    print_json(report, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

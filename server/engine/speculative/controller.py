@@ -1,0 +1,142 @@
+"""DraftController: `auto` drafts only where the measured rates say that drafting is faster.
+
+Pure: step times and acceptance in, a draft length out. The engine hands it the wall time of
+every step that ran one sequence alone (scheduler.py): a plain step (one row) or a drafting one
+(1 + k rows, the picks and the rollback included). From them it keeps
+
+- the plain step's time: the median of the last PLAIN_WINDOW plain steps (blind to a pause
+  inside one step: a grammar built at its first use took 0.8 s among 5-ms steps), so at the
+  depth the sequences are at now;
+- the cost of a step with k drafts, in plain steps: the curve timed when the engine started
+  (cost(k), verify_cost.py) times a factor per group of draft lengths (1, 2, 3-4, 5-8, 9-16),
+  learned from the drafting steps' own times against the plain time of the moment.
+
+A sequence with per-token acceptance a (its own verifies and the drafts it declined, scored
+against what it then emitted: drafter.py) emits 1 + a + … + a^k tokens in a step with k drafts.
+The controller drafts the k whose expected rate, E(k, a) / (cost(k) · plain time), beats the
+plain rate, 1 / plain time, by MIN_GAIN, and nothing where no k does.
+
+It backs off at once: a drafting step that took more than SLOW times what it predicted sets its
+group's factor to what that step measured (no averaging) and stops all drafting for `gap` plain
+steps. After the pause the factors go back to the start-up curve and a draft that pays on it is
+a probe; a probe that is slow again doubles the gap (up to PROBE_MAX), one as predicted resets
+it. So a wrong cost costs one slow step, then one probe per gap: the loss is bounded by
+construction (with the defaults, a probe's extra time over 32, 64, … 1,024 plain steps), and an
+OS pause in a drafting step costs a pause in drafting, never a draft that loses.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from server.engine.speculative.draft_length import VerifyCost, expected_tokens
+
+PLAIN_WINDOW = 16  # the plain steps whose median is a plain step's time
+PLAIN_MIN = 3  # plain steps timed before a drafting step can be weighed (or drafted on time)
+MIN_GAIN = 1.05  # drafting must promise this rate over a plain step's
+SLOW = 1.25  # a drafting step over this many times its predicted time: back off at once
+LEARN = 0.5  # the weight of a drafting step's time in its group's factor (as predicted or less)
+PROBE_FIRST = 32  # plain steps without drafts after the first back-off
+PROBE_MAX = 1024  # the longest pause between probes
+GROUPS = (1, 2, 4, 8, 16)  # a draft length's group: the first bound at or above it
+
+
+def group(k: int) -> int:
+    """The group of draft length k (k >= 1): the first of GROUPS at or above it."""
+    return next((g for g in GROUPS if k <= g), GROUPS[-1])
+
+
+@dataclass
+class DraftController:
+    """The engine's plain step time, the drafting steps' costs and the back-off state."""
+
+    measured: VerifyCost  # at start-up: cost[k], a step of 1 + k rows in one-row steps
+    timed: bool = True  # False ("on"): the costs as given, never a pause
+    factor: dict[int, float] = field(default_factory=dict)  # per group: learned / measured
+    recent: dict[int, deque[float]] = field(default_factory=dict)  # plain times by sequences
+    paused: int = 0  # plain steps left before drafting resumes (a back-off)
+    gap: int = PROBE_FIRST  # the next back-off's pause
+    backoffs: int = 0  # counters, for the step trace and the tests
+    probes: int = 0
+
+    @property
+    def draft_max(self) -> int:
+        return self.measured.draft_max
+
+    @property
+    def plain_s(self) -> float:
+        """A plain step's time now, of one sequence alone (0: too few timed yet)."""
+        return self.plain_time(1)
+
+    def plain_time(self, sequences: int) -> float:
+        """A plain step's time now, for a batch of `sequences` generating ones: the median of
+        the recent ones (0: fewer than PLAIN_MIN timed)."""
+        recent = self.recent.get(sequences)
+        if recent is None or len(recent) < PLAIN_MIN:
+            return 0.0
+        return sorted(recent)[len(recent) // 2]
+
+    def cost(self, k: int) -> float:
+        """A step with k drafts, in plain steps, as the controller predicts it now (>= 1)."""
+        if k <= 0:
+            return 1.0
+        return max(1.0, self.measured.cost[min(k, self.draft_max)] * self.factor.get(group(k), 1.0))
+
+    def length(self, acceptance: float, available: int) -> int:
+        """How many of `available` drafted tokens to verify at per-token `acceptance`: the k
+        with the best expected rate, if it beats a plain step's by MIN_GAIN; 0 while paused,
+        and while no plain step's time is known to weigh a draft against."""
+        if self.paused > 0 or (self.timed and not self._weighable()):
+            return 0
+        best_k, best_gain = 0, MIN_GAIN
+        for k in range(1, min(available, self.draft_max) + 1):
+            gain = expected_tokens(k, acceptance) / self.cost(k)
+            if gain > best_gain:
+                best_k, best_gain = k, gain
+        return best_k
+
+    def _weighable(self) -> bool:
+        return any(len(recent) >= PLAIN_MIN for recent in self.recent.values())
+
+    def plain(self, seconds: float, sequences: int = 1) -> None:
+        """A plain step of `sequences` generating ones (and no prefill) took `seconds`."""
+        if not self.timed:
+            return
+        recent = self.recent.setdefault(sequences, deque(maxlen=PLAIN_WINDOW))
+        recent.append(seconds)
+        if self.paused > 0:
+            self.paused -= 1
+            if self.paused == 0:  # the next draft that pays on the start-up curve probes
+                self.factor.clear()
+                self.probes += 1
+
+    def drafted(self, k: int, seconds: float, sequences: int = 1, emitted: int = 0) -> None:
+        """A step of `sequences` generating ones carrying k drafts in all took `seconds` and
+        emitted `emitted` tokens: learn the cost, or back off. One sequence alone: its time
+        against the predicted cost(k). Several: the batch's rate against plain batches of as
+        many (its cost is shared, so the curve of one says little); a batch that emitted
+        tokens more slowly than plain ones backs off the same way."""
+        plain_s = self.plain_time(sequences)
+        if not self.timed or k <= 0 or plain_s <= 0.0:
+            return
+        taken = seconds / plain_s  # in plain steps
+        if sequences > 1:
+            if emitted * plain_s < sequences * seconds:  # fewer tokens a second than plain
+                self._back_off()
+            return
+        predicted = self.cost(k)
+        g = group(k)
+        measured = self.measured.cost[min(k, self.draft_max)]
+        if taken > SLOW * predicted:  # slower than predicted: its cost at once, and a pause
+            self.factor[g] = taken / measured
+            self._back_off()
+            return
+        old = self.factor.get(g, 1.0)
+        self.factor[g] = (1 - LEARN) * old + LEARN * taken / measured
+        self.gap = PROBE_FIRST
+
+    def _back_off(self) -> None:
+        self.paused = self.gap
+        self.gap = min(2 * self.gap, PROBE_MAX)
+        self.backoffs += 1
