@@ -24,7 +24,7 @@ import contextlib
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing
-from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
+from typing import Any, Generic, Protocol, TypeVar
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -50,14 +50,16 @@ W = TypeVar("W")  # one wire event of an API's stream
 
 
 class EventSource(Protocol):
-    """An admitted generation (server.core.prepared.Prepared, server.core.raw.RawGeneration)."""
+    """An admitted generation (server.core.prepared.Prepared, server.core.raw.RawGeneration).
+    One whose first round can be submitted before its events are read has it as `first`
+    (a `FirstRound`: Prepared's)."""
 
     def events(self) -> AsyncIterator[GenerationEvent]: ...
 
 
-@runtime_checkable
-class BeginningSource(EventSource, Protocol):
-    """A source that can be submitted to the engine before its events are read."""
+class FirstRound(Protocol):
+    """A generation's first round, submitted before its events are read
+    (server.core.prepared.FirstRound)."""
 
     async def begin(self) -> None: ...
 
@@ -112,6 +114,7 @@ class StreamRun(Generic[W]):
         self._emitter = emitter
         self._name = name  # for the log: "response resp_...", "message msg_..."
         self._finish = finish
+        self._ahead = _Ahead(source, name)
 
     async def stream(
         self, encode: Callable[[W], bytes], keepalive_s: float | None
@@ -124,15 +127,13 @@ class StreamRun(Generic[W]):
         start). A response that never reads its events (the client left first) abandons the
         generation at its end (a no-op once the events took it over).
         """
-        begins = self._begins()
-        if begins is not None:
-            await self._begin(begins)
+        await self._ahead.begin()
 
         async def encoded() -> AsyncIterator[bytes]:
             async for event in self.events(keepalive_s):
                 yield encode(event)
 
-        return sse_response(encoded(), on_end=begins.abandon if begins is not None else None)
+        return sse_response(encoded(), on_end=self._ahead.abandon)
 
     async def respond(self, request: Request, body: Callable[[list[W]], Any]) -> Response:
         """The non-streaming HTTP response: the events folded by `body` into the JSON body.
@@ -150,11 +151,11 @@ class StreamRun(Generic[W]):
     async def events(self, keepalive_s: float | None = None) -> AsyncGenerator[W, None]:
         """Every wire event of the response; the emitter's terminal ones last.
 
-        A source that can (`Prepared.begin`) is submitted before the opening events are made,
+        A source that can (`Prepared.first`) is submitted before the opening events are made,
         which are then made while the engine evaluates the prompt.
         """
         emitter = self._emitter
-        async with aclosing(self._opening()) as opening:
+        async with aclosing(self._ahead.opening(emitter.start)) as opening:
             async for started in opening:
                 yield started
         ended: list[Ended] = []
@@ -182,34 +183,6 @@ class StreamRun(Generic[W]):
             for out in await self._feed(failure, ended):
                 yield out
 
-    def _begins(self) -> BeginningSource | None:
-        source = self._source
-        return source if isinstance(source, BeginningSource) else None
-
-    async def _begin(self, begins: BeginningSource) -> None:
-        """Submit the source, and wait until the engine evaluates it (or briefly)."""
-        try:
-            await begins.begin()
-        except Exception:  # its events submit it again, and end with the error
-            log.debug("%s: the generation could not begin", self._name, exc_info=True)
-        except BaseException:  # cancelled while it began: nobody reads its events
-            begins.abandon()
-            raise
-
-    async def _opening(self) -> AsyncGenerator[W, None]:
-        """The emitter's opening events, after the source's submission where it can begin
-        (already begun by `stream`)."""
-        begins = self._begins()
-        try:
-            if begins is not None:
-                await self._begin(begins)
-            for started in self._emitter.start():
-                yield started
-        except BaseException:  # the client left before the generation's events were read
-            if begins is not None:
-                begins.abandon()
-            raise
-
     async def _feed(self, event: GenerationEvent, ended: list[Ended]) -> list[W]:
         """The emitter's events for `event`; the finish callback runs before the last ones."""
         emitter = self._emitter
@@ -222,6 +195,47 @@ class StreamRun(Generic[W]):
             except Exception:  # the response stands even if finishing (storing) it failed
                 log.exception("%s: finishing (storing) failed", self._name)
         return out
+
+
+class _Ahead:
+    """This layer's side of a generation submitted before its events are read (the source's
+    `first` round, where it has one): submitted before the response exists and before the
+    opening events (which are then made while the engine evaluates the prompt), abandoned
+    where the events are never read (a no-op once they took the round over)."""
+
+    def __init__(self, source: EventSource, name: str) -> None:
+        self._first: FirstRound | None = getattr(source, "first", None)
+        self._name = name
+
+    @property
+    def abandon(self) -> Callable[[], None] | None:
+        """What ends the begun round if the events are never read; None where none begins."""
+        return self._first.abandon if self._first is not None else None
+
+    async def begin(self) -> None:
+        """Submit the first round, and wait until the engine evaluates it (or briefly)."""
+        first = self._first
+        if first is None:
+            return
+        try:
+            await first.begin()
+        except Exception:  # its events submit it again, and end with the error
+            log.debug("%s: the generation could not begin", self._name, exc_info=True)
+        except BaseException:  # cancelled while it began: nobody reads its events
+            first.abandon()
+            raise
+
+    async def opening(self, start: Callable[[], list[W]]) -> AsyncGenerator[W, None]:
+        """The emitter's opening events (`start`), after the first round's submission (already
+        begun by `stream`)."""
+        try:
+            await self.begin()
+            for started in start():
+                yield started
+        except BaseException:  # the client left before the generation's events were read
+            if self._first is not None:
+                self._first.abandon()
+            raise
 
 
 async def respond_all(

@@ -1,7 +1,9 @@
 """The generation entry shared by every endpoint: Transcript -> prompt -> an admitted generation.
 
 `Generator.prepare()` renders the prompt and rejects what cannot run (before any HTTP response
-has started); the Prepared it returns runs as events (server.core.prepared). Every generation a
+has started); the Prepared it returns runs as events (server.core.prepared), its rounds on the
+engine loop the Generator hands to every generation (`Generator.rounds`: server.core.rounds).
+Every generation a
 client asks for, chat-style or raw (server.core.raw), comes in through `Generator.admit`: the
 engine's health, a place in admission, and the sampling parameters, decided in one place
 (`Generator.sampling`: the context's room, max tokens, the defaults, the effective temperature
@@ -30,7 +32,8 @@ from server.contracts.events import Finished
 from server.contracts.transcript import ResponseFormat, ToolChoice, Transcript
 from server.core.admission import Admission, Ticket
 from server.core.history import History
-from server.core.prepared import Prepared
+from server.core.prepared import ChatContext, Prepared
+from server.core.rounds import Rounds
 from server.core.save_points import SavePoints
 from server.core.summaries import SummaryConfig, summary_transcript
 from server.core.tool_loop import ServerTools, approved_calls
@@ -109,20 +112,48 @@ class Generator:
     ) -> None:
         self.engine = engine
         self.encoding = encoding
+        # the engine loop of every generation; reports to `on_finished` (e.g. metrics), once per
+        # generation (summaries too), chunks at most every `stream_interval_s`
+        self.rounds = Rounds(engine, stream_interval_s=stream_interval_s, on_finished=on_finished)
         self.renderer = Renderer(encoding)  # remembers renders across requests
         self.parsers = ParserStock(encoding, engine.load.slots)  # one ready per running stream
         self.defaults = defaults or SamplingDefaults()
         start = list(self.renderer.assistant_start)
         self.history = history if history is not None else History(start)
-        self.on_finished = on_finished  # e.g. metrics; called once per generation (summaries too)
         self.summaries = summaries or SummaryConfig()
         load = engine.load
         self.admission = Admission(load.slots, load.max_waiting)
         self._stop_tokens = frozenset(encoding.stop_tokens_for_assistant_actions())
         self.save_points = SavePoints.of(encoding)  # where a prompt is saved on disk
         self.strict_tools = strict_tools  # enforce schemas of tools that do not say `strict`
-        self.stream_interval_s = stream_interval_s  # engine chunks at most this often
         self._checked_grammars: dict[str, bool] = {}  # grammar -> llama.cpp accepts it
+        self._chat = ChatContext(
+            self.rounds,
+            encoding,
+            self.parsers,
+            self.renderer,
+            self.history,
+            self.save_points,
+            self.summary,
+        )
+
+    @property
+    def on_finished(self) -> Callable[[Finished], None] | None:
+        """Called with every generation's report (the rounds'); settable."""
+        return self.rounds.on_finished
+
+    @on_finished.setter
+    def on_finished(self, hook: Callable[[Finished], None] | None) -> None:
+        self.rounds.on_finished = hook
+
+    @property
+    def stream_interval_s(self) -> float:
+        """Engine chunks are read at most this often (the rounds'); settable."""
+        return self.rounds.stream_interval_s
+
+    @stream_interval_s.setter
+    def stream_interval_s(self, interval_s: float) -> None:
+        self.rounds.stream_interval_s = interval_s
 
     @functools.cached_property
     def token_bytes(self) -> TokenBytes:
@@ -225,7 +256,7 @@ class Generator:
                 self._steering(transcript, ToolChoice(mode="none"), options),
             )
         return Prepared(
-            self,
+            self._chat,
             prompt_tokens,
             params,
             steering,
@@ -267,7 +298,7 @@ class Generator:
         steering = plan_steering(
             self.encoding, [], ToolChoice(mode="none"), reasoning_budget=config.reasoning_budget
         )
-        return Prepared(self, prompt_tokens, params, steering, record=False)
+        return Prepared(self._chat, prompt_tokens, params, steering, record=False)
 
     def _steering(
         self, transcript: Transcript, choice: ToolChoice, options: GenerationOptions

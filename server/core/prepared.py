@@ -3,24 +3,28 @@
 `Prepared.events()` streams decoder events while the engine samples and ends with exactly one
 `Finished` event, also on cancellation and engine errors. When summaries are asked for, the
 events of a short summary generation per reasoning segment are merged in (server.core.summaries).
+Each round runs on the engine loop every generation shares (server.core.rounds); what harmony
+makes of its chunks is `_HarmonyReader`'s. What it needs of the server (the rounds, harmony's
+parts, the history, the summaries) the Generator hands it as a `ChatContext`; `FirstRound` holds
+its first round where a streamed response submits it ahead of its events.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from functools import partial
+
+from openai_harmony import HarmonyEncoding
 
 from server.contracts.events import (
     Finished,
     FinishReason,
     GenerationEvent,
-    SegmentDelta,
     SegmentEnd,
     SegmentStart,
     ToolOutput,
@@ -28,28 +32,42 @@ from server.contracts.events import (
 from server.core.admission import Ticket
 from server.core.client_events import ClientEvents
 from server.core.finish import finished_event
+from server.core.history import History
+from server.core.rounds import Rounds
+from server.core.save_points import SavePoints
 from server.core.stop_strings import StopStrings
 from server.core.summaries import SummaryMerge
 from server.core.tool_loop import ServerCall, ServerTools, merged, server_call, shifted
 from server.core.tool_names import ToolNames
 from server.core.visibility import SummaryStyle
-from server.engine.base import EngineResult, SamplingParams, TokenStream
-from server.harmony.decoder import HarmonyDecoder
+from server.engine.base import EngineResult, SamplingParams, TokenChunk, TokenStream
+from server.harmony.decoder import HarmonyDecoder, ParserStock
+from server.harmony.renderer import Renderer
 from server.harmony.steering import HarmonySteering, SteeringPlan
-
-if TYPE_CHECKING:
-    from server.core.generation import Generator
 
 log = logging.getLogger(__name__)
 
-BEGIN_WAIT_S = 0.02  # `begin` waits this long at most for the engine to take the generation
+BEGIN_WAIT_S = 0.02  # `FirstRound.begin` waits this long at most for the engine to take it
+
+
+@dataclass(frozen=True)
+class ChatContext:
+    """What chat-style generations need of the server, handed to each by the Generator."""
+
+    rounds: Rounds  # the engine loop every generation shares
+    encoding: HarmonyEncoding
+    parsers: ParserStock  # harmony's streaming parsers, made before the rounds that use them
+    renderer: Renderer
+    history: History
+    save_points: SavePoints
+    summarize: Callable[[str, SummaryStyle], Prepared | None]  # a reasoning's summary run
 
 
 @dataclass(frozen=True)
 class Prepared:
     """A validated generation, ready to run."""
 
-    generator: Generator
+    context: ChatContext
     prompt_tokens: list[int]
     params: SamplingParams
     steering: SteeringPlan
@@ -64,35 +82,21 @@ class Prepared:
     later_steering: tuple[SteeringPlan, SteeringPlan] | None = None
     # calls the user approved, at the prompt's end: run before the first round (tool_loop)
     approved: tuple[ServerCall, ...] = ()
-    # the first round, submitted by `begin` before the events are read
-    _begun: list[tuple[HarmonySteering, TokenStream, HarmonyDecoder]] = field(
-        default_factory=list, init=False, repr=False, compare=False
-    )
+    # the first round, where a streamed response submits it before reading the events
+    first: FirstRound = field(init=False, repr=False, compare=False)
 
-    async def begin(self, within_s: float = BEGIN_WAIT_S) -> None:
-        """Submit the first round now, and wait until the engine evaluates it (`within_s` at
-        most): what a response builds before its first events (the Responses snapshots, chat's
-        role chunk) is then built while the prompt is evaluated, and the engine thread's start
-        does not wait for the GIL meanwhile. `events()` takes the round over; `abandon` ends it
-        if they are never read. A generation that first runs approved calls begins nothing:
-        its first prompt waits for their results."""
-        if self.approved:
-            return
-        if not self._begun:
-            first = self._start(self.prompt_tokens, self.params, self.steering, self.save_points)
-            self._begun.append(first)
-        await self._begun[0][1].evaluating(within_s)  # at once when it already does
-
-    def abandon(self) -> None:
-        """The response ended before its events were read: a begun round is cancelled (and
-        reported once the engine lets go of it, as a round its client left) and the admission
-        place given back."""
-        for steering, stream, decoder in self._begun:
-            stream.cancel()
-            stream.on_close(functools.partial(self._left, decoder=decoder, steering=steering))
-        self._begun.clear()
-        if self.ticket is not None:
-            self.ticket.release()
+    def __post_init__(self) -> None:
+        # what the first round needs, not the Prepared itself: dropped unread, a Prepared is
+        # freed at once (its admission place given back: Generator.admit), no cycle to wait for
+        context = self.context
+        start = None  # a generation that first runs approved calls begins nothing
+        if not self.approved:
+            prompt, points = self.prompt_tokens, self.save_points
+            start = partial(_submit, context, prompt, self.params, self.steering, points)
+        reader = partial(
+            _HarmonyReader, context, stops=self.stop, names=self.names, record=self.record
+        )
+        object.__setattr__(self, "first", FirstRound(start, reader, context.rounds, self.ticket))
 
     def events(self) -> AsyncIterator[GenerationEvent]:
         """Decoder events while the engine samples (summary events merged in), then Finished.
@@ -104,14 +108,14 @@ class Prepared:
         if self.summary is None:
             events = self._events()
         else:
-            history = self.generator.history
+            history = self.context.history
             merge = SummaryMerge(self._events(), self._summary_events, history.record_summaries)
             events = merge.events()
         return events if self.ticket is None else _releasing(events, self.ticket)
 
     async def _summary_events(self, reasoning: str) -> AsyncIterator[GenerationEvent]:
         assert self.summary is not None
-        prepared = self.generator.summary(reasoning, self.summary)
+        prepared = self.context.summarize(reasoning, self.summary)
         if prepared is None:
             yield Finished(FinishReason.LENGTH)
             return
@@ -136,8 +140,8 @@ class Prepared:
     ) -> AsyncGenerator[GenerationEvent, None]:
         """The calls the user approved run first (they end the prompt, before its
         `<|start|>assistant`); their results appended, the rounds of generation follow."""
-        generator = self.generator
-        start = list(generator.renderer.assistant_start)
+        context = self.context
+        start = list(context.renderer.assistant_start)
         prompt = self.prompt_tokens[: len(self.prompt_tokens) - len(start)]
         for approved in self.approved:
             output = await self._run(tools, approved, -1, "commentary")
@@ -145,7 +149,7 @@ class Prepared:
             prompt = [*prompt, *output.tokens]
         prompt = [*prompt, *start]
         calls = len(self.approved)
-        room = generator.engine.info.n_ctx - len(prompt)
+        room = context.rounds.engine.info.n_ctx - len(prompt)
         if room <= 0:
             yield Finished(FinishReason.LENGTH)
             return
@@ -153,7 +157,7 @@ class Prepared:
             prompt,
             dataclasses.replace(self.params, max_tokens=min(self.params.max_tokens, room)),
             later[1] if calls >= tools.max_calls else self.steering,
-            generator.save_points(prompt),
+            context.save_points(prompt),
             calls,
         )
         async with aclosing(self._tool_rounds(tools, later, first)) as events:
@@ -164,7 +168,7 @@ class Prepared:
         self, tools: ServerTools, later: tuple[SteeringPlan, SteeringPlan], first: _Start
     ) -> AsyncGenerator[GenerationEvent, None]:
         """Rounds of generation while the model calls server-run tools (see tool_loop)."""
-        generator = self.generator
+        context = self.context
         prompt, params, plan, points = first.prompt, first.params, first.plan, first.points
         offset, calls = 0, first.calls
         total: Finished | None = None
@@ -198,8 +202,8 @@ class Prepared:
             output = await self._run(tools, ran, call.index + offset, tools.result_channel(call))
             yield output
             offset += n_segments
-            prompt = [*prompt, *sampled, *output.tokens, *generator.renderer.assistant_start]
-            room = generator.engine.info.n_ctx - len(prompt)
+            prompt = [*prompt, *sampled, *output.tokens, *context.renderer.assistant_start]
+            room = context.rounds.engine.info.n_ctx - len(prompt)
             left = params.max_tokens - finished.usage.completion_tokens
             if room <= 0 or left <= 0:
                 yield dataclasses.replace(total, reason=FinishReason.LENGTH)
@@ -217,7 +221,7 @@ class Prepared:
         result = await tools.run(call.target, call.arguments)
         if stepped_out and self.ticket is not None:
             await self.ticket.step_in()
-        tokens = self.generator.renderer.tool_result_tokens(call.recipient, result.text, channel)
+        tokens = self.context.renderer.tool_result_tokens(call.recipient, result.text, channel)
         return ToolOutput(
             index=index,
             call_id=call.call_id,
@@ -230,7 +234,7 @@ class Prepared:
             channel=channel,
         )
 
-    async def _round(
+    def _round(
         self,
         prompt_tokens: list[int],
         params: SamplingParams,
@@ -240,79 +244,136 @@ class Prepared:
     ) -> AsyncGenerator[GenerationEvent, None]:
         """One engine generation: its events, then its Finished. `sampled` gets every token
         the engine sampled (a server-run tool's round appends to them). The first round takes
-        over the one `begin` submitted, if it did (the later rounds find none)."""
-        begun = self._begun.pop() if self._begun else None
-        steering, stream, decoder = begun or self._start(prompt_tokens, params, plan, save_points)
+        over the one `FirstRound.begin` submitted, if it did (the later rounds find none)."""
+        context = self.context
+        begun = self.first.take() or _submit(context, prompt_tokens, params, plan, save_points)
         # the header it most likely starts with, parsed while the prompt is evaluated (known
         # once the engine started it: a begun round's is); after the events queued so far
         # went out (the opening events: their writer runs first), and not once tokens came
-        asyncio.get_running_loop().call_soon(decoder.expect, stream.likely, self.generator.parsers)
-        client = ClientEvents(decoder, StopStrings(self.stop), self.names)
-        consumed = False
-        try:
-            async for chunk in stream.paced(self.generator.stream_interval_s):
-                if sampled is not None:
-                    sampled.extend(chunk)
-                shown = False
-                for event in client.feed(chunk, chunk.logprobs):
-                    shown = shown or isinstance(event, SegmentDelta)
-                    yield event
-                if not shown:  # header tokens: the first text is not held to the interval
-                    stream.unpace()
-                if client.stopped:
-                    break
-            consumed = True
-        finally:
-            stream.cancel()  # no-op once finished; stops the engine if the consumer left
-            if not consumed and not client.stopped:
-                stream.on_close(functools.partial(self._left, decoder=decoder, steering=steering))
-        # the next generation's parser, made after this one's last events are queued
-        asyncio.get_running_loop().call_soon(self.generator.parsers.restock)
-        if client.stopped:
-            async for _ in stream:  # the engine stops within a token; wait for its result
-                pass
-        else:
-            for event in client.finish():
-                yield event
-        if self.record:
-            self.generator.history.record(client.ended)
-        yield self._report(stream.result, decoder, steering, stopped=client.stop_sequence)
+        parsers = context.parsers
+        asyncio.get_running_loop().call_soon(begun.decoder.expect, begun.stream.likely, parsers)
+        reader = _HarmonyReader(
+            context, begun, stops=self.stop, names=self.names, record=self.record, sampled=sampled
+        )
+        return context.rounds.run(begun.stream, reader)
 
-    def _start(
+
+def _submit(
+    context: ChatContext,
+    prompt_tokens: list[int],
+    params: SamplingParams,
+    plan: SteeringPlan,
+    save_points: tuple[int, ...],
+) -> _Begun:
+    """A round submitted: its steering, the engine's stream, and the decoder for it."""
+    steering = plan.start()
+    stream = context.rounds.submit(prompt_tokens, params, steering, save_points)
+    try:
+        return _Begun(
+            steering, stream, HarmonyDecoder(context.encoding, parser=context.parsers.take())
+        )
+    except BaseException:
+        stream.cancel()
+        raise
+
+
+class FirstRound:
+    """A generation's first round, submitted before its events are read: the core's one owner
+    of that trick (a streamed response's headers and opening events are then made while the
+    engine evaluates the prompt, and the engine thread's start does not wait for the GIL
+    meanwhile). The events take the round over (`take`); `abandon` ends it where they never
+    will."""
+
+    def __init__(
         self,
-        prompt_tokens: list[int],
-        params: SamplingParams,
-        plan: SteeringPlan,
-        save_points: tuple[int, ...],
-    ) -> tuple[HarmonySteering, TokenStream, HarmonyDecoder]:
-        """A round submitted: its steering, the engine's stream, and the decoder for it."""
-        steering = plan.start()
-        stream = self.generator.engine.submit(prompt_tokens, params, steering, save_points)
-        try:
-            return (
-                steering,
-                stream,
-                HarmonyDecoder(self.generator.encoding, parser=self.generator.parsers.take()),
-            )
-        except BaseException:
-            stream.cancel()
-            raise
+        start: Callable[[], _Begun] | None,
+        reader: Callable[[_Begun], _HarmonyReader],
+        rounds: Rounds,
+        ticket: Ticket | None,
+    ) -> None:
+        self._start = start  # None: nothing begins (approved calls run first)
+        self._reader = reader  # what reports a round nobody read
+        self._rounds = rounds
+        self._ticket = ticket
+        self._begun: _Begun | None = None
 
-    def _left(
-        self, result: EngineResult, *, decoder: HarmonyDecoder, steering: HarmonySteering
-    ) -> Finished:
-        """The report of a round whose client left before its end."""
-        return self._report(result, decoder, steering, stopped=None)
+    async def begin(self, within_s: float = BEGIN_WAIT_S) -> None:
+        """Submit the first round now, and wait until the engine evaluates it (`within_s` at
+        most). A generation that first runs approved calls begins nothing: its first prompt
+        waits for their results."""
+        if self._start is None:
+            return
+        if self._begun is None:
+            self._begun = self._start()
+        await self._begun.stream.evaluating(within_s)  # at once when it already does
 
-    def _report(
+    def take(self) -> _Begun | None:
+        """The begun round, for the events to read (once; None if none was begun)."""
+        begun, self._begun = self._begun, None
+        return begun
+
+    def abandon(self) -> None:
+        """The response ended before its events were read: a begun round is cancelled (and
+        reported once the engine lets go of it, as a round its client left) and the admission
+        place given back."""
+        begun = self.take()
+        if begun is not None:
+            self._rounds.leave(begun.stream, self._reader(begun))
+        if self._ticket is not None:
+            self._ticket.release()
+
+
+@dataclass(frozen=True, slots=True)
+class _Begun:
+    """A round submitted: its steering, the engine's stream, and the decoder for it."""
+
+    steering: HarmonySteering
+    stream: TokenStream
+    decoder: HarmonyDecoder
+
+
+class _HarmonyReader:
+    """A chat-style round's chunks -> the client's events (server.core.rounds.Reader): harmony
+    decoded, stop strings applied, tool names mapped back; the history recorded at its end."""
+
+    def __init__(
         self,
-        result: EngineResult,
-        decoder: HarmonyDecoder,
-        steering: HarmonySteering,
+        context: ChatContext,
+        begun: _Begun,
         *,
-        stopped: str | None,
-    ) -> Finished:
-        finished = finished_event(result, decoder.reasoning_tokens, stopped=stopped)
+        stops: tuple[str, ...],
+        names: ToolNames | None,
+        record: bool,
+        sampled: list[int] | None = None,
+    ) -> None:
+        self._context = context
+        self._record = record
+        self._begun = begun
+        self._sampled = sampled
+        self._client = ClientEvents(begun.decoder, StopStrings(stops), names)
+
+    @property
+    def stop(self) -> str | None:
+        return self._client.stop_sequence
+
+    def feed(self, chunk: TokenChunk) -> Iterator[GenerationEvent]:
+        if self._sampled is not None:
+            self._sampled.extend(chunk)
+        return self._client.feed(chunk, chunk.logprobs)
+
+    def let_go(self, *, read: bool) -> None:
+        if read:  # the next generation's parser, made after this one's last events are queued
+            asyncio.get_running_loop().call_soon(self._context.parsers.restock)
+
+    def tail(self) -> Iterator[GenerationEvent]:
+        if not self._client.stopped:
+            yield from self._client.finish()
+        if self._record:
+            self._context.history.record(self._client.ended)
+
+    def finished(self, result: EngineResult, stop: str | None) -> Finished:
+        decoder, steering = self._begun.decoder, self._begun.steering
+        finished = finished_event(result, decoder.reasoning_tokens, stopped=stop)
         if decoder.left_grammar or steering.left_grammar:  # logged without the model's text
             log.warning(
                 "the model's output left the harmony grammar (%s); the response ends with what "
@@ -320,8 +381,6 @@ class Prepared:
                 "the parser gave up" if decoder.left_grammar else "steering was switched off",
             )
             finished = dataclasses.replace(finished, malformed=True)
-        if self.generator.on_finished is not None:
-            self.generator.on_finished(finished)
         return finished
 
 

@@ -8,13 +8,15 @@ completion), `SegmentEnd`, then `Finished`. The text is cut at the request's sto
 same filter as a chat answer's (server.core.stop_strings); the tokens after the cut are not
 reported. With `prompt_logprobs`, each prompt token's are on `result` once the events ended
 (loglikelihood scoring: lm-evaluation-harness). Admission, the context check, the sampling
-parameters and the metrics report are every generation's (Generator.admit, Generator.sampling).
+parameters and the metrics report are every generation's (Generator.admit, Generator.sampling),
+and so is the engine loop (server.core.rounds); what raw text makes of its chunks is `_RawReader`'s.
 """
 
 from __future__ import annotations
 
 import codecs
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Iterator, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass
 from itertools import zip_longest
 
@@ -31,8 +33,9 @@ from server.contracts.events import (
 from server.core.admission import Ticket
 from server.core.finish import finished_event
 from server.core.generation import GenerationOptions, Generator
+from server.core.rounds import Rounds
 from server.core.stop_strings import StopStrings
-from server.engine.base import EngineResult, SamplingParams, TokenStream
+from server.engine.base import EngineResult, SamplingParams, TokenChunk
 from server.harmony.token_bytes import TokenBytes
 from server.harmony.tokens import END_OF_TEXT, FIRST_SPECIAL
 
@@ -78,7 +81,9 @@ def prepare_raw(
             prompt_only=True,
             prompt_logprobs=prompt_logprobs,
         )
-        return RawGeneration(generator, prompt_tokens, params, options.stop, ticket)
+        return RawGeneration(
+            generator.rounds, generator.token_bytes, prompt_tokens, params, options.stop, ticket
+        )
 
     return generator.admit(make)
 
@@ -152,7 +157,8 @@ class RawText:
 class RawGeneration:
     """One admitted raw generation; iterate `events()` once."""
 
-    generator: Generator
+    rounds: Rounds
+    vocab: TokenBytes
     prompt_tokens: list[int]
     params: SamplingParams
     stop: tuple[str, ...]
@@ -162,42 +168,45 @@ class RawGeneration:
     async def events(self) -> AsyncGenerator[GenerationEvent, None]:
         """The completion as one FINAL segment, then Finished; leaving early cancels the engine
         (still reported to the metrics once the engine lets go)."""
-        generator = self.generator
-        text = RawText(generator.token_bytes, self.stop, self.params.stop_tokens)
-        stream: TokenStream | None = None
-        consumed = False
+        reader = _RawReader(self, RawText(self.vocab, self.stop, self.params.stop_tokens))
         try:
-            stream = generator.engine.submit(self.prompt_tokens, self.params)
-            yield SegmentStart(SEGMENT, SegmentKind.FINAL, None)
-            async for chunk in stream.paced(generator.stream_interval_s):
-                delta = text.feed(chunk, chunk.logprobs)
-                if delta is not None:
-                    yield delta
-                else:  # held back (a stop string may begin): the next chunk at once
-                    stream.unpace()
-                if text.matched is not None:
-                    break
-            consumed = True
-        finally:
+            stream = self.rounds.submit(self.prompt_tokens, self.params)
+        except BaseException:
             self.ticket.release()
-            if stream is not None:
-                stream.cancel()  # no-op once finished; stops the engine if the consumer left
-                if not consumed and text.matched is None:
-                    stream.on_close(lambda result: self._report(result, None))
-        assert stream is not None
-        if text.matched is not None:
-            async for _ in stream:  # the engine stops within a token; wait for its result
-                pass
-        else:
+            raise
+        opening = (SegmentStart(SEGMENT, SegmentKind.FINAL, None),)
+        async with aclosing(self.rounds.run(stream, reader, opening)) as events:
+            async for event in events:
+                yield event
+
+
+class _RawReader:
+    """A raw round's chunks -> one FINAL segment's events (server.core.rounds.Reader); the
+    admission place is given back once the chunks are no longer read."""
+
+    def __init__(self, generation: RawGeneration, text: RawText) -> None:
+        self._generation = generation
+        self._text = text
+
+    @property
+    def stop(self) -> str | None:
+        return self._text.matched
+
+    def feed(self, chunk: TokenChunk) -> list[GenerationEvent]:
+        delta = self._text.feed(chunk, chunk.logprobs)
+        return [] if delta is None else [delta]  # none: held back, the next chunk at once
+
+    def let_go(self, *, read: bool) -> None:
+        self._generation.ticket.release()
+
+    def tail(self) -> Iterator[GenerationEvent]:
+        text = self._text
+        if text.matched is None:
             rest = text.finish()
             if rest is not None:
                 yield rest
         yield SegmentEnd(SEGMENT, SegmentKind.FINAL, text.text, (), complete=text.matched is None)
-        yield self._report(stream.result, text.matched)
 
-    def _report(self, result: EngineResult, stopped: str | None) -> Finished:
-        self.result = result
-        finished = finished_event(result, 0, stopped=stopped)
-        if self.generator.on_finished is not None:
-            self.generator.on_finished(finished)
-        return finished
+    def finished(self, result: EngineResult, stop: str | None) -> Finished:
+        self._generation.result = result
+        return finished_event(result, 0, stopped=stop)

@@ -10,6 +10,10 @@ token and the end of the generation are never held back, nor is the chunk after 
 consumer says reached its client as nothing (`unpace`: harmony's header tokens, before the first
 visible text). A token's logprob (when the request
 asked for them) travels with it, in the chunk's `logprobs`.
+
+A generation is announced to its consumer once, when the engine is about to evaluate its first
+tokens (`announcer`, run by the scheduler right before llama_decode: `begin`); a consumer waits
+for it in `evaluating`.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
+from functools import partial
 
 from server.contracts.events import TokenLogprob
 from server.engine.base import EngineResult, TokenChunk
@@ -36,6 +41,7 @@ class TokenChannel:
         self.likely: tuple[int, ...] = ()  # set once by the engine thread as the job starts
         self._ready = asyncio.Event()
         self._evaluating = asyncio.Event()  # the engine began evaluating it, or it ended
+        self._announced = False  # `begin` was called (engine thread)
         self._cancelled = threading.Event()
         self._on_close: list[Callable[[EngineResult], object]] = []
         self._on_cancel: list[Callable[[], object]] = []
@@ -186,3 +192,18 @@ class TokenChannel:
                 await self._ready.wait()
         finally:
             timer.cancel()
+
+
+def announcer(channels: Iterable[TokenChannel]) -> Callable[[], None] | None:
+    """What tells the consumers of a batch's new generations that the engine evaluates them
+    (their opening events are made while the engine thread is in llama_decode), once each:
+    called with the batch ready, right before llama_decode. None when every one was told."""
+    fresh = [channel for channel in channels if not channel._announced]
+    return partial(_announce, fresh) if fresh else None
+
+
+def _announce(fresh: list[TokenChannel]) -> None:
+    for channel in fresh:
+        if not channel._announced:  # a decode tried again (no room) announces once
+            channel._announced = True
+            channel.begin()

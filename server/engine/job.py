@@ -51,7 +51,6 @@ class Job:
     guess: tuple[int, ...] = ()  # the steering's likely header after the lead (plan.py)
     drafter: SequenceDrafter | None = None  # with speculation on: what it drafts, and counts
     extra: Extra | None = None  # evaluated after `pending` in this step's batch (plan.py)
-    announced: bool = False  # its channel was told the engine evaluates it (TokenChannel.begin)
     cached: int = 0
     evaluated: int = 0
     completed: int = 0

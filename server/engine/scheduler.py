@@ -42,10 +42,10 @@ from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from contextlib import contextmanager, nullcontext
-from functools import partial
 
 from server.engine import apply
 from server.engine.base import BatchPart, SamplingHook, StopReason
+from server.engine.channel import announcer
 from server.engine.disk_cache.prompt_cache import Found, PromptCache
 from server.engine.job import Job, Phase
 from server.engine.llama_context import ABORTED, DecodeError, LlamaContext
@@ -279,8 +279,7 @@ class Scheduler:
         """Run the batch, dropping the drafts, then idle conversations, while the cache has no
         room for it. Returns the parts that ran and the batch index of each one's logits."""
         prefilling = any(job.prefilling for job in owners)
-        fresh = [job for job in owners if not job.announced]
-        before = partial(_announce, fresh) if fresh else None
+        before = announcer(job.channel for job in owners)
         while True:
             try:
                 with _stop_once_all_left(owners) if prefilling else nullcontext() as stop:
@@ -425,15 +424,6 @@ def _drafted(job: Job) -> int:
     """The drafted tokens the job carries this step."""
     extra = job.extra
     return len(extra.tokens) if extra is not None and extra.kind is Kind.DRAFT else 0
-
-
-def _announce(fresh: list[Job]) -> None:
-    """Tell the consumers of the batch's new generations that the engine evaluates them (their
-    events are made while this thread is in llama_decode)."""
-    for job in fresh:
-        if not job.announced:  # a decode tried again (no room) announces once
-            job.announced = True
-            job.channel.begin()
 
 
 @contextmanager

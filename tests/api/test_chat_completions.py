@@ -313,7 +313,7 @@ def test_the_role_chunk_is_made_once_the_engine_has_the_generation(
     client: TestClient, forced: ForcedScript, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The generation goes to the engine before the stream's opening chunk is made, which is
-    then made while the prompt is evaluated (Prepared.begin)."""
+    then made while the prompt is evaluated (Prepared.first.begin)."""
     engine = client.app.state.generator.engine  # type: ignore[attr-defined]
     loads: list[int] = []
     start = ChatEmitter.start
@@ -364,7 +364,7 @@ def test_a_generation_that_raises_mid_stream_ends_with_an_error_and_done(
 def test_a_begun_generation_whose_client_left_is_cancelled_reported_and_let_go(
     client: TestClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`Prepared.begin` submits the first round before the response's events are read; a
+    """`Prepared.first.begin` submits the first round before the response's events are read; a
     response that ends there (its client left at the opening events) abandons it: the engine
     stops it, the generation is reported as cancelled, and its admission place is free."""
     generator = client.app.state.generator  # type: ignore[attr-defined]
@@ -378,8 +378,8 @@ def test_a_begun_generation_whose_client_left_is_cancelled_reported_and_let_go(
     async def begin_then_leave() -> None:
         prepared = generator.prepare(transcript, generation_options(body, None))
         assert generator.admission.held == 1
-        await prepared.begin()
-        prepared.abandon()
+        await prepared.first.begin()
+        prepared.first.abandon()
         assert generator.admission.held == 0  # at once, not when `prepared` is collected
         while not reports:  # the report comes once the engine lets go of the generation
             await asyncio.sleep(0.01)

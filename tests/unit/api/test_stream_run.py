@@ -191,7 +191,7 @@ def test_a_cancelled_completion_stream_just_stops(encoding: HarmonyEncoding) -> 
 
 
 class Beginning(Generation):
-    """A scripted generation that can begin before its events are read (Prepared.begin)."""
+    """A scripted generation that can begin before its events are read (Prepared.first)."""
 
     def __init__(
         self, events: list[GenerationEvent], log: list[str], fail_to_begin: bool = False
@@ -199,6 +199,7 @@ class Beginning(Generation):
         super().__init__(events)
         self.log = log
         self.fail_to_begin = fail_to_begin
+        self.first = self  # its first round: begin, abandon
 
     async def begin(self) -> None:
         self.log.append("begin")
