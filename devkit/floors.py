@@ -8,7 +8,7 @@ every run. The rule every floor follows:
 
 and the floor stays strictly above what the baseline that copies at most one item in ten
 reaches (`Generations(copy_one_in=10)`: ⌈n/10⌉). Where the earlier model w1 (the parameters at
-commit dd86a88) reaches the floor, docs/trained-model.md says so beside its numbers.
+commit dd86a88) reaches the floor, devkit/notes/trained-model-runs.md says so beside its numbers.
 
     python -m devkit.floors [--gguf PATH] [--copy-one-in 10] [--only NAME ...]
 

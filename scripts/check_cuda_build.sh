@@ -8,8 +8,8 @@
 #
 # Too long for CI (a fresh 2-core machine already builds llama.cpp twice there): run it before
 # changing scripts/install_llama_cpp.py, server/ops/accelerator.py or the start-up check. The
-# wheel is cached per (version, flags), so a second run only reinstalls. docs/gpu.md has its
-# measured time.
+# wheel is cached per (version, flags), so a second run only reinstalls. devkit/notes/gpu-runbook.md
+# has a complete run's time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${1:-${XDG_CACHE_HOME:-$HOME/.cache}/gpt-oss-server/cuda-check-venv}

@@ -1,6 +1,6 @@
 """Train: the tiny trained gpt-oss on the harmony corpus, on CPU, deterministic from a seed.
 
-Run in the training environment (torch; see docs/trained-model.md):
+Run in the training environment (torch; see devkit/notes/trained-model-runs.md):
     .venv-train/bin/python -m devkit.train_tiny.train --corpus corpus.npz \
         --out devkit/trained/ --minutes 20
 

@@ -16,7 +16,7 @@ Which prefixes share their word's row is a choice recorded with the parameters (
 the committed model's leaves `.` out, so a path's extension (`.toml`, `.json`) keeps a whole row
 of its own, as the short ones (`.py`, `.rs`) always had: an extension is copied as it stands,
 never written with another prefix, and with a shared row the `.` became a second decision that
-the model got wrong about half the time (`settingstoml`; docs/trained-model.md).
+the model got wrong about half the time (`settingstoml`; devkit/notes/trained-model-runs.md).
 """
 
 from __future__ import annotations

@@ -1,1 +1,2 @@
-"""The GPU check (`python -m scripts.gpu_check`) and its preparation (`.prepare`): docs/gpu.md."""
+"""The GPU check (`python -m scripts.gpu_check`) and its preparation (`.prepare`):
+devkit/notes/gpu-runbook.md."""

@@ -90,9 +90,9 @@ class Mode:
 
 GPU = Mode(
     gpu=True,
-    # On paper (docs/gpu.md): the build of one CUDA architecture on 16 cores, the 20b written
-    # beside it, the bench's 8 model loads, ...; their sum is over the 540 s of one call, and
-    # the deadline cuts the last phases before the table is lost.
+    # On paper (devkit/notes/gpu-runbook.md): the build of one CUDA architecture on 16
+    # cores, the 20b written beside it, the bench's 8 model loads, ...; their sum is over the
+    # 540 s of one call, and the deadline cuts the last phases before the table is lost.
     budgets={
         "setup": 60,
         "build": 330,

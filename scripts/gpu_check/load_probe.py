@@ -19,7 +19,7 @@ is imported: how tests/bench/test_gpu_load_probe.py checks the bisection on a ma
 crashes.
 
 The first GPU run (an H200) found `serve` dying by SIGSEGV in llama.cpp's vocabulary load
-(`init_tokenizer`) while the same load in a bare process passed: docs/gpu.md.
+(`init_tokenizer`) while the same load in a bare process passed: devkit/notes/gpu-runbook.md.
 Standard library only in the parent (the children import the server).
 """
 

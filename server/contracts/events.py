@@ -8,6 +8,7 @@ emitters translate each event as it comes; non-streaming responses are a fold of
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -171,6 +172,18 @@ class Usage:
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
+
+
+def summed_usage(usages: Iterable[Usage]) -> Usage:
+    """Every count of `usages` added up (a response's rounds, a request's summaries)."""
+    parts = tuple(usages)
+    return Usage(
+        prompt_tokens=sum(u.prompt_tokens for u in parts),
+        cached_tokens=sum(u.cached_tokens for u in parts),
+        evaluated_tokens=sum(u.evaluated_tokens for u in parts),
+        completion_tokens=sum(u.completion_tokens for u in parts),
+        reasoning_tokens=sum(u.reasoning_tokens for u in parts),
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,20 +27,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from server.contracts.events import (
-    Finished,
-    FinishReason,
-    GenerationEvent,
-    SegmentDelta,
-    SegmentEnd,
-    SegmentKind,
-    SummaryDelta,
-    SummaryEnd,
-    SummaryReport,
-    SummaryStart,
-    Timings,
-    Usage,
-)
+from server.contracts import events as ev
 from server.contracts.transcript import Transcript, UserMessage
 from server.core.visibility import SummaryStyle
 
@@ -92,7 +79,7 @@ def _clipped(text: str, limit: int) -> str:
     return text[:head] + _ELISION + text[len(text) - (limit - head) :]
 
 
-SummaryRunner = Callable[[str], AsyncIterator[GenerationEvent]]
+SummaryRunner = Callable[[str], AsyncIterator[ev.GenerationEvent]]
 """Starts the summary generation of a chain of thought; its events end with a Finished."""
 
 
@@ -102,14 +89,14 @@ class _Run:
 
     segment: int
     parts: list[str] = field(default_factory=list)
-    finished: Finished | None = None
+    finished: ev.Finished | None = None
     task: asyncio.Task[None] | None = None
-    summary: SummaryEnd | None = None  # set once its end was emitted
+    summary: ev.SummaryEnd | None = None  # set once its end was emitted
 
-    def end(self) -> SummaryEnd:
-        finished = self.finished or Finished(FinishReason.CANCELLED)
-        complete = finished.reason is FinishReason.STOP
-        self.summary = SummaryEnd(
+    def end(self) -> ev.SummaryEnd:
+        finished = self.finished or ev.Finished(ev.FinishReason.CANCELLED)
+        complete = finished.reason is ev.FinishReason.STOP
+        self.summary = ev.SummaryEnd(
             self.segment, "".join(self.parts), complete, finished.usage, finished.timings
         )
         if not complete:
@@ -122,7 +109,7 @@ class _Done:
 
 
 _DONE = _Done()
-_Queued = GenerationEvent | BaseException | _Done
+_Queued = ev.GenerationEvent | BaseException | _Done
 
 
 class SummaryMerge:
@@ -130,17 +117,17 @@ class SummaryMerge:
 
     def __init__(
         self,
-        main: AsyncIterator[GenerationEvent],
+        main: AsyncIterator[ev.GenerationEvent],
         summarize: SummaryRunner,
-        on_summaries: Callable[[Sequence[tuple[SegmentEnd, str]]], None] | None = None,
+        on_summaries: Callable[[Sequence[tuple[ev.SegmentEnd, str]]], None] | None = None,
     ) -> None:
         self._main = main
         self._summarize = summarize
         self._on_summaries = on_summaries  # complete summaries of complete segments
         self._queue: asyncio.Queue[_Queued] = asyncio.Queue()
-        self._runs: list[tuple[SegmentEnd, _Run]] = []
+        self._runs: list[tuple[ev.SegmentEnd, _Run]] = []
 
-    async def events(self) -> AsyncGenerator[GenerationEvent, None]:
+    async def events(self) -> AsyncGenerator[ev.GenerationEvent, None]:
         """The merged events; leaving early cancels the main and every summary generation."""
         driver = asyncio.ensure_future(self._drive())
         order = _SummaryOrder()
@@ -162,16 +149,18 @@ class SummaryMerge:
         """Pump the main events, start summaries, end with the one Finished; never blocks."""
         put = self._queue.put_nowait
         try:
-            finished: Finished | None = None
+            finished: ev.Finished | None = None
             async for event in self._main:
-                if isinstance(event, Finished):
+                if isinstance(event, ev.Finished):
                     finished = event
                     continue
                 put(event)
-                if isinstance(event, SegmentEnd) and event.kind is SegmentKind.REASONING:
-                    put(SummaryStart(event.index))
+                if isinstance(event, ev.SegmentEnd) and event.kind is ev.SegmentKind.REASONING:
+                    put(ev.SummaryStart(event.index))
                     self._start(event)
-            finished = finished or Finished(FinishReason.ERROR, error="generation ended early")
+            finished = finished or ev.Finished(
+                ev.FinishReason.ERROR, error="generation ended early"
+            )
             put(await self._finish(finished))
         except Exception as exc:  # handed to the consumer, raised there
             put(exc)
@@ -181,37 +170,37 @@ class SummaryMerge:
                     run.task.cancel()
             put(_DONE)
 
-    def _start(self, end: SegmentEnd) -> None:
+    def _start(self, end: ev.SegmentEnd) -> None:
         run = _Run(end.index)
         self._runs.append((end, run))
         if end.text.strip():
             run.task = asyncio.ensure_future(self._summary(run, end.text))
         else:
-            run.finished = Finished(FinishReason.STOP)  # nothing to summarize
+            run.finished = ev.Finished(ev.FinishReason.STOP)  # nothing to summarize
             self._queue.put_nowait(run.end())
 
     async def _summary(self, run: _Run, reasoning: str) -> None:
         try:
             async for event in self._summarize(reasoning):
-                if isinstance(event, SegmentDelta) and event.kind is SegmentKind.FINAL:
+                if isinstance(event, ev.SegmentDelta) and event.kind is ev.SegmentKind.FINAL:
                     run.parts.append(event.text)
-                    self._queue.put_nowait(SummaryDelta(run.segment, event.text))
-                elif isinstance(event, Finished):
+                    self._queue.put_nowait(ev.SummaryDelta(run.segment, event.text))
+                elif isinstance(event, ev.Finished):
                     run.finished = event
         except Exception:
             log.exception("the summary of reasoning segment %d failed", run.segment)
         self._queue.put_nowait(run.end())
 
-    async def _finish(self, finished: Finished) -> Finished:
+    async def _finish(self, finished: ev.Finished) -> ev.Finished:
         """Wait for the summaries (stopping them if the generation failed); Finished last."""
         main_done = time.perf_counter()
         tasks = [run.task for _, run in self._runs if run.task is not None]
-        if finished.reason in (FinishReason.CANCELLED, FinishReason.ERROR):
+        if finished.reason in (ev.FinishReason.CANCELLED, ev.FinishReason.ERROR):
             for task in tasks:
                 task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         wait_s = time.perf_counter() - main_done if tasks else 0.0
-        ends: list[SummaryEnd] = []
+        ends: list[ev.SummaryEnd] = []
         for _, run in self._runs:
             if run.summary is None:  # stopped before it could end itself
                 self._queue.put_nowait(run.end())
@@ -243,41 +232,34 @@ class _SummaryOrder:
 
     def __init__(self) -> None:
         self._order: deque[int] = deque()  # segments whose summary started, oldest first
-        self._held: dict[int, list[GenerationEvent]] = {}
+        self._held: dict[int, list[ev.GenerationEvent]] = {}
 
-    def feed(self, event: GenerationEvent) -> list[GenerationEvent]:
-        if not isinstance(event, (SummaryStart, SummaryDelta, SummaryEnd)):
+    def feed(self, event: ev.GenerationEvent) -> list[ev.GenerationEvent]:
+        if not isinstance(event, (ev.SummaryStart, ev.SummaryDelta, ev.SummaryEnd)):
             return [event]
-        if isinstance(event, SummaryStart):
+        if isinstance(event, ev.SummaryStart):
             self._order.append(event.segment)
         if event.segment != self._order[0]:
             self._held.setdefault(event.segment, []).append(event)
             return []
-        out: list[GenerationEvent] = [event]
-        ended = isinstance(event, SummaryEnd)
+        out: list[ev.GenerationEvent] = [event]
+        ended = isinstance(event, ev.SummaryEnd)
         while ended:
             self._order.popleft()
             if not self._order:
                 break
             released = self._held.pop(self._order[0], [])
             out += released
-            ended = bool(released) and isinstance(released[-1], SummaryEnd)
+            ended = bool(released) and isinstance(released[-1], ev.SummaryEnd)
         return out
 
 
-def _report(ends: Sequence[SummaryEnd], wait_s: float) -> SummaryReport:
-    usages = [end.usage for end in ends]
+def _report(ends: Sequence[ev.SummaryEnd], wait_s: float) -> ev.SummaryReport:
     timings = [end.timings for end in ends]
-    return SummaryReport(
+    return ev.SummaryReport(
         count=sum(1 for end in ends if end.usage.prompt_tokens),
-        usage=Usage(
-            prompt_tokens=sum(u.prompt_tokens for u in usages),
-            cached_tokens=sum(u.cached_tokens for u in usages),
-            evaluated_tokens=sum(u.evaluated_tokens for u in usages),
-            completion_tokens=sum(u.completion_tokens for u in usages),
-            reasoning_tokens=sum(u.reasoning_tokens for u in usages),
-        ),
-        timings=Timings(
+        usage=ev.summed_usage(end.usage for end in ends),
+        timings=ev.Timings(
             queue_s=sum(t.queue_s for t in timings),
             prefill_s=sum(t.prefill_s for t in timings),
             decode_s=sum(t.decode_s for t in timings),

@@ -27,22 +27,8 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from server.contracts import events as ev
 from server.contracts.errors import InvalidRequest, RequestField
-from server.contracts.events import (
-    Finished,
-    GenerationEvent,
-    SegmentDelta,
-    SegmentEnd,
-    SegmentKind,
-    SegmentStart,
-    SummaryDelta,
-    SummaryEnd,
-    SummaryStart,
-    Timings,
-    ToolOutput,
-    ToolTarget,
-    Usage,
-)
 from server.contracts.transcript import ToolCall, Transcript
 from server.tools.base import ServerTool, ToolContext, ToolResult, truncate
 
@@ -69,17 +55,17 @@ class ServerTools:
     max_calls: int = DEFAULT_MAX_CALLS
     timeout_s: float = DEFAULT_TIMEOUT_S
     max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS
-    needs_approval: Callable[[ToolTarget], bool] = field(default=lambda _target: False)
+    needs_approval: Callable[[ev.ToolTarget], bool] = field(default=lambda _target: False)
     approved: tuple[str, ...] = ()
 
-    def runs(self, target: ToolTarget | None) -> bool:
+    def runs(self, target: ev.ToolTarget | None) -> bool:
         return (
             target is not None
             and target.namespace in self.tools
             and not self.needs_approval(target)
         )
 
-    async def run(self, target: ToolTarget, arguments: str) -> ToolResult:
+    async def run(self, target: ev.ToolTarget, arguments: str) -> ToolResult:
         """The call's result: the tool's own, or an error result (failure, timeout); cut to
         `max_output_chars`."""
         tool = self.tools[target.namespace]
@@ -102,7 +88,7 @@ class ServerTools:
         text, cut = truncate(result.text, self.max_output_chars)
         return dataclasses.replace(result, text=text) if cut else result
 
-    def result_channel(self, call: SegmentEnd) -> str:
+    def result_channel(self, call: ev.SegmentEnd) -> str:
         """The channel of the call's result message: a built-in tool (python, browser) answers
         on its call's channel, as gpt-oss's reference tools do (python is called from the
         analysis channel); every other tool on commentary."""
@@ -112,15 +98,15 @@ class ServerTools:
             return call.channel
         return "commentary"
 
-    def refused(self, call: SegmentEnd, index: int) -> ToolOutput:
+    def refused(self, call: ev.SegmentEnd, index: int) -> ev.ToolOutput:
         """The output of a call past `max_calls`: not run; the response ends with it."""
         message = (
             f"not run: the limit of {self.max_calls} server-run tool calls per response was reached"
         )
-        return ToolOutput(
+        return ev.ToolOutput(
             index=index,
             call_id=call.call_id or "",
-            target=call.target or ToolTarget(""),
+            target=call.target or ev.ToolTarget(""),
             arguments=call.text,
             text=message,
             is_error=True,
@@ -133,7 +119,7 @@ class ServerCall:
     (its result's author)."""
 
     call_id: str
-    target: ToolTarget
+    target: ev.ToolTarget
     arguments: str
     recipient: str
 
@@ -165,7 +151,7 @@ def approved_calls(
     return tuple(
         ServerCall(
             call.call_id,
-            ToolTarget(call.name, call.namespace),
+            ev.ToolTarget(call.name, call.namespace),
             call.arguments,
             recipients[call.call_id],
         )
@@ -173,39 +159,32 @@ def approved_calls(
     )
 
 
-def server_call(ended: list[SegmentEnd], tools: ServerTools) -> SegmentEnd | None:
+def server_call(ended: list[ev.SegmentEnd], tools: ServerTools) -> ev.SegmentEnd | None:
     """The round's last message when it is a complete call to a server-run tool."""
     if not ended:
         return None
     last = ended[-1]
-    if last.kind is not SegmentKind.TOOL_CALL or not last.complete or not last.recipient:
+    if last.kind is not ev.SegmentKind.TOOL_CALL or not last.complete or not last.recipient:
         return None
     return last if tools.runs(last.target) else None
 
 
-def shifted(event: GenerationEvent, offset: int) -> GenerationEvent:
+def shifted(event: ev.GenerationEvent, offset: int) -> ev.GenerationEvent:
     """An event of a later round with its segment numbered after the earlier rounds'."""
     if offset == 0:
         return event
-    if isinstance(event, SegmentStart | SegmentDelta | SegmentEnd):
+    if isinstance(event, ev.SegmentStart | ev.SegmentDelta | ev.SegmentEnd):
         return dataclasses.replace(event, index=event.index + offset)
-    if isinstance(event, SummaryStart | SummaryDelta | SummaryEnd):
+    if isinstance(event, ev.SummaryStart | ev.SummaryDelta | ev.SummaryEnd):
         return dataclasses.replace(event, segment=event.segment + offset)
     return event
 
 
-def merged(first: Finished, later: Finished) -> Finished:
+def merged(first: ev.Finished, later: ev.Finished) -> ev.Finished:
     """The `Finished` of a response of several rounds: the later round's reason, the sums."""
-    a, b = first.usage, later.usage
-    usage = Usage(
-        prompt_tokens=a.prompt_tokens + b.prompt_tokens,
-        cached_tokens=a.cached_tokens + b.cached_tokens,
-        evaluated_tokens=a.evaluated_tokens + b.evaluated_tokens,
-        completion_tokens=a.completion_tokens + b.completion_tokens,
-        reasoning_tokens=a.reasoning_tokens + b.reasoning_tokens,
-    )
+    usage = ev.summed_usage((first.usage, later.usage))
     s, t = first.timings, later.timings
-    timings = Timings(
+    timings = ev.Timings(
         queue_s=s.queue_s + t.queue_s,
         prefill_s=s.prefill_s + t.prefill_s,
         decode_s=s.decode_s + t.decode_s,

@@ -4,7 +4,7 @@ llama.cpp's CPU backend asks a decode's abort callback between the operations of
 times in a 512-token decode of the tiny model; the CUDA backend does not ask). A Python callback
 takes the GIL for each answer: while the event loop held it (a stream's opening events are made
 during its prefill) the prefill stood still; a 515-token decode beside a Python thread busy half
-the time took 3.9 ms longer with the Python callback than without one (medians of 12).
+the time took 3.9 ms longer with the Python callback than without one.
 
 The callback is ggml's own `ggml_is_empty(tensor)` instead, given cells of this object as the
 tensor: it answers whether any of the tensor's four dimensions is 0. Every cell holds 1 (not

@@ -26,16 +26,7 @@ from typing import Any
 
 from openai_harmony import HarmonyEncoding
 
-from server.contracts.transcript import (
-    AssistantMessage,
-    DeveloperMessage,
-    Item,
-    Reasoning,
-    ToolCall,
-    ToolResult,
-    Transcript,
-    UserMessage,
-)
+from server.contracts import transcript as transcript_types
 from server.harmony.render import (
     assistant_start_tokens,
     exact_tokens,
@@ -64,12 +55,12 @@ _SCHEMA_DEPTH = 64  # levels of a schema searched for runs (deeper ones: a reque
 
 # the field that holds an item's text, between its frame's `<|message|>` and end token
 TEXT_FIELD: dict[type, str] = {
-    UserMessage: "text",
-    DeveloperMessage: "text",
-    Reasoning: "text",
-    AssistantMessage: "text",
-    ToolCall: "arguments",
-    ToolResult: "output",
+    transcript_types.UserMessage: "text",
+    transcript_types.DeveloperMessage: "text",
+    transcript_types.Reasoning: "text",
+    transcript_types.AssistantMessage: "text",
+    transcript_types.ToolCall: "arguments",
+    transcript_types.ToolResult: "output",
 }
 
 
@@ -109,9 +100,9 @@ class Renderer:
         self._heads = Renders(HEADS_KEPT)
         self._items = Renders(ITEMS_KEPT)
         self._text = text_tokens or shared_text_tokens(encoding)
-        self._frames: dict[Item, tuple[tuple[int, ...], int] | None] = {}
+        self._frames: dict[transcript_types.Item, tuple[tuple[int, ...], int] | None] = {}
 
-    def render(self, transcript: Transcript) -> list[int]:
+    def render(self, transcript: transcript_types.Transcript) -> list[int]:
         """The prompt token ids for the assistant's next message, as render() gives them."""
         key = head_key(transcript)
         prompt_tokens = list(self._heads.get(key, lambda: self._head(transcript, key)))
@@ -123,7 +114,7 @@ class Renderer:
         prompt_tokens.extend(self.assistant_start)
         return prompt_tokens
 
-    def _head(self, transcript: Transcript, key: Hashable) -> list[int]:
+    def _head(self, transcript: transcript_types.Transcript, key: Hashable) -> list[int]:
         """The system and developer messages as head_tokens() renders them. A long run without
         spaces (harmony's tokenizer is quadratic in one) in the instructions, a tool's or its
         namespace's description, the texts of a tool's parameter schema (descriptions, titles,
@@ -184,12 +175,12 @@ class Renderer:
     def tool_result_tokens(self, author: str, text: str, channel: str) -> list[int]:
         """A server-run tool's result message, as tool_message_tokens() renders it."""
         namespace, _, name = author.partition(".")
-        item = ToolResult("", text, name or namespace, namespace, channel)
+        item = transcript_types.ToolResult("", text, name or namespace, namespace, channel)
         if item.author != author:  # a name this split does not give back: harmony renders it
             return tool_message_tokens(self.encoding, author, text, channel)
         return self._item_tokens(item)
 
-    def _item_tokens(self, item: Item) -> list[int]:
+    def _item_tokens(self, item: transcript_types.Item) -> list[int]:
         """An item's render: its frame around tiktoken's tokens of its text, or harmony's."""
         field = TEXT_FIELD.get(type(item))
         body = self._text.encode(getattr(item, field)) if self._text and field else None
@@ -199,7 +190,7 @@ class Renderer:
         head, end = frame
         return [*head, *body, end]
 
-    def _frame(self, item: Item, field: str) -> tuple[tuple[int, ...], int] | None:
+    def _frame(self, item: transcript_types.Item, field: str) -> tuple[tuple[int, ...], int] | None:
         """harmony's render of the item with an empty text, up to `<|message|>` and its end
         token; None where it does not end so (then harmony renders the whole item). The call
         id is not rendered: items that differ only by it and their text share a frame."""
@@ -253,7 +244,7 @@ class _Shrink:
         self.kept = kept
         self.runs: list[str] = []
 
-    def transcript(self, transcript: Transcript) -> Transcript:
+    def transcript(self, transcript: transcript_types.Transcript) -> transcript_types.Transcript:
         response_format = transcript.response_format
         if response_format is not None:
             response_format = dataclasses.replace(

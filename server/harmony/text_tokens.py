@@ -3,12 +3,11 @@
 harmony renders a message as its header tokens, `<|message|>`, the text's ordinary o200k tokens
 (text that spells a special token stays text) and its end token. openai-harmony tokenizes the
 text with its own port of tiktoken's BPE, holding the GIL; tiktoken itself (OpenAI's library,
-the same ranks and pattern) does it about three times as fast and lets go of the GIL meanwhile:
-a 12 KB source file as a tool's output, 2.0 ms rendered by harmony against 0.6 ms (this
-project's 2-core VM). An agent's every turn renders its new tool outputs, before the prompt
-reaches the engine. And harmony's time grows with the square of a run without spaces (minified
-code, base64, a long hash): 160,000 letters took it 9.2 s, with the GIL held, the whole server
-standing still; tiktoken 47 ms.
+the same ranks and pattern) does it about three times as fast and lets go of the GIL meanwhile;
+an agent's every turn renders its new tool outputs before the prompt reaches the engine. And
+harmony's time grows with the square of a run without spaces (minified code, base64, a long
+hash), with the GIL held: 160,000 letters stand the whole server still for ≈ 9 s (the
+measurements: devkit/notes/benchmarks-history.md).
 
 The encoder is built from the verified o200k file harmony was pointed at (encoding.py), in a
 background thread (≈ 0.3 s; ≈ 117 MB of memory: tiktoken's tables and the ranks it keeps),

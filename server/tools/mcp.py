@@ -34,7 +34,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -157,13 +157,8 @@ class McpTool:
         return bool((self.annotations or {}).get("readOnlyHint"))
 
     def listed(self) -> dict[str, Any]:
-        """As the `mcp_list_tools` item shows it."""
-        return {
-            "name": self.name,
-            "description": self.description,
-            "input_schema": self.input_schema,
-            "annotations": self.annotations,
-        }
+        """As the `mcp_list_tools` item shows it: every field."""
+        return asdict(self)
 
 
 @dataclass(frozen=True, slots=True)

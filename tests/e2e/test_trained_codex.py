@@ -11,7 +11,7 @@ the test fixes all three (devkit/trained/tasks.py). What it cannot fix: the day'
 which Codex writes from its own clock, and its exec output's chunk id and wall time, new in
 every run. `python -m devkit.train_tiny.behaviour --test-days N` sends this request as Codex
 sends it from this place on each of the N days from today, those drawn: the committed model
-edits the file exactly on 60 of 60 days (`--test-days 60`, docs/trained-model.md).
+edits the file exactly on 60 of 60 days (`--test-days 60`, devkit/notes/trained-model-runs.md).
 """
 
 from __future__ import annotations

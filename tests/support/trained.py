@@ -7,7 +7,7 @@ devkit/trained/tasks.py), so the server's part of a prompt is the same tokens on
 
 Control runs: GPT_OSS_TRAINED_GGUF serves another GGUF (the earlier model, a perturbed one), and
 GPT_OSS_TRAINED_COPY_ONE_IN=10 makes the model the baseline that copies one item in ten; the
-floors must then fail (docs/trained-model.md).
+floors must then fail (devkit/notes/trained-model-runs.md).
 """
 
 from __future__ import annotations

@@ -15,19 +15,8 @@ from server.api.request_fields import (
     to_summary_style,
     to_tool_choice,
 )
+from server.contracts import transcript
 from server.contracts.errors import InvalidRequest, RequestField
-from server.contracts.transcript import (
-    AssistantMessage,
-    DeveloperMessage,
-    Item,
-    Reasoning,
-    ReasoningEffort,
-    ToolCall,
-    ToolResult,
-    ToolSpec,
-    Transcript,
-    UserMessage,
-)
 from server.core.generation import GenerationOptions
 from server.core.visibility import ReasoningView, ReasoningVisibility, SummaryStyle, resolve_view
 
@@ -49,8 +38,8 @@ def check_supported(request: ChatCompletionRequest) -> None:
 
 
 def to_transcript(
-    request: ChatCompletionRequest, default_effort: ReasoningEffort, date: str
-) -> Transcript:
+    request: ChatCompletionRequest, default_effort: transcript.ReasoningEffort, date: str
+) -> transcript.Transcript:
     """The neutral transcript of a chat request (leading system/developer text = instructions)."""
     check_supported(request)
     messages = request.messages
@@ -59,10 +48,10 @@ def to_transcript(
     )
     instructions = "\n\n".join(_text(m, i) for i, m in enumerate(messages[:n_lead]))
     names: dict[str, str] = {}
-    items: list[Item] = []
+    items: list[transcript.Item] = []
     for index, message in enumerate(messages[n_lead:], start=n_lead):
         items.extend(_items(message, index, names))
-    return Transcript(
+    return transcript.Transcript(
         items=tuple(items),
         instructions=instructions or None,
         tools=tuple(_tool_spec(tool, i) for i, tool in enumerate(request.tools or [])),
@@ -90,7 +79,7 @@ def generation_options(
     )
 
 
-def requested_effort(request: ChatCompletionRequest) -> ReasoningEffort | None:
+def requested_effort(request: ChatCompletionRequest) -> transcript.ReasoningEffort | None:
     config = request.reasoning
     if config is not None and config.effort is not None:
         return clamp_effort(config.effort, "reasoning.effort")
@@ -118,7 +107,7 @@ def reasoning_view(
     return resolve_view(visibility, summary, exclude=not include_reasoning(request))
 
 
-def _tool_spec(tool: ToolIn, index: int) -> ToolSpec:
+def _tool_spec(tool: ToolIn, index: int) -> transcript.ToolSpec:
     if tool.type != "function" or tool.function is None:
         raise InvalidRequest(
             f"tool type {tool.type!r} is not supported here; use function tools "
@@ -126,7 +115,7 @@ def _tool_spec(tool: ToolIn, index: int) -> ToolSpec:
             param=f"tools[{index}]",
         )
     function = tool.function
-    return ToolSpec(
+    return transcript.ToolSpec(
         name=function.name,
         description=function.description or "",
         parameters=function.parameters,
@@ -143,30 +132,34 @@ def _text(message: ChatMessageIn, index: int) -> str:
     return text_of_parts(content, TEXT_PARTS, f"messages[{index}].content")
 
 
-def _items(message: ChatMessageIn, index: int, names: dict[str, str]) -> list[Item]:
+def _items(message: ChatMessageIn, index: int, names: dict[str, str]) -> list[transcript.Item]:
     role = message.role
     if role == "user":
-        return [UserMessage(_text(message, index))]
+        return [transcript.UserMessage(_text(message, index))]
     if role in ("system", "developer"):
-        return [DeveloperMessage(_text(message, index))]
+        return [transcript.DeveloperMessage(_text(message, index))]
     if role == "tool":
         return [_tool_result(message, index, names)]
     return _assistant_items(message, index, names)
 
 
-def _assistant_items(message: ChatMessageIn, index: int, names: dict[str, str]) -> list[Item]:
-    items: list[Item] = []
+def _assistant_items(
+    message: ChatMessageIn, index: int, names: dict[str, str]
+) -> list[transcript.Item]:
+    items: list[transcript.Item] = []
     reasoning = _previous_reasoning(message)
     if reasoning:
-        items.append(Reasoning(reasoning))
+        items.append(transcript.Reasoning(reasoning))
     text = _text(message, index)
     calls = message.tool_calls or []
     if text:
-        items.append(AssistantMessage(text, channel="commentary" if calls else "final"))
+        items.append(transcript.AssistantMessage(text, channel="commentary" if calls else "final"))
     for call in calls:
         names[call.id] = call.function.name
         items.append(
-            ToolCall(call_id=call.id, name=call.function.name, arguments=call.function.arguments)
+            transcript.ToolCall(
+                call_id=call.id, name=call.function.name, arguments=call.function.arguments
+            )
         )
     return items
 
@@ -183,7 +176,9 @@ def _previous_reasoning(message: ChatMessageIn) -> str | None:
     return message.thinking or None
 
 
-def _tool_result(message: ChatMessageIn, index: int, names: dict[str, str]) -> ToolResult:
+def _tool_result(
+    message: ChatMessageIn, index: int, names: dict[str, str]
+) -> transcript.ToolResult:
     call_id = message.tool_call_id
     if not call_id:
         raise InvalidRequest(
@@ -195,4 +190,4 @@ def _tool_result(message: ChatMessageIn, index: int, names: dict[str, str]) -> T
             f"tool_call_id {call_id!r} matches no earlier assistant tool call",
             param=f"messages[{index}].tool_call_id",
         )
-    return ToolResult(call_id=call_id, name=name, output=_text(message, index))
+    return transcript.ToolResult(call_id=call_id, name=name, output=_text(message, index))

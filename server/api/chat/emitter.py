@@ -22,6 +22,7 @@ from server.api.chat.schemas import (
     ChatCompletion,
     ChatCompletionChunk,
     ChoiceLogprobs,
+    ChoiceOut,
     Delta,
     MessageOut,
     ReasoningDetailOut,
@@ -303,6 +304,16 @@ class ChunkFactory:
             ],
         )
 
+    def completion(self, choice: ChoiceOut) -> ChatCompletion:
+        """The non-streaming body around its one choice, with the chunks' id, time and model."""
+        return ChatCompletion(
+            id=self.id,
+            object="chat.completion",
+            created=self.created,
+            model=self.model,
+            choices=[choice],
+        )
+
     def usage_chunk(self, finished: Finished) -> ChatCompletionChunk:
         chunk = ChatCompletionChunk(
             id=self.id,
@@ -344,19 +355,13 @@ def fold(events: Sequence[ChatEvent], emitter: ChatEmitter) -> ChatCompletion:
     calls = _merged_tool_calls(deltas)
     if calls:
         message["tool_calls"] = calls
-    body = ChatCompletion(
-        id=factory.id,
-        object="chat.completion",
-        created=factory.created,
-        model=factory.model,
-        choices=[
-            {
-                "index": factory.index,
-                "message": message,
-                "finish_reason": emitter.finish_reason,
-                "logprobs": _merged_logprobs(events, emitter),
-            }
-        ],
+    body = factory.completion(
+        ChoiceOut(
+            index=factory.index,
+            message=message,
+            finish_reason=emitter.finish_reason,
+            logprobs=_merged_logprobs(events, emitter),
+        )
     )
     finished = emitter.finished
     if finished is not None:

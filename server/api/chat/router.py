@@ -10,12 +10,7 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from server.api.chat.adapter import (
-    WIRE_NAMES,
-    generation_options,
-    reasoning_view,
-    to_transcript,
-)
+from server.api.chat.adapter import WIRE_NAMES, generation_options, reasoning_view, to_transcript
 from server.api.chat.choices import folded, merged_stream
 from server.api.chat.emitter import ChatEmitter, ChatEvent, ChatFailed, ChunkFactory, encode, fold
 from server.api.chat.schemas import ChatCompletionRequest

@@ -17,22 +17,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from server.api.messages.adapter import (
-    WIRE_NAMES,
-    generation_options,
-    reasoning_view,
-    thinking_text_shown,
-    to_transcript,
-)
+from server.api.messages import adapter, schemas
 from server.api.messages.emitter import MessagesEmitter, fold
 from server.api.messages.errors import prompt_too_long
-from server.api.messages.schemas import (
-    CountTokensRequest,
-    MessageDelta,
-    MessagesRequest,
-    StreamEvent,
-    TokenCount,
-)
 from server.api.messages.signature import ThinkingSigner
 from server.api.model_choice import chosen, loading_notice
 from server.api.response_fields import new_id
@@ -60,19 +47,19 @@ class MessagesState:
 
 
 @router.post("/v1/messages", response_model=None)
-async def create_message(body: MessagesRequest, request: Request) -> Response:
+async def create_message(body: schemas.MessagesRequest, request: Request) -> Response:
     settings: Settings = request.app.state.settings
     served = chosen(request, body.model)
     generator = served.generator
     state: MessagesState = request.app.state.messages
-    shown = reasoning_view(body, settings.reasoning_visibility)
+    shown = adapter.reasoning_view(body, settings.reasoning_visibility)
     try:
         transcript = _transcript(body, settings, state)
-        prepared = generator.prepare(transcript, generation_options(body, shown.summary))
+        prepared = generator.prepare(transcript, adapter.generation_options(body, shown.summary))
     except ContextLengthExceeded as exc:
         raise prompt_too_long(exc) from None
     except ServerError as exc:
-        raise exc.named(WIRE_NAMES) from None
+        raise exc.named(adapter.WIRE_NAMES) from None
     emitter = MessagesEmitter(
         new_id("msg_"),
         served.echo(body.model),
@@ -80,9 +67,9 @@ async def create_message(body: MessagesRequest, request: Request) -> Response:
         signer=state.signer,
         message_start=list(generator.renderer.assistant_start),
         view=shown,
-        thinking_text=thinking_text_shown(body),
+        thinking_text=adapter.thinking_text_shown(body),
     )
-    run: StreamRun[StreamEvent] = StreamRun(
+    run: StreamRun[schemas.StreamEvent] = StreamRun(
         prepared,
         emitter,
         name=f"message {emitter.message_id}",
@@ -94,7 +81,7 @@ async def create_message(body: MessagesRequest, request: Request) -> Response:
 
 
 @router.post("/v1/messages/count_tokens", response_model=None)
-async def count_tokens(body: CountTokensRequest, request: Request) -> Response:
+async def count_tokens(body: schemas.CountTokensRequest, request: Request) -> Response:
     """The prompt's length in tokens, rendered exactly as /v1/messages would render it."""
     settings: Settings = request.app.state.settings
     generator = chosen(request, body.model).generator
@@ -102,24 +89,26 @@ async def count_tokens(body: CountTokensRequest, request: Request) -> Response:
     try:
         transcript = _transcript(body, settings, state)
     except ServerError as exc:
-        raise exc.named(WIRE_NAMES) from None
-    count = TokenCount(input_tokens=generator.count_tokens(transcript))
+        raise exc.named(adapter.WIRE_NAMES) from None
+    count = schemas.TokenCount(input_tokens=generator.count_tokens(transcript))
     return JSONResponse(count.model_dump(mode="json"))
 
 
-def _transcript(body: CountTokensRequest, settings: Settings, state: MessagesState) -> Transcript:
-    return to_transcript(body, settings.reasoning_effort, settings.today(), state.signer)
+def _transcript(
+    body: schemas.CountTokensRequest, settings: Settings, state: MessagesState
+) -> Transcript:
+    return adapter.to_transcript(body, settings.reasoning_effort, settings.today(), state.signer)
 
 
-def _body(events: list[StreamEvent]) -> dict[str, Any]:
+def _body(events: list[schemas.StreamEvent]) -> dict[str, Any]:
     """The non-streaming body; an error event raises: a 500 in Anthropic's envelope."""
     return fold(events).model_dump(mode="json")
 
 
-async def _log_usage(message_id: str, last: list[StreamEvent], _: list[Ended]) -> None:
+async def _log_usage(message_id: str, last: list[schemas.StreamEvent], _: list[Ended]) -> None:
     """Log what the message cost (its `message_delta`; a failed one has none)."""
     for event in last:
-        if not isinstance(event, MessageDelta):
+        if not isinstance(event, schemas.MessageDelta):
             continue
         usage = event.usage
         log.info(

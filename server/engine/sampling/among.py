@@ -48,7 +48,7 @@ def _few(
     """The draw of `_staged` at plain temperature among a few candidates, in Python floats:
     the same weights, running sums and uniform number (the exponential is libm's, numpy's may
     differ in the last bit). A header token is drawn right after a prefill, when numpy's dozen
-    calls run cold (135 µs for two candidates, 9 µs warm). None when a logit is NaN or none is
+    calls run cold (≈ 135 µs for two candidates). None when a logit is NaN or none is
     finite: `_staged` repairs those."""
     x = [float(logits[token]) for token in allowed]
     top = max(x)
@@ -123,7 +123,7 @@ def nucleus(kept: Indices, weights: Floats | Doubles, mass: float) -> Indices:
     As llama.cpp's top-p: sorted by probability, cut after the first token at which the running
     sum reaches the mass (p times the total), so at least one token is kept. Past
     SORTED_NUCLEUS candidates (a flat distribution: top-p 0.9 of random weights keeps most of
-    the vocabulary, whose sort took 11 ms), only the bucket the cut falls in is sorted
+    the vocabulary, whose sort costs ≈ 11 ms), only the bucket the cut falls in is sorted
     (`_bucketed`).
     """
     if len(kept) > SORTED_NUCLEUS:

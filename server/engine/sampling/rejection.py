@@ -13,9 +13,8 @@ a_i = exp((x_i - top) / T) is at most 1, and two exact schemes need only a few o
   x_i - top exceeds it, that is u < a_i): a draw compares a window of the stream and moves past
   the pair it takes. The pairs after that one
   were compared but decided nothing (the batch sizes follow the pairs used), so the next draw
-  uses them as new; a draw costs four numpy calls instead of ten (after 40 MB streamed
-  through the caches, as a decode does: 90 → 61 µs a draw on the tiny model's logits, the
-  maximum's pass included; docs/sampling.md).
+  uses them as new, and a draw costs four numpy calls (the measurements:
+  devkit/notes/sampling-measurements.md).
 - peaked distributions (a model that knows what comes next): every token within GAP nats of the
   top is a candidate, weighed exactly; all the others together get the envelope n·exp(-GAP),
   which bounds their mass. A draw picks a candidate by its weight, or proposes a uniform token
@@ -30,8 +29,8 @@ to the full draw, which repairs them.
 
 The candidates' weights are float32 and a draw among them goes by blocks (float32 block sums,
 float64 running sums, one block's float64 cumulative sum), as the full draw does: a few thousand
-candidates cost tens of microseconds, where float64 weights and one cumulative sum over all of
-them took a hundred and more. Up to FEW candidates are weighed in Python floats instead
+candidates cost tens of microseconds, several times less than float64 weights and one
+cumulative sum over all of them. Up to FEW candidates are weighed in Python floats instead
 (`few_weights`), and more than MAX_CANDIDATES go to the full draw, which is cheaper then.
 """
 
@@ -154,8 +153,8 @@ class RejectionDraw:
 
     def _refill(self, needed: int) -> None:
         """A new stream of at least `needed` proposals (what is left of the last one decided
-        nothing). Streams start small and double up to STREAM: making 16,384 took 0.13 ms, on
-        the way to a generation's first token."""
+        nothing). Streams start small and double up to STREAM, since making 16,384 costs
+        ≈ 0.13 ms on the way to a generation's first token."""
         size = max(needed, self._stream)
         self._stream = min(2 * self._stream, STREAM)
         self._proposals = self._rng.integers(0, self._n, size)

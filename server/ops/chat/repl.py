@@ -19,6 +19,7 @@ import queue
 import signal
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import KW_ONLY, dataclass
 from types import FrameType
 from typing import Any, TypeVar
 
@@ -92,23 +93,15 @@ class StopKey:
         self.pressed.set()
 
 
+@dataclass(eq=False)
 class ChatRepl:
-    def __init__(
-        self,
-        console: Console,
-        backend: ChatBackend,
-        loop: LoopThread,
-        conversation: Conversation,
-        *,
-        today: Callable[[], str],
-        read_line: Callable[[str], str] = input,
-    ) -> None:
-        self.console = console
-        self.backend = backend
-        self.loop = loop
-        self.conversation = conversation
-        self.today = today
-        self.read_line = read_line
+    console: Console
+    backend: ChatBackend
+    loop: LoopThread
+    conversation: Conversation
+    _: KW_ONLY
+    today: Callable[[], str]
+    read_line: Callable[[str], str] = input
 
     def run(self) -> None:
         self.console.print(

@@ -207,7 +207,8 @@ def test_a_long_run_without_spaces_is_tokenized_as_harmony_does(
     encoding: HarmonyEncoding, text_tokens: TextTokens, text: str
 ) -> None:
     """Minified code, base64, a long hash: one piece for the pre-tokenizer, where harmony's own
-    tokenizer takes time growing with the square of its length (docs/benchmarks.md)."""
+    tokenizer takes time growing with the square of its length
+    (devkit/notes/benchmarks-history.md)."""
     assert text_tokens.encode(text) == encoding.encode(text, disallowed_special=())
 
 
