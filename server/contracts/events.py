@@ -9,14 +9,14 @@ emitters translate each event as it comes; non-streaming responses are a fold of
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 from server.contracts.directives import SteeringStats
 from server.contracts.transcript import FUNCTIONS_NAMESPACE, ToolKind
 
 
-class SegmentKind(str, Enum):
+class SegmentKind(StrEnum):
     """What a harmony assistant message is, seen from the API side."""
 
     REASONING = "reasoning"  # channel analysis: raw chain of thought
@@ -148,7 +148,7 @@ class SummaryDelta:
     text: str
 
 
-class FinishReason(str, Enum):
+class FinishReason(StrEnum):
     """Why generation ended."""
 
     STOP = "stop"  # <|return|>: the answer is complete
