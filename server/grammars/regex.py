@@ -10,6 +10,7 @@ inline flags) raises GrammarError.
 from __future__ import annotations
 
 from server.grammars.gbnf import (
+    MAX_CODEPOINT,
     Alt,
     Chars,
     GrammarError,
@@ -27,6 +28,7 @@ SPACE = ((0x09, 0x0D), (0x20, 0x20))
 _CLASS_ESCAPES = {"d": DIGIT, "w": WORD, "s": SPACE}
 _CHAR_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "f": "\f", "v": "\v", "0": "\0", "a": "\a"}
 _MAX_REPEAT = 1000
+_HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
 
 
 def parse_regex(pattern: str, *, dotall: bool = False) -> Node:
@@ -119,8 +121,10 @@ class _Parser:
         if char in "xuU":
             width = {"x": 2, "u": 4, "U": 8}[char]
             digits = self.text[self.pos : self.pos + width]
-            if len(digits) != width:
+            if len(digits) != width or not all(d in _HEX_DIGITS for d in digits):
                 raise GrammarError(f"bad \\{char} escape in /{self.text}/")
+            if int(digits, 16) > MAX_CODEPOINT:
+                raise GrammarError(f"\\{char}{digits} is no code point in /{self.text}/")
             self.pos += width
             return chr(int(digits, 16))
         if char.isalnum():
