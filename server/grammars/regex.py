@@ -103,8 +103,7 @@ class _Parser:
             elif kind != ":":
                 raise GrammarError(f"unsupported group (?{kind} in /{self.text}/")
         node = self.alternation()
-        if self.take() != ")":
-            raise GrammarError(f"missing ')' in /{self.text}/")
+        self.take()  # its ')': an alternation stops there or at the end, where `take` raises
         return node
 
     def _escape(self) -> Node:
