@@ -169,10 +169,9 @@ class _Parser:
                 node = Repeat(node, 0, None)
             elif char == "+":
                 node = Repeat(node, 1, None)
-            elif char == "{" and self._bounds() is not None:
-                low, high = self._bounds() or (0, None)
+            elif char == "{" and (bounds := self._bounds()) is not None:
                 self.pos = self.text.index("}", self.pos)
-                node = Repeat(node, low, high)
+                node = Repeat(node, *bounds)
             else:
                 return node
             self.pos += 1

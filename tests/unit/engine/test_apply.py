@@ -517,7 +517,7 @@ def test_forced_tokens_after_a_confirmed_draft_token_fill_the_context_but_one_ce
     # the confirmed token's pick is pending, then what the steering forces, up to the cell
     # the context keeps free
     assert len(job.slot.tokens) + len(job.pending) == N_CTX - 1
-    assert job.pending == (9,) * 9
+    assert list(job.pending) == [9] * 9
 
 
 def test_a_forced_stop_token_ahead_ends_the_generation(

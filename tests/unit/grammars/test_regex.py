@@ -20,11 +20,13 @@ TEXTS = ["".join(t) for n in range(4) for t in itertools.product(ALPHABET, repea
 PATTERNS = [
     # literals, escapes, the dot
     "ab",
+    "aX",
     "a.b",
     r"a\.b",
     r"\n",
     r"\t\r\f\v\0\a",
     r"\x41\u00e9\U0001F600",
+    r"\U0010FFFF",
     r"\-\{\}\(\)\[\]\\\|\*\+\?\^\$/",
     "é-",
     # classes
@@ -56,6 +58,8 @@ PATTERNS = [
     "(a|b)1",
     "(?:a|)b",
     "(?P<name>a)b",
+    ">(?P<n>a)>",
+    "(?:<a>)",
     "(a(b|1))",
     "a|b|1|_",
     # quantifiers
@@ -77,6 +81,8 @@ PATTERNS = [
     "a?+",
     "(a?)*",
     "(a|b)+1?",
+    "}a{2}}",
+    "[a-]b",
     # anchors
     "^a$",
     "^a|^b$",
@@ -88,7 +94,8 @@ PATTERNS = [
 ]
 
 EXTRA = ["a{2}", "a{,2}", "a{x}", "a{1,x}", "a{}", "ab-", "😀", "A", "-{}()[]\\|*+?^$/"]
-EXTRA += ["A\u00e9\U0001f600", "\t\r\f\v\0\a", "]", "]a", "\\"]
+EXTRA += ["A\u00e9\U0001f600", "\t\r\f\v\0\a", "]", "]a", "\\", "\U0010ffff", "}aa}"]
+EXTRA += ["<a>", ">a>", "aX", "a\vb"]
 
 
 @pytest.mark.parametrize("pattern", PATTERNS)
@@ -98,6 +105,12 @@ def test_the_language_is_pythons(pattern: str) -> None:
         for text in [*TEXTS, *EXTRA]:
             want = re.fullmatch(pattern, text, flags) is not None
             assert in_language(node, text) == want, (pattern, text, flags)
+
+
+def test_the_dot_takes_no_newline_unless_asked() -> None:
+    assert in_language(parse_regex("."), "a")
+    assert not in_language(parse_regex("."), "\n")  # the default: as a tool's regex means it
+    assert in_language(parse_regex(".", dotall=True), "\n")
 
 
 def test_a_long_repeat_within_the_bound_is_exact() -> None:
@@ -118,6 +131,8 @@ def test_a_long_repeat_within_the_bound_is_exact() -> None:
         ("(?i)a", r"unsupported group \(\?i"),
         (r"(a)\1", r"unsupported escape \\1"),
         (r"\b", r"unsupported escape \\b"),
+        (r"\X", r"unsupported escape \\X"),
+        ("(?P=n)", r"unsupported group \(\?P"),
         (r"a\Z", r"unsupported escape \\Z"),
         (r"\x4", r"bad \\x escape"),
         (r"\u00e", r"bad \\u escape"),
@@ -125,7 +140,9 @@ def test_a_long_repeat_within_the_bound_is_exact() -> None:
         (r"\x4z", r"bad \\x escape"),
         (r"\U0011FFFF", r"\\U0011FFFF is no code point"),
         ("a^b", "anchor '\\^' inside"),
+        ("X^a", "anchor '\\^' inside"),
         ("a$b", "anchor '\\$' inside"),
+        ("a$X", "anchor '\\$' inside"),
         ("(a)^", "anchor '\\^' inside"),
         ("$a", "anchor '\\$' inside"),
         ("*a", "nothing to repeat at 0"),
