@@ -52,11 +52,17 @@ TARGETS = (
     Target("decoder", "server/harmony/decoder.py", ("tests/unit/harmony/test_decoder.py",)),
     Target("steering", "server/harmony/steering.py", ("tests/unit/harmony/test_steering.py",)),
     Target("plan", "server/engine/plan.py", ("tests/unit/engine/test_plan.py",)),
+    Target("apply", "server/engine/apply.py", ("tests/unit/engine/test_apply.py",)),
     Target(
         "json_schema", "server/grammars/json_schema.py", ("tests/unit/grammars/test_grammars.py",)
     ),
-    Target("lark", "server/grammars/lark.py", ("tests/unit/grammars/test_grammars.py",)),
-    Target("regex", "server/grammars/regex.py", ("tests/unit/grammars/test_grammars.py",)),
+    Target("lark", "server/grammars/lark.py", ("tests/unit/grammars/test_lark.py",)),
+    Target("regex", "server/grammars/regex.py", ("tests/unit/grammars/test_regex.py",)),
+    Target(
+        "address_rule",
+        "server/tools/browser/addresses.py",
+        ("tests/unit/tools/browser/test_addresses.py",),
+    ),
 )
 
 KILLED = frozenset({"killed", "timeout", "caught by type check"})

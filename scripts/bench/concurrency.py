@@ -218,7 +218,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     workdir = args.out.parent / f"{args.out.stem}-logs"
     workdir.mkdir(parents=True, exist_ok=True)
     machine = machine_info(n_threads)
-    machine["started_at"] = datetime.datetime.now(datetime.timezone.utc).isoformat()
+    machine["started_at"] = datetime.datetime.now(datetime.UTC).isoformat()
     paths: dict[str, Any] = {}
     for name, runner in (("http", ours), ("llama-server", theirs)):
         if name not in args.paths:

@@ -14,7 +14,7 @@ which Codex shows the user. Generation goes through the OpenAI routes; Ollama's 
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -105,7 +105,7 @@ def _ndjson(*lines: dict[str, Any]) -> Response:
 
 def _model(request: Request, runtime: Runtime, name: str) -> dict[str, Any]:
     info = runtime.engine.info
-    started = datetime.fromtimestamp(request.app.state.started_at, tz=timezone.utc)
+    started = datetime.fromtimestamp(request.app.state.started_at, tz=UTC)
     return {
         "name": name,
         "model": name,

@@ -122,7 +122,7 @@ def run_bench(options: BenchOptions) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     plan = make_plan(options)
     machine = machine_info(plan.n_threads)
-    machine["started_at"] = datetime.datetime.now(datetime.timezone.utc).isoformat()
+    machine["started_at"] = datetime.datetime.now(datetime.UTC).isoformat()
     out = options.out
     workdir = out.parent / f"{out.stem}-logs"
     workdir.mkdir(parents=True, exist_ok=True)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 
-class RequestField(str, Enum):
+class RequestField(StrEnum):
     """A request field the core validates, by meaning; each API names it its own way on the wire.
 
     The core raises errors about these; every adapter maps them to its wire names (`WIRE_NAMES`

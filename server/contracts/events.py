@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 from server.contracts.directives import SteeringStats
 from server.contracts.transcript import FUNCTIONS_NAMESPACE, ToolKind
 
 
-class SegmentKind(str, Enum):
+class SegmentKind(StrEnum):
     """What a harmony assistant message is, seen from the API side."""
 
     REASONING = "reasoning"  # channel analysis: raw chain of thought
@@ -149,7 +149,7 @@ class SummaryDelta:
     text: str
 
 
-class FinishReason(str, Enum):
+class FinishReason(StrEnum):
     """Why generation ended."""
 
     STOP = "stop"  # <|return|>: the answer is complete

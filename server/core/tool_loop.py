@@ -77,7 +77,7 @@ class ServerTools:
         )
         try:
             result = await asyncio.wait_for(tool.call(target.name, arguments, ctx), self.timeout_s)
-        except (TimeoutError, asyncio.TimeoutError):
+        except TimeoutError:
             message = f"the tool {target.name} did not answer within {self.timeout_s:g} s"
             log.warning("server tool %s.%s timed out", target.namespace, target.name)
             result = ToolResult(message, is_error=True)

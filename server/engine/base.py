@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Protocol
 
 from server.contracts.directives import Steering, SteeringStats
@@ -48,7 +48,7 @@ class SamplingParams:
     speculate: bool = True  # False: one token a step for this request, whatever the engine's mode
 
 
-class StopReason(str, Enum):
+class StopReason(StrEnum):
     STOP_TOKEN = "stop_token"
     MAX_TOKENS = "max_tokens"
     CONTEXT_FULL = "context_full"

@@ -10,6 +10,7 @@ inline flags) raises GrammarError.
 from __future__ import annotations
 
 from server.grammars.gbnf import (
+    MAX_CODEPOINT,
     Alt,
     Chars,
     GrammarError,
@@ -27,6 +28,7 @@ SPACE = ((0x09, 0x0D), (0x20, 0x20))
 _CLASS_ESCAPES = {"d": DIGIT, "w": WORD, "s": SPACE}
 _CHAR_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "f": "\f", "v": "\v", "0": "\0", "a": "\a"}
 _MAX_REPEAT = 1000
+_HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
 
 
 def parse_regex(pattern: str, *, dotall: bool = False) -> Node:
@@ -101,8 +103,7 @@ class _Parser:
             elif kind != ":":
                 raise GrammarError(f"unsupported group (?{kind} in /{self.text}/")
         node = self.alternation()
-        if self.take() != ")":
-            raise GrammarError(f"missing ')' in /{self.text}/")
+        self.take()  # its ')': an alternation stops there or at the end, where `take` raises
         return node
 
     def _escape(self) -> Node:
@@ -119,8 +120,10 @@ class _Parser:
         if char in "xuU":
             width = {"x": 2, "u": 4, "U": 8}[char]
             digits = self.text[self.pos : self.pos + width]
-            if len(digits) != width:
+            if len(digits) != width or not all(d in _HEX_DIGITS for d in digits):
                 raise GrammarError(f"bad \\{char} escape in /{self.text}/")
+            if int(digits, 16) > MAX_CODEPOINT:
+                raise GrammarError(f"\\{char}{digits} is no code point in /{self.text}/")
             self.pos += width
             return chr(int(digits, 16))
         if char.isalnum():
@@ -166,10 +169,9 @@ class _Parser:
                 node = Repeat(node, 0, None)
             elif char == "+":
                 node = Repeat(node, 1, None)
-            elif char == "{" and self._bounds() is not None:
-                low, high = self._bounds() or (0, None)
+            elif char == "{" and (bounds := self._bounds()) is not None:
                 self.pos = self.text.index("}", self.pos)
-                node = Repeat(node, low, high)
+                node = Repeat(node, *bounds)
             else:
                 return node
             self.pos += 1

@@ -42,7 +42,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from typing import Protocol
 
 from server.contracts.directives import Steering
@@ -65,7 +65,7 @@ log = logging.getLogger(__name__)
 RELOAD_BACKOFF_S = (5.0, 300.0)  # the wait after a failed load: the first, doubling up to the last
 
 
-class ModelState(str, Enum):
+class ModelState(StrEnum):
     LOADED = "loaded"
     UNLOADING = "unloading"
     UNLOADED = "unloaded"

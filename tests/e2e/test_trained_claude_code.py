@@ -87,7 +87,7 @@ class DatePin:
 
 
 def claude_days() -> set[datetime.date]:
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     days = {now.date(), now.astimezone().date()}
     return days | {d - datetime.timedelta(days=1) for d in days}
 

@@ -139,7 +139,7 @@ class Kernel:
         except asyncio.CancelledError:  # the caller gave up: the code must not run on unseen
             await asyncio.shield(self.close())
             raise
-        except asyncio.TimeoutError:
+        except TimeoutError:
             await self.close(save=True)
             return reader.result(
                 f"the code ran past the {timeout_s:g} s time limit and did not stop when "
