@@ -15,7 +15,7 @@ state (`models`) and the memory budget they share (`budget`).
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -118,7 +118,7 @@ def _openai_model(request: Request, name: str, runtime: Runtime) -> dict[str, An
 
 
 def _anthropic_model(request: Request, name: str, runtime: Runtime) -> dict[str, Any]:
-    started = datetime.fromtimestamp(request.app.state.started_at, tz=timezone.utc)
+    started = datetime.fromtimestamp(request.app.state.started_at, tz=UTC)
     return {
         "type": "model",
         "id": name,
