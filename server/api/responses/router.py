@@ -323,14 +323,11 @@ async def warm_up(
     except ServerError as exc:
         raise exc.named(WIRE_NAMES) from None
     response_id = new_id("resp_")
-    text_format = body.text.format if body.text and body.text.format else {"type": "text"}
-    created = now()
+    echoed = _echoed(body, served.name, transcript, response_id=response_id, summary=None)
     response = ResponseObject(
-        id=response_id,
-        created_at=created,
-        completed_at=created,
+        **echoed,
+        completed_at=echoed["created_at"],
         status="completed",
-        model=served.echo(body.model),
         usage=ResponseUsage(
             input_tokens=0,
             input_tokens_details=InputTokensDetails(),
@@ -338,17 +335,7 @@ async def warm_up(
             output_tokens_details=OutputTokensDetails(),
             total_tokens=0,
         ),
-        instructions=body.instructions,
-        metadata=body.metadata or {},
-        max_output_tokens=body.max_output_tokens,
-        previous_response_id=body.previous_response_id,
-        parallel_tool_calls=body.parallel_tool_calls is not False,
-        tool_choice=body.tool_choice or "auto",
-        tools=_echoed_tools(body.tools or []),
-        reasoning={"effort": transcript.reasoning_effort, "summary": None},
-        text={"format": text_format},
         store=False,
-        prompt_cache_key=body.prompt_cache_key,
     )
     conversation_id = (earlier.conversation_id or earlier.id) if earlier else response_id
     return StoredResponse(
@@ -465,32 +452,43 @@ def _base_response(
     """The Response as it starts: everything the request asked for, echoed back (the sampling
     parameters as the generation uses them: the server's defaults where the request gave
     none)."""
-    text_format = body.text.format if body.text and body.text.format else {"type": "text"}
     return ResponseObject(
-        id=response_id,
-        created_at=now(),
-        model=body.model or served_name,
-        instructions=body.instructions,
-        metadata=body.metadata or {},
-        max_output_tokens=body.max_output_tokens,
-        previous_response_id=body.previous_response_id,
-        parallel_tool_calls=body.parallel_tool_calls is not False,
-        tool_choice=body.tool_choice or "auto",
-        tools=_echoed_tools(body.tools or []),
-        reasoning={
-            "effort": transcript.reasoning_effort,
-            "summary": prepared.summary,
-        },
-        text={"format": text_format},
+        **_echoed(body, served_name, transcript, response_id=response_id, summary=prepared.summary),
         temperature=prepared.params.temperature,
         top_p=prepared.params.top_p,
         store=body.store is not False,
-        prompt_cache_key=body.prompt_cache_key,
-        top_logprobs=body.top_logprobs or 0,
-        max_tool_calls=body.max_tool_calls,
-        safety_identifier=body.safety_identifier,
-        user=body.user,
     )
+
+
+def _echoed(
+    body: ResponsesRequest,
+    served_name: str,
+    transcript: Transcript,
+    *,
+    response_id: str,
+    summary: str | None,
+) -> dict[str, Any]:
+    """The fields every Response of this request echoes, a generating one or a warm-up."""
+    text_format = body.text.format if body.text and body.text.format else {"type": "text"}
+    return {
+        "id": response_id,
+        "created_at": now(),
+        "model": body.model or served_name,
+        "instructions": body.instructions,
+        "metadata": body.metadata or {},
+        "max_output_tokens": body.max_output_tokens,
+        "previous_response_id": body.previous_response_id,
+        "parallel_tool_calls": body.parallel_tool_calls is not False,
+        "tool_choice": body.tool_choice or "auto",
+        "tools": _echoed_tools(body.tools or []),
+        "reasoning": {"effort": transcript.reasoning_effort, "summary": summary},
+        "text": {"format": text_format},
+        "prompt_cache_key": body.prompt_cache_key,
+        "top_logprobs": body.top_logprobs or 0,
+        "max_tool_calls": body.max_tool_calls,
+        "safety_identifier": body.safety_identifier,
+        "user": body.user,
+    }
 
 
 def _echoed_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
