@@ -21,9 +21,8 @@ import functools
 from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
 from typing import Protocol
 
-from server.contracts.directives import Steering
 from server.contracts.events import Finished, GenerationEvent, SegmentDelta
-from server.engine.base import Engine, EngineResult, SamplingParams, TokenChunk, TokenStream
+from server.engine.base import Engine, EngineResult, TokenChunk, TokenStream
 
 
 class Reader(Protocol):
@@ -64,17 +63,9 @@ class Rounds:
         on_finished: Callable[[Finished], None] | None = None,
     ) -> None:
         self.engine = engine
+        self.submit = engine.submit  # a round is submitted to the engine as it is
         self.stream_interval_s = stream_interval_s  # engine chunks at most this often
         self.on_finished = on_finished  # e.g. metrics; called once per round (summaries too)
-
-    def submit(
-        self,
-        prompt_tokens: Sequence[int],
-        params: SamplingParams,
-        steering: Steering | None = None,
-        save_points: Sequence[int] = (),
-    ) -> TokenStream:
-        return self.engine.submit(prompt_tokens, params, steering, save_points)
 
     async def run(
         self, stream: TokenStream, reader: Reader, opening: Sequence[GenerationEvent] = ()
