@@ -20,7 +20,7 @@ from pathlib import Path
 
 from server.bench.machine import OtherLoad
 from server.bench.plan import BenchError, Measurement, PathRun, Plan, Step, pp_label, tg_label
-from server.bench.procs import log_tail, run_to_end
+from server.bench.procs import run_counted
 from server.bench.prompts import random_tokens
 from server.engine.base import EngineResult, SamplingParams, StopReason
 from server.engine.llama import LlamaEngine
@@ -119,14 +119,7 @@ def run_inprocess(plan: Plan, workdir: Path) -> PathRun:
     plan_path = workdir / "plan.json"
     plan_path.write_text(json.dumps(plan.to_json()))
     command = [sys.executable, "-m", "server.bench.inprocess", str(plan_path)]
-    run.commands.append(command)
-    log_path = workdir / "inprocess.log"
-    result = run_to_end(command, log_path)
-    ended = result.ended
-    run.add_child(ended.peak_rss_bytes, ended.cpu_s)
-    if ended.returncode != 0:
-        raise BenchError(f"the in-process child exited with {ended.returncode}:\n"
-                         f"{log_tail(log_path)}")  # fmt: skip
+    result = run_counted(run, command, workdir / "inprocess.log", "the in-process child")
     output = json.loads(result.stdout.strip().splitlines()[-1])
     run.load_s = output["load_s"]
     run.tests = output["tests"]

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from server.bench.plan import BenchError, PathRun, Plan, pp_label, tg_label
-from server.bench.procs import log_tail, run_to_end
+from server.bench.procs import run_counted
 from server.ops.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -74,13 +74,7 @@ def bench_commands(plan: Plan) -> list[list[str]]:
 def run_llama_bench(plan: Plan, workdir: Path) -> PathRun:
     run = PathRun("llama-bench")
     for command in bench_commands(plan):
-        run.commands.append(command)
-        log_path = workdir / "llama-bench.log"
-        result = run_to_end(command, log_path)
-        ended = result.ended
-        run.add_child(ended.peak_rss_bytes, ended.cpu_s)
-        if ended.returncode != 0:
-            raise BenchError(f"llama-bench exited with {ended.returncode}:\n{log_tail(log_path)}")
+        result = run_counted(run, command, workdir / "llama-bench.log", "llama-bench")
         for test in json.loads(result.stdout):
             record_test(run, test, result.other_cpus)
     return run

@@ -59,6 +59,18 @@ def run_to_end(command: list[str], log_path: Path) -> ChildResult:
     return ChildResult(ended, stdout, load.cores(ended.cpu_s))
 
 
+def run_counted(run: PathRun, command: list[str], log_path: Path, name: str) -> ChildResult:
+    """Run one of a path's commands to its end, counted on `run` (the command, the child's peak
+    memory and CPU time); a command that fails is a BenchError with its log's tail."""
+    run.commands.append(command)
+    result = run_to_end(command, log_path)
+    ended = result.ended
+    run.add_child(ended.peak_rss_bytes, ended.cpu_s)
+    if ended.returncode != 0:
+        raise BenchError(f"{name} exited with {ended.returncode}:\n{log_tail(log_path)}")
+    return result
+
+
 def serve_command(model: Path | str, port: int, *options: str) -> list[str]:
     """`gpt-oss-server serve` on 127.0.0.1:`port` in this interpreter, with further flags."""
     return [sys.executable, "-m", "server", "serve", "--model", str(model),
