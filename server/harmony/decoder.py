@@ -72,11 +72,10 @@ def new_parser(encoding: HarmonyEncoding) -> StreamableParser:
 class ParserStock:
     """Streaming parsers made before the generations that use them.
 
-    Making one renders harmony's stop tokens through the tokenizer: 0.1 ms warm, 0.3-0.6 ms in
-    a server between requests. Made when a generation starts, it held the GIL right after the
-    prompt went to the engine, and the engine thread waited for it to start the prefill: half a
-    millisecond on the way to every first token. A generation takes a parser made earlier (one
-    is made on the spot when none is left) and `restock` makes the next ones once it ended.
+    Making one renders harmony's stop tokens through the tokenizer (≈ 0.5 ms in a server
+    between requests); made when a generation starts, it would hold the GIL the engine thread
+    needs to start the prefill. A generation takes a parser made earlier (one is made on the
+    spot when none is left) and `restock` makes the next ones once it ended.
 
     Beside them, `spares` parsers for parsing a generation's likely first tokens ahead
     (`HarmonyDecoder.expect`): kept apart, so that parsing ahead never leaves a generation that

@@ -11,15 +11,13 @@ tokens the sequence emits next (a verify would have accepted exactly those that 
 acceptance follows the text whether it drafts or not, and a sequence whose text starts copying
 drafts again as soon as its declined drafts start matching, with no verify paid to find out.
 
-The prompt is indexed once the generation drafts, not when it starts: indexing takes 0.7 to 1 µs
-a token (5.7 to 8.0 ms for an 8k-token prompt on a 2-core CPU), and done at the start it delayed
-every turn's prefill, so its first token, by that much. Nor is it indexed at the first chance to
-draft: that is the step after the generation's first content token, whose consumer is woken then
-and needs the GIL to send the client its first text, which an index build on the engine thread
-held (0.4 to 0.8 ms for a 576-token prompt, traced; measured by pairs of requests, the first
-text came at most a quarter of a millisecond sooner without it). From the second chance on, each
-step indexes at most `INDEX_SLICE` tokens (about a millisecond), so a long prompt never stalls
-every stream of the batch for the whole build; drafting starts once the index has caught up.
+The prompt is indexed once the generation drafts, not when it starts (indexing an 8k-token
+prompt takes ≈ 7 ms on a 2-core CPU, which would delay every turn's first token), nor at the
+first chance to draft: that is the step after the first content token, whose consumer needs
+the GIL then to send the client its first text. From the second chance on, each step indexes at
+most `INDEX_SLICE` tokens, so a long prompt never stalls every stream of the batch for the whole
+build; drafting starts once the index has caught up (the measurements:
+devkit/notes/speculative-measurements.md).
 
 An agent's next turn extends the last one's sequence (its prompt is the earlier prompt, the exact
 tokens sampled and the tool's result): `follow` takes the index the sequence's slot last had, and
