@@ -45,6 +45,15 @@ GRAMMARS = [
     ('start: ("a" | "b")* "1"', "ab1"),
     ('start: "a" ["b" "1"]', "ab1"),
     ('start: ("ab" | "a")~1..2', "ab"),
+    # ~n and [..] bound the repeats: no more than n, no more than one
+    ('start: "a"~2', "a"),
+    ('start: ["a"] "b"', "ab"),
+    # a range of one character
+    ('start: "a".."a" "b".."c"', "abcd"),
+    # a comment line at the start; a rule with continuation lines before another rule
+    ('// the rule\nstart: a\n    | "b"\na: "a"', "ab"),
+    # a comment marker inside a string right after a character no token begins with
+    ('start:"a//b"', "a/b"),
 ]
 
 
@@ -93,7 +102,6 @@ def test_the_rules_are_named_for_gbnf() -> None:
         ("start: missing", "undefined name 'missing'"),
         ('start: "a" (b | "c")+', "undefined name 'b'"),
         ('start: ["a" c]', "undefined name 'c'"),
-        ('rule: "a"', "the grammar has no `start` rule"),
         ('start = "a"', "cannot read the grammar line 'start = \"a\"'"),
         ('start: "ab".."c"', "bad range"),
         ('start: "b".."a"', "bad range"),
@@ -115,3 +123,25 @@ def test_the_rules_are_named_for_gbnf() -> None:
 def test_unsupported_or_malformed_grammars_are_refused(definition: str, why: str) -> None:
     with pytest.raises(GrammarError, match=why):
         parse_lark(definition)
+
+
+@pytest.mark.parametrize(
+    ("definition", "why"),
+    [
+        ('rule: "a"', "the grammar has no `start` rule"),
+        # a line that cannot be read is quoted up to its first 60 characters
+        (
+            "start = " + '"a" ' * 20,
+            "cannot read the grammar line " + repr("start = " + '"a" ' * 13),
+        ),
+        # text no token begins with is quoted up to 10 characters, in its definition
+        ('start: "a" "bcdefghijklmnop', """unexpected '"bcdefghij' in '"a" "bcdefghijklmnop'"""),
+        ('start: ("a"', """missing ')' in '("a"'"""),
+        ('start: "a"~', """expected number, got '' in '"a"~'"""),
+        ('start: "a"..', """expected string, got '' in '"a"..'"""),
+    ],
+)
+def test_a_refusal_gives_its_whole_reason(definition: str, why: str) -> None:
+    with pytest.raises(GrammarError) as refused:
+        parse_lark(definition)
+    assert str(refused.value) == why
