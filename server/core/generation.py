@@ -39,7 +39,7 @@ from server.core.summaries import SummaryConfig, summary_transcript
 from server.core.tool_loop import ServerTools, approved_calls
 from server.core.tool_names import ToolNames
 from server.core.visibility import SummaryStyle
-from server.engine.base import Engine, SamplingParams
+from server.engine.base import Engine, SamplingParams, SlotPin
 from server.grammars.response_format import answer_grammar
 from server.grammars.tools import call_grammar
 from server.harmony.decoder import ParserStock
@@ -227,13 +227,17 @@ class Generator:
         transcript: Transcript,
         options: GenerationOptions,
         tools: ServerTools | None = None,
+        *,
+        pin: SlotPin | None = None,
     ) -> Prepared:
         """Render and validate; raises InvalidRequest / ContextLengthExceeded / ServerBusy.
 
         Errors name logical request fields (RequestField); the adapter names them on the wire.
         `tools`: the tools the server runs itself in this generation (server.core.tool_loop).
+        `pin`: the conversation's claim on its engine slot (a Responses WebSocket's, for its
+        life): every round of the generation runs in the slot it holds.
         """
-        return self.admit(lambda ticket: self._prepare(transcript, options, ticket, tools))
+        return self.admit(lambda ticket: self._prepare(transcript, options, ticket, tools, pin))
 
     def _prepare(
         self,
@@ -241,6 +245,7 @@ class Generator:
         options: GenerationOptions,
         ticket: Ticket,
         tools: ServerTools | None = None,
+        pin: SlotPin | None = None,
     ) -> Prepared:
         names = ToolNames(transcript.tools)
         given = transcript
@@ -268,6 +273,7 @@ class Generator:
             tools=tools,
             later_steering=later,
             approved=approved,
+            pin=pin,
         )
 
     def count_tokens(self, transcript: Transcript) -> int:

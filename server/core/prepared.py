@@ -40,7 +40,7 @@ from server.core.summaries import SummaryMerge
 from server.core.tool_loop import ServerCall, ServerTools, merged, server_call, shifted
 from server.core.tool_names import ToolNames
 from server.core.visibility import SummaryStyle
-from server.engine.base import EngineResult, SamplingParams, TokenChunk, TokenStream
+from server.engine.base import EngineResult, SamplingParams, SlotPin, TokenChunk, TokenStream
 from server.harmony.decoder import HarmonyDecoder, ParserStock
 from server.harmony.renderer import Renderer
 from server.harmony.steering import HarmonySteering, SteeringPlan
@@ -82,6 +82,7 @@ class Prepared:
     later_steering: tuple[SteeringPlan, SteeringPlan] | None = None
     # calls the user approved, at the prompt's end: run before the first round (tool_loop)
     approved: tuple[ServerCall, ...] = ()
+    pin: SlotPin | None = None  # the conversation's claim on its slot: every round of it runs there
     # the first round, where a streamed response submits it before reading the events
     first: FirstRound = field(init=False, repr=False, compare=False)
 
@@ -92,7 +93,9 @@ class Prepared:
         start = None  # a generation that first runs approved calls begins nothing
         if not self.approved:
             prompt, points = self.prompt_tokens, self.save_points
-            start = partial(_submit, context, prompt, self.params, self.steering, points)
+            start = partial(
+                _submit, context, prompt, self.params, self.steering, points, pin=self.pin
+            )
         reader = partial(
             _HarmonyReader, context, stops=self.stop, names=self.names, record=self.record
         )
@@ -246,7 +249,9 @@ class Prepared:
         the engine sampled (a server-run tool's round appends to them). The first round takes
         over the one `FirstRound.begin` submitted, if it did (the later rounds find none)."""
         context = self.context
-        begun = self.first.take() or _submit(context, prompt_tokens, params, plan, save_points)
+        begun = self.first.take() or _submit(
+            context, prompt_tokens, params, plan, save_points, pin=self.pin
+        )
         # the header it most likely starts with, parsed while the prompt is evaluated (known
         # once the engine started it: a begun round's is); after the events queued so far
         # went out (the opening events: their writer runs first), and not once tokens came
@@ -264,10 +269,12 @@ def _submit(
     params: SamplingParams,
     plan: SteeringPlan,
     save_points: tuple[int, ...],
+    *,
+    pin: SlotPin | None,
 ) -> _Begun:
     """A round submitted: its steering, the engine's stream, and the decoder for it."""
     steering = plan.start()
-    stream = context.rounds.submit(prompt_tokens, params, steering, save_points)
+    stream = context.rounds.submit(prompt_tokens, params, steering, save_points, pin)
     try:
         return _Begun(
             steering, stream, HarmonyDecoder(context.encoding, parser=context.parsers.take())

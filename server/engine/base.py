@@ -48,6 +48,28 @@ class SamplingParams:
     speculate: bool = True  # False: one token a step for this request, whatever the engine's mode
 
 
+class SlotPin:
+    """A conversation's claim on the slot that holds it, for as long as whatever holds the pin
+    lives (a Responses WebSocket: the socket's life). Each generation submitted with the pin
+    runs in the slot the pin holds (or one it then moves to); while the pin is held, no other
+    conversation's prompt is given that slot, so its KV cache waits for the next turn. Where
+    every slot is pinned, the pin used least recently yields (server/engine/slots.py). Released
+    from any thread: the engine reads `held` whenever it chooses a slot, and calls nothing."""
+
+    __slots__ = ("_held",)
+
+    def __init__(self) -> None:
+        self._held = True
+
+    @property
+    def held(self) -> bool:
+        return self._held
+
+    def release(self) -> None:
+        """The slot goes back to the others (at once, the next time the engine chooses one)."""
+        self._held = False
+
+
 class StopReason(StrEnum):
     STOP_TOKEN = "stop_token"
     MAX_TOKENS = "max_tokens"
@@ -225,9 +247,10 @@ class Engine(Protocol):
         params: SamplingParams,
         steering: Steering | None = None,
         save_points: Sequence[int] = (),
+        pin: SlotPin | None = None,
     ) -> TokenStream:
         """Generate from `prompt_tokens`; `save_points` are prompt lengths worth keeping on disk
-        (message boundaries) once evaluated."""
+        (message boundaries) once evaluated; `pin`: the conversation's claim on its slot."""
         ...
 
     def validate_grammar(self, grammar: str) -> None:

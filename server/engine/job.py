@@ -13,7 +13,7 @@ from enum import Enum
 
 from server.contracts.directives import Constrain, Steering, SteeringStats
 from server.contracts.events import Timings, TokenLogprob, Usage
-from server.engine.base import EngineResult, SamplingParams, StopReason
+from server.engine.base import EngineResult, SamplingParams, SlotPin, StopReason
 from server.engine.channel import TokenChannel
 from server.engine.disk_cache.prompt_cache import Found
 from server.engine.picker import TokenPicker
@@ -39,6 +39,7 @@ class Job:
     channel: TokenChannel
     steering: Steering | None = None
     save_points: tuple[int, ...] = ()  # prompt lengths to save on disk once evaluated
+    pin: SlotPin | None = None  # its conversation's claim on the slot it runs in (slots.py)
     looked_up: bool = False  # the disk was asked for a longer prefix
     disk: Found | None = None  # what the disk had, read, until the job starts
     submitted: float = field(default_factory=time.perf_counter)

@@ -23,6 +23,7 @@ from server.engine.base import (
     PromptCacheStats,
     SamplingHook,
     SamplingParams,
+    SlotPin,
     StopReason,
 )
 from server.engine.channel import TokenChannel
@@ -136,6 +137,7 @@ class LlamaEngine:
         params: SamplingParams,
         steering: Steering | None = None,
         save_points: Sequence[int] = (),
+        pin: SlotPin | None = None,
     ) -> TokenChannel:
         if self._failure is not None:  # (never waits for the lock a stuck RPC decode may hold)
             raise EngineUnavailable(f"The server cannot generate: {self._failure}")
@@ -146,7 +148,7 @@ class LlamaEngine:
                 raise EngineUnavailable(f"The server cannot generate: {self._failure}")
             if self._closed:
                 raise EngineUnavailable(CLOSED)
-            self._jobs.put(Job(list(prompt_tokens), params, channel, steering, points))
+            self._jobs.put(Job(list(prompt_tokens), params, channel, steering, points, pin))
         return channel
 
     def validate_grammar(self, grammar: str) -> None:

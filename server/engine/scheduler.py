@@ -12,7 +12,9 @@ then idle conversations evicted), retiring cancelled jobs, and acting on the out
 (finishing, forgetting).
 
 Requests wait when every slot is busy; a prompt goes to the slot with the longest cached prefix
-(see slots.py); when the KV cache is full, the least recently used idle conversation is dropped.
+(see slots.py), never to one another conversation's pin holds while another slot may free (a
+pinned conversation's KV waits for its next turn); when the KV cache is full, the least recently
+used idle conversation is dropped, pinned ones last.
 With the prompt cache on disk (prompt_cache.py), a prompt's save points are saved as its prefill
 reaches them (chunks end there), an evicted conversation is saved before it is dropped, every
 conversation is saved at shutdown, and a new prompt starts from the longest saved prefix when
@@ -215,7 +217,7 @@ class Scheduler:
                 if future is not None:  # read off the engine thread; admitted once read
                     self._loading.append((self._waiting.popleft(), future))
                     continue
-            choice = choose_slot(self.slots, job.prompt_tokens)
+            choice = choose_slot(self.slots, job.prompt_tokens, job.pin)
             if choice is None:
                 return
             self._waiting.popleft()
@@ -235,6 +237,7 @@ class Scheduler:
         ctx, slot = self._ctx, choice.slot
         slot.busy = True
         job.slot = slot
+        self._move_pin(slot, job)
         computed = job.params.prompt_logprobs or self._invariant  # every position evaluated
         reuse = 0 if computed else choice.keep
         keep = ctx.truncate(slot.seq_id, ctx.reusable_prefix(slot.seq_id, reuse))
@@ -260,6 +263,16 @@ class Scheduler:
         if not job.params.prompt_logprobs and job.params.max_tokens > 0:
             job.read_lead(ctx.n_ctx, guess=self._guess_header)
         self._running.append(job)
+
+    def _move_pin(self, slot: Slot, job: Job) -> None:
+        """The slot is now the job's conversation's: its pin holds this slot alone (the one it
+        held before, if another, goes back to the others with its cache intact); a slot taken
+        by a job without a pin holds none."""
+        if job.pin is not None:
+            for other in self.slots:
+                if other.pin is job.pin:
+                    other.pin = None
+        slot.pin = job.pin
 
     def _plan(self) -> tuple[list[BatchPart], list[Job]]:
         """This step's batch (plan.py), each job's extra tokens set for the pick."""

@@ -55,6 +55,7 @@ from server.engine.base import (
     ModelInfo,
     PromptCacheStats,
     SamplingParams,
+    SlotPin,
     StopReason,
     TokenChunk,
     TokenStream,
@@ -242,6 +243,7 @@ class ModelResidency:
         params: SamplingParams,
         steering: Steering | None = None,
         save_points: Sequence[int] = (),
+        pin: SlotPin | None = None,
     ) -> TokenStream:
         loop = asyncio.get_running_loop()
         with self._cond:
@@ -255,13 +257,13 @@ class ModelResidency:
             self.last_used = time.monotonic()
             if engine is None:
                 pending = PendingStream(
-                    self, loop, (list(prompt_tokens), params, steering, tuple(save_points))
+                    self, loop, (list(prompt_tokens), params, steering, tuple(save_points), pin)
                 )
                 self._pending.append(pending)
                 self._cond.notify_all()
                 return pending
         try:
-            stream = engine.submit(prompt_tokens, params, steering, save_points)
+            stream = engine.submit(prompt_tokens, params, steering, save_points, pin)
         except BaseException:
             self._finished()
             raise
@@ -458,7 +460,7 @@ def _added(a: PromptCacheStats, b: PromptCacheStats) -> PromptCacheStats:
     )
 
 
-Request = tuple[list[int], SamplingParams, Steering | None, tuple[int, ...]]
+Request = tuple[list[int], SamplingParams, Steering | None, tuple[int, ...], SlotPin | None]
 
 
 class PendingStream:
@@ -500,9 +502,9 @@ class PendingStream:
         if self._result is not None:  # cancelled while the model was loading
             return
         self._waited = time.perf_counter() - self._submitted
-        prompt, params, steering, save_points = self._request
+        prompt, params, steering, save_points, pin = self._request
         try:
-            inner = engine.submit(prompt, params, steering, save_points)
+            inner = engine.submit(prompt, params, steering, save_points, pin)
         except EngineUnavailable as exc:
             self._end(StopReason.ERROR, exc.message)
             return

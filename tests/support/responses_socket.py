@@ -6,6 +6,7 @@ connections a client (Codex) made and what went over its sockets."""
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,8 +61,12 @@ class Connection:
     kind: str  # "http" | "websocket"
     method: str
     path: str
+    at: float = field(default_factory=time.monotonic)  # when it arrived
+    status: int | None = None  # the HTTP answer's status (101: a socket's handshake accepted)
     accepted: bool = False  # a socket's handshake answered 101
+    ended: bool = False  # the app is done with the connection (a socket's handler returned)
     received: list[dict[str, Any]] = field(default_factory=list)  # the client's messages
+    received_at: list[float] = field(default_factory=list)  # when each came (time.monotonic)
     sent: list[dict[str, Any]] = field(default_factory=list)  # the server's events
 
 
@@ -80,23 +85,36 @@ class TransportRecorder:
         connection = Connection(scope["type"], scope.get("method", "GET"), scope["path"])
         self.connections.append(connection)
         if scope["type"] == "http":
-            await self.app(scope, receive, send)
+
+            async def status_send(message: Message) -> None:
+                if message["type"] == "http.response.start":
+                    connection.status = message["status"]
+                await send(message)
+
+            await self.app(scope, receive, status_send)
             return
 
         async def recording_receive() -> Message:
             message = await receive()
             if message["type"] == "websocket.receive" and message.get("text"):
                 connection.received.append(json.loads(message["text"]))
+                connection.received_at.append(time.monotonic())
             return message
 
         async def recording_send(message: Message) -> None:
             if message["type"] == "websocket.accept":
                 connection.accepted = True
+                connection.status = 101
+            elif message["type"] == "websocket.http.response.start":  # a refused handshake
+                connection.status = message["status"]
             elif message["type"] == "websocket.send" and message.get("text"):
                 connection.sent.append(json.loads(message["text"]))
             await send(message)
 
-        await self.app(scope, recording_receive, recording_send)
+        try:
+            await self.app(scope, recording_receive, recording_send)
+        finally:
+            connection.ended = True
 
     def sockets(self) -> list[Connection]:
         return [c for c in self.connections if c.kind == "websocket" and c.accepted]

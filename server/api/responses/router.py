@@ -69,6 +69,7 @@ from server.core.generation import Generator
 from server.core.prepared import Prepared
 from server.core.tool_loop import ServerTools
 from server.core.visibility import ReasoningView
+from server.engine.base import SlotPin
 from server.ops.settings import Settings
 from server.tools.python.tool import container_id
 
@@ -192,12 +193,14 @@ async def open_response(
     *,
     own: StoredResponse | None = None,
     remember: Callable[[StoredResponse], None] | None = None,
+    pin: SlotPin | None = None,
 ) -> StreamRun[StreamEvent]:
     """A response of `served`'s model admitted and ready to run: everything that can be
     refused is refused here (ServerError) before its first event.
 
     `own`: as in `_setup`. `remember` is handed the finished response's record (its
-    conversation, with the exact tokens), stored or not.
+    conversation, with the exact tokens), stored or not. `pin`: the conversation's claim on its
+    engine slot (the socket's).
     """
     settings: Settings = app_state.settings
     generator = served.generator
@@ -216,7 +219,7 @@ async def open_response(
         max_calls=body.max_tool_calls,
     )
     try:
-        prepared = generator.prepare(transcript, options, server_tools)
+        prepared = generator.prepare(transcript, options, server_tools, pin=pin)
     except ServerError as exc:
         raise exc.named(WIRE_NAMES) from None
     base = _base_response(body, transcript, prepared, served.name, response_id=response_id)

@@ -19,7 +19,11 @@ Continuing: the socket remembers its last response and the exact tokens it sampl
 `store: false`, so a create with `previous_response_id` naming it and only the new input items
 continues the conversation, which the engine finds in the KV cache it left (the exact-token
 replay of core/history.py); an id the socket does not hold is looked up in the store as on
-HTTP.
+HTTP. The socket pins the engine slot its conversation runs in for as long as it is open
+(engine.base.SlotPin): other requests' prompts are not given that slot, so however many
+conversations come between two turns, the next one finds its cache. The pin is released when
+the socket ends, however it ends (a close, the client gone, the server shutting down); where
+every slot is pinned, the pin used least recently yields (engine/slots.py).
 
 Errors: a create refused before its first event (bad input, an unknown previous_response_id,
 admission: the server busy) gets one error event, `{"type": "error", "status": 429, "error":
@@ -62,6 +66,7 @@ from server.api.responses.store import StoredResponse
 from server.api.sse import encode_json
 from server.api.unicode_body import LONE_SURROGATE, lone_surrogate_at
 from server.contracts.errors import ServerError, error_envelope
+from server.engine.base import SlotPin
 from server.ops.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -124,6 +129,7 @@ class ResponsesSocket:
         self._active: asyncio.Task[None] | None = None  # whose terminal event is not out yet
         self._tasks: set[asyncio.Task[None]] = set()  # responses, also those winding down
         self._last: StoredResponse | None = None  # what a previous_response_id may continue
+        self._pin = SlotPin()  # the engine slot of its conversation, kept for the socket's life
 
     async def serve(self) -> None:
         """Read messages until the client closes or goes away; then stop what runs."""
@@ -142,7 +148,10 @@ class ResponsesSocket:
         except WebSocketDisconnect:
             return
         finally:
-            await self._stop()
+            try:
+                await self._stop()
+            finally:
+                self._pin.release()
 
     async def _read(self, text: str) -> None:
         data = await self._parse(text)
@@ -221,7 +230,12 @@ class ResponsesSocket:
                 await self._warm_up(body, served)
                 return
             run = await open_response(
-                body, self._app_state, served, own=self._last, remember=self._remember
+                body,
+                self._app_state,
+                served,
+                own=self._last,
+                remember=self._remember,
+                pin=self._pin,
             )
         except ServerError as exc:
             await self._send_error(exc.status_code, exc.envelope(), exc.headers)

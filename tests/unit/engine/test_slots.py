@@ -1,4 +1,5 @@
-"""Slot choice: longest cached prefix first, shared prefixes, least recently used reuse."""
+"""Slot choice: longest cached prefix first, shared prefixes, least recently used reuse, pinned
+slots kept for their conversation."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import random
 from hypothesis import given
 from hypothesis import strategies as st
 
+from server.engine.base import SlotPin
 from server.engine.slots import (
     Slot,
     SlotChoice,
@@ -93,6 +95,76 @@ def test_no_idle_slot() -> None:
 def test_eviction_order_is_least_recently_used_idle_caches() -> None:
     slots = [Slot(0, [1], 3.0), Slot(1, [2], 1.0, busy=True), Slot(2, [3], 2.0), Slot(3, [], 0.0)]
     assert [s.seq_id for s in eviction_order(slots)] == [2, 0]
+
+
+def test_a_pinned_slot_is_not_taken_though_least_recently_used() -> None:
+    mine = SlotPin()
+    pinned = Slot(0, [1, 2, 3], 1.0, pin=mine)
+    other = Slot(1, [7, 8], 5.0)
+    choice = choose_slot([pinned, other], [9, 9, 9])
+    assert choice == SlotChoice(other, 0)
+    mine.release()  # the socket closed: the slot is anyone's again, least recently used first
+    assert choose_slot([pinned, other], [9, 9, 9]) == SlotChoice(pinned, 0)
+
+
+def test_a_newcomer_waits_for_a_busy_unpinned_slot_rather_than_take_a_pinned_one() -> None:
+    pinned = Slot(0, [1, 2, 3], 1.0, pin=SlotPin())
+    running = Slot(1, [7, 8], 5.0, busy=True)
+    assert choose_slot([pinned, running], [9, 9, 9]) is None
+    running.busy = False
+    assert choose_slot([pinned, running], [9, 9, 9]) == SlotChoice(running, 0)
+
+
+def test_when_every_slot_is_pinned_the_least_recently_used_pin_yields() -> None:
+    old = Slot(0, [1, 2, 3], 1.0, pin=SlotPin())
+    recent = Slot(1, [4, 5, 6], 5.0, pin=SlotPin())
+    assert choose_slot([old, recent], [9, 9, 9]) == SlotChoice(old, 0)
+    assert choose_slot([recent, old], [9, 9, 9]) == SlotChoice(old, 0)
+    old.busy = True  # pinned and running: the other pin yields
+    assert choose_slot([old, recent], [9, 9, 9]) == SlotChoice(recent, 0)
+
+
+def test_a_pinned_conversation_continues_its_slot() -> None:
+    mine = SlotPin()
+    slots = [Slot(0, [1, 2, 3], 1.0, pin=mine), Slot(1, [], 0.0)]
+    assert choose_slot(slots, [1, 2, 3, 4], mine) == SlotChoice(slots[0], 3)
+
+
+def test_a_pinned_conversation_that_diverges_goes_back_to_its_own_slot() -> None:
+    """After a final answer the analysis is dropped: the prompt diverges from the slot. Without
+    a pin it takes an empty slot and shares the prefix; with one it stays in its own slot,
+    keeping the same prefix, and leaves the other slot to other conversations."""
+    mine = SlotPin()
+    slots = [Slot(0, [1, 2, 3, 4], 1.0, pin=mine), Slot(1, [], 0.0)]
+    assert choose_slot(slots, [1, 2, 9, 9], mine) == SlotChoice(slots[0], 2)
+    assert choose_slot(slots, [1, 2, 9, 9]) == SlotChoice(slots[1], 0, slots[0], 2)
+
+
+def test_another_prompt_shares_a_pinned_prefix_but_runs_elsewhere() -> None:
+    pinned = Slot(0, [1, 2, 3, 4], 1.0, pin=SlotPin())
+    other = Slot(1, [8], 5.0)
+    # it continues the pinned conversation exactly (its stored response, over HTTP)
+    assert choose_slot([pinned, other], [1, 2, 3, 4, 5]) == SlotChoice(other, 0, pinned, 4)
+
+
+def test_a_pin_holding_no_slot_yet_takes_a_free_one() -> None:
+    mine = SlotPin()
+    taken = Slot(0, [1, 2], 1.0, pin=SlotPin())
+    free = Slot(1, [3, 4], 2.0)
+    assert choose_slot([taken, free], [5, 6, 7], mine) == SlotChoice(free, 0)
+
+
+def test_pinned_slots_are_evicted_for_room_last() -> None:
+    slots = [
+        Slot(0, [1], 1.0, pin=SlotPin()),
+        Slot(1, [2], 3.0),
+        Slot(2, [3], 2.0, pin=SlotPin()),
+        Slot(3, [4], 4.0),
+    ]
+    assert [s.seq_id for s in eviction_order(slots)] == [1, 3, 0, 2]
+    assert slots[2].pin is not None
+    slots[2].pin.release()
+    assert [s.seq_id for s in eviction_order(slots)] == [2, 1, 3, 0]
 
 
 def first_difference(a: list[int], b: list[int]) -> int:
