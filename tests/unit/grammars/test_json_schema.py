@@ -398,6 +398,12 @@ def test_a_nested_tool_schema() -> None:
     assert check(STRICT_SCHEMA, extra=(trip, {**trip, "days": 15}, {**trip, "extra": 1})) > 100
 
 
+def test_an_enum_under_a_type_takes_only_the_values_of_that_type() -> None:
+    check({"type": "string", "enum": ["a", 1, None]})
+    check({"type": ["integer", "null"], "enum": ["a", 1, None, True, 1.5, 2.0, 10**400]})
+    check({"type": "number", "const": 2})
+
+
 def test_members_come_in_declared_order_and_compact() -> None:
     schema = {
         "type": "object",
@@ -458,6 +464,9 @@ ANY = {"anything": "goes"}
         ({"const": "a", "enum": ["a"]}, "enum/const with other keywords"),
         ({"enum": []}, "enum/const with other keywords"),
         ({"enum": "a"}, "enum/const with other keywords"),
+        ({"type": "string", "enum": [1, None]}, "no enum/const value of its type"),
+        ({"type": "date", "enum": ["a"]}, "no enum/const value of its type"),
+        ({"type": [["string"]], "const": "a"}, "no enum/const value of its type"),
         ({"anyOf": [{}], "type": "string"}, "anyOf with other keywords"),
         ({"oneOf": [{}], "title": "t", "x-y": 1}, "oneOf with other keywords"),
         ({"anyOf": []}, "anyOf with other keywords"),
