@@ -175,6 +175,8 @@ class _Builder:
     def _ref(self, ref: Any, path: str) -> str:
         if not isinstance(ref, str) or not ref.startswith("#"):
             return self.degrade(path, "a $ref that is not local")
+        if ref != "#" and not ref.startswith("#/"):
+            return self.degrade(path, f"a $ref by anchor {ref}")  # `$anchor` is not read
         if ref not in self.refs:
             target: Any = self.document
             for raw in [p for p in ref[1:].split("/") if p]:
