@@ -22,7 +22,9 @@ def parse_gbnf(text: str) -> dict[str, Node]:
         if not line.strip():
             continue
         name, sep, body = line.partition(" ::= ")
-        assert sep and name and set(name) <= _NAME, line
+        assert sep, line
+        assert name, line
+        assert set(name) <= _NAME, line
         assert name not in rules, f"rule {name} defined twice"
         reader = _Reader(body)
         rules[name] = reader.alternatives()
