@@ -362,6 +362,11 @@ CHOICES = [
 ]
 REFS = [
     {
+        "type": "object",
+        "properties": {"kids": {"type": "array", "items": {"$ref": "#"}, "maxItems": 2}},
+        "required": ["kids"],
+    },
+    {
         "$defs": {"n": {"type": "integer", "maximum": 2}},
         "type": "array",
         "items": {"$ref": "#/$defs/n"},
