@@ -54,7 +54,9 @@ TARGETS = (
     Target("plan", "server/engine/plan.py", ("tests/unit/engine/test_plan.py",)),
     Target("apply", "server/engine/apply.py", ("tests/unit/engine/test_apply.py",)),
     Target(
-        "json_schema", "server/grammars/json_schema.py", ("tests/unit/grammars/test_grammars.py",)
+        "json_schema",
+        "server/grammars/json_schema.py",
+        ("tests/unit/grammars/test_json_schema.py",),
     ),
     Target("lark", "server/grammars/lark.py", ("tests/unit/grammars/test_lark.py",)),
     Target("regex", "server/grammars/regex.py", ("tests/unit/grammars/test_regex.py",)),

@@ -2,7 +2,8 @@
 
 Supported (enforced exactly): `type` (one or a list), `properties`, `required`,
 `additionalProperties` (only the declared properties are written unless it is a schema and
-there are none), `items`, `minItems` / `maxItems`, `enum`, `const`, `anyOf` / `oneOf` (as
+there are none), `items`, `minItems` / `maxItems`, `enum`, `const` (beside `type`: only its
+values of that type), `anyOf` / `oneOf` (as
 alternatives), `minLength` / `maxLength`, `pattern` (the regex subset of
 server.grammars.regex), integer `minimum` / `maximum` / `exclusiveMinimum` /
 `exclusiveMaximum`, local `$ref` into `$defs` / `definitions`; annotations (`title`,
@@ -131,6 +132,10 @@ class _Builder:
             values = schema["enum"] if "enum" in keys else [schema["const"]]
             if not isinstance(values, list) or not values or len(keys - {"type"}) > 1:
                 return self.degrade(path, "enum/const with other keywords")
+            if "type" in keys:
+                values = [v for v in values if _is_of_type(v, schema["type"])]
+                if not values:
+                    return self.degrade(path, "no enum/const value of its type")
             return "( " + " | ".join(gbnf.literal(_compact(v)) for v in values) + " )"
         for key in ("anyOf", "oneOf"):
             if key in keys:
@@ -170,6 +175,8 @@ class _Builder:
     def _ref(self, ref: Any, path: str) -> str:
         if not isinstance(ref, str) or not ref.startswith("#"):
             return self.degrade(path, "a $ref that is not local")
+        if ref != "#" and not ref.startswith("#/"):
+            return self.degrade(path, f"a $ref by anchor {ref}")  # `$anchor` is not read
         if ref not in self.refs:
             target: Any = self.document
             for raw in [p for p in ref[1:].split("/") if p]:
@@ -283,6 +290,22 @@ def _implied_type(keys: set[str]) -> str | None:
         if keys & _BY_TYPE[kind]:
             return kind
     return None
+
+
+def _is_of_type(value: Any, types: Any) -> bool:
+    """Whether a JSON value is of `type` (a name or a list of names), as JSON schema reads it."""
+    names = [types] if isinstance(types, str) else types if isinstance(types, list) else []
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    checks = {
+        "null": value is None,
+        "boolean": isinstance(value, bool),
+        "integer": number and (isinstance(value, int) or float(value).is_integer()),
+        "number": number,
+        "string": isinstance(value, str),
+        "array": isinstance(value, list),
+        "object": isinstance(value, dict),
+    }
+    return any(isinstance(name, str) and checks.get(name, False) for name in names)
 
 
 def _compact(value: Any) -> str:
