@@ -124,6 +124,15 @@ def test_when_every_slot_is_pinned_the_least_recently_used_pin_yields() -> None:
     assert choose_slot([old, recent], [9, 9, 9]) == SlotChoice(recent, 0)
 
 
+def test_a_pin_whose_own_slot_is_busy_waits_for_it_rather_than_take_another_pin() -> None:
+    mine = SlotPin()
+    own = Slot(0, [1, 2, 3], 1.0, busy=True, pin=mine)  # its conversation still runs there
+    others = Slot(1, [4, 5, 6], 0.5, pin=SlotPin())
+    assert choose_slot([own, others], [1, 2, 3, 4], mine) is None
+    own.busy = False
+    assert choose_slot([own, others], [1, 2, 3, 4], mine) == SlotChoice(own, 3)
+
+
 def test_a_pinned_conversation_continues_its_slot() -> None:
     mine = SlotPin()
     slots = [Slot(0, [1, 2, 3], 1.0, pin=mine), Slot(1, [], 0.0)]
