@@ -439,7 +439,7 @@ class ModelResidency:
         """Keep `error` as the reason requests are refused until the backoff ends (under the
         lock); the backoff, which doubles with each failure in a row."""
         first, most = RELOAD_BACKOFF_S
-        backoff = min(most, first * 2**self._failed_in_row)
+        backoff: float = min(most, first * 2.0**self._failed_in_row)
         self._failed_in_row += 1
         self._load_error = error
         self._retry_at = time.monotonic() + backoff

@@ -12,11 +12,9 @@ from __future__ import annotations
 import re
 import shutil
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
-from openai_harmony import HarmonyEncoding
 from selenium.webdriver.chrome.webdriver import WebDriver
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.select import Select
@@ -49,9 +47,7 @@ START_S = 180.0  # the first model loaded and both checked, on a busy machine
 
 
 @pytest.fixture(scope="module")
-def models(
-    script: GatedScript, encoding: HarmonyEncoding, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ServedModels]:
+def models(script: GatedScript, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedModels]:
     """alpha and beta, each with the forced script; a budget for either alone, not both."""
     directory = tmp_path_factory.mktemp("menu")
     alpha, beta = directory / "alpha.gguf", directory / "beta.gguf"

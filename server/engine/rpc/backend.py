@@ -111,10 +111,11 @@ class RpcHosts:
                     raise
                 raise RpcError(f"{exc} (named {endpoint})") from exc
             handshake(address, self.timeout_s, endpoint)
+        times = self._connections
         self.devices = [
             device
             for endpoint in self.endpoints
-            for device in register(respelled(self._addresses[endpoint], self._connections), endpoint)
+            for device in register(respelled(self._addresses[endpoint], times), endpoint)
         ]
         self._connections += 1
         return self.devices
@@ -136,7 +137,7 @@ def hang_up(addresses: Iterable[str]) -> int:
     count = 0
     for connection in psutil.Process().net_connections(kind="tcp"):
         remote = connection.raddr
-        if connection.fd < 0 or not remote or (remote.ip, remote.port) not in wanted:
+        if connection.fd < 0 or not remote or (remote[0], remote[1]) not in wanted:
             continue
         held = socket.socket(fileno=connection.fd)
         try:
