@@ -269,7 +269,8 @@ class ResidencyCollector(Collector):
         )
         unloads = CounterMetricFamily(
             "gpt_oss_model_unloads",
-            "Unloads after --idle-unload without a request, or to make room for another model.",
+            "Unloads after --idle-unload without a request, to make room for another model, or "
+            "after its engine failed (an RPC host dropped).",
             labels=m,
         )
         reloads = CounterMetricFamily(

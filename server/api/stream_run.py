@@ -31,6 +31,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from server.api.disconnect import ClientGone, consume_while_connected
 from server.api.sse import sse_response
+from server.contracts.errors import EngineUnavailable
 from server.contracts.events import (
     Finished,
     FinishReason,
@@ -115,6 +116,7 @@ class StreamRun(Generic[W]):
         self._name = name  # for the log: "response resp_...", "message msg_..."
         self._finish = finish
         self._ahead = _Ahead(source, name)
+        self.unavailable: str | None = None  # why the model could not generate it (a 503)
 
     async def stream(
         self, encode: Callable[[W], bytes], keepalive_s: float | None
@@ -138,14 +140,17 @@ class StreamRun(Generic[W]):
     async def respond(self, request: Request, body: Callable[[list[W]], Any]) -> Response:
         """The non-streaming HTTP response: the events folded by `body` into the JSON body.
 
-        `body` raises the API's error for a failed generation; a client that left before the
-        end gets 499 (nobody is listening; the generation was cancelled).
+        `body` raises the API's error for a failed generation; one the model could not generate
+        (an RPC host dropped, its load failed) is EngineUnavailable, 503 in the API's shape; a
+        client that left before the end gets 499 (nobody is listening; the generation was
+        cancelled).
         """
         events: list[W] = []
         try:
             await consume_while_connected(request, self.events(), events.append)
         except ClientGone:
             return Response(status_code=499)
+        raise_unavailable([self])
         return JSONResponse(body(events))
 
     async def events(self, keepalive_s: float | None = None) -> AsyncGenerator[W, None]:
@@ -188,6 +193,8 @@ class StreamRun(Generic[W]):
         emitter = self._emitter
         if emitter.done:
             return []
+        if isinstance(event, Finished) and event.unavailable:
+            self.unavailable = event.error or "the model cannot generate"
         out = emitter.feed(event)
         if emitter.done and self._finish is not None:
             try:
@@ -263,7 +270,17 @@ async def respond_all(
         )
     except ClientGone:
         return Response(status_code=499)
+    raise_unavailable(runs)
     return JSONResponse(body(events))
+
+
+def raise_unavailable(runs: Sequence[StreamRun[Any]]) -> None:
+    """EngineUnavailable (503) when a run's model could not generate it, instead of the 500
+    the API's fold raises for a failed generation: the model is back once its RPC hosts are,
+    or its next load succeeds, and a client may try again."""
+    for run in runs:
+        if run.unavailable is not None:
+            raise EngineUnavailable(f"The server cannot generate: {run.unavailable}")
 
 
 async def merged(sources: Sequence[AsyncIterator[T]]) -> AsyncGenerator[tuple[int, T], None]:

@@ -64,7 +64,7 @@ async def measure(engine: LlamaEngine, plan: Plan, step: Step) -> tuple[Measurem
         first = first or last
     result: EngineResult = stream.result
     other_cpus = load.cores()
-    if result.stop_reason is StopReason.ERROR:
+    if result.stop_reason in (StopReason.ERROR, StopReason.UNAVAILABLE):
         raise BenchError(f"generation failed: {result.error}")
     t = result.timings
     prefill = {

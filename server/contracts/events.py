@@ -246,6 +246,7 @@ class Finished:
     usage: Usage = field(default_factory=Usage)
     timings: Timings = field(default_factory=Timings)
     error: str | None = None
+    unavailable: bool = False  # an ERROR because the model cannot generate now (HTTP 503)
     summaries: SummaryReport | None = None  # set when summaries were asked for
     malformed: bool = False  # the output left the harmony grammar; the events hold what parsed
     stop_sequence: str | None = None  # the request's stop string that ended the answer, if any

@@ -17,6 +17,7 @@ def finished_event(result: EngineResult, reasoning_tokens: int, *, stopped: str 
         usage=dataclasses.replace(result.usage, reasoning_tokens=reasoning_tokens),
         timings=result.timings,
         error=result.error,
+        unavailable=result.stop_reason is StopReason.UNAVAILABLE,
         stop_sequence=stopped,
         steering=result.steering,
     )

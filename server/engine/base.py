@@ -76,6 +76,8 @@ class StopReason(StrEnum):
     CONTEXT_FULL = "context_full"
     CANCELLED = "cancelled"
     ERROR = "error"
+    UNAVAILABLE = "unavailable"  # the engine can no longer generate (an RPC host dropped,
+    # its model failed to load, the shutdown): HTTP 503, where an ERROR is a 500
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,10 @@
 """The ggml backend functions the engine calls, reached through libllama (the bindings do not
 wrap them): the device registry (placement, RPC hosts), the abort hook, and the tensor test a
-decode's stop flag is read by (stop_flag.py)."""
+decode's stop flag is read by (stop_flag.py).
+
+ggml's device registry is the process's, and a device stays in it for good; `retire()` marks
+the ones no model may use again (an RPC host's devices, once an engine's connection to it is
+stuck: every call through them would wait for good), and the placement skips them."""
 
 from __future__ import annotations
 
@@ -33,6 +37,18 @@ _SIGNATURES: dict[str, tuple[list[Any], Any]] = {
     "ggml_is_empty": ([ctypes.c_void_p], ctypes.c_bool),
     "ggml_tensor_overhead": ([], ctypes.c_size_t),
 }
+
+
+_RETIRED: set[int] = set()  # beside ggml's registry, which is as global: the devices retired
+
+
+def retire(handles: list[int]) -> None:
+    """Devices (ggml_backend_dev_t) no model may be placed on again."""
+    _RETIRED.update(handles)
+
+
+def retired(handle: int) -> bool:
+    return handle in _RETIRED
 
 
 @functools.cache

@@ -216,7 +216,7 @@ class LlamaEngine:
             log.exception("%s", failure)
             with self._lock:  # a submit from now on is refused; one queued before is ended
                 self._failure = f"{failure}; restart the server"
-            scheduler.fail_all(failure)
+            scheduler.fail_all(failure, StopReason.ERROR)
             self._refuse_queued(failure)
         finally:
             scheduler.shutdown()  # saves every conversation to disk
@@ -236,8 +236,7 @@ class LlamaEngine:
         down = unreachable(self._config.rpc_servers, attempts=5)
         hosts = "RPC host " + ", ".join(down) if down else "an RPC host"
         self._failure = (
-            f"{hosts} stopped answering while the model was running ({abort_reason(message)}); "
-            "restart the server once every RPC host is back"
+            f"{hosts} stopped answering while the model was running ({abort_reason(message)})"
         )
         log.error("%s", self._failure)
         if not self._ready.is_set():  # it dropped while the model was loading
@@ -255,7 +254,7 @@ class LlamaEngine:
             except queue.Empty:
                 return
             if job is not None:
-                job.channel.close(job.result(StopReason.ERROR, message))
+                job.channel.close(job.result(StopReason.UNAVAILABLE, message))
 
     def _open_cache(self, ctx: LlamaContext) -> PromptCache | None:
         if self._config.prompt_cache_dir is None:

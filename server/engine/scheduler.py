@@ -128,11 +128,12 @@ class Scheduler:
         if self._trace is not None:
             self._trace.close()
 
-    def fail_all(self, error: str) -> None:
+    def fail_all(self, error: str, reason: StopReason = StopReason.UNAVAILABLE) -> None:
         """End every job with `error`: at shutdown, or off the engine thread once it is stuck for
-        good (an RPC host dropped)."""
+        good (an RPC host dropped): the engine can no longer generate them (UNAVAILABLE; an
+        internal error's own request: ERROR)."""
         for job in [*self._running, *self._waiting, *(job for job, _ in self._loading)]:
-            self._finish(job, StopReason.ERROR, error)
+            self._finish(job, reason, error)
 
     def step(self) -> None:
         """Admit what fits, run one batch, let each request pick its next tokens."""

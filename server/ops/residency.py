@@ -16,6 +16,7 @@ The one worker thread (`model-residency`) makes every transition; the lock guard
     loaded --idle_unload_s without a generation--> unloading --engine closed--> unloaded
     unloaded --a generation waits--> loading --engine opened--> loaded
     loading --the load failed--> unloaded (the waiting generations end with the error)
+    loaded --the engine failed (an RPC host dropped)--> unloading --> unloaded
 
 With several models served (server.ops.fleet), every model has a residency, and the ones
 not loaded at start begin unloaded; a `LoadGate` (the fleet's memory budget) decides when a
@@ -26,10 +27,13 @@ A failed load is kept (`ResidencyReport.load_error`: /health answers 503, /v1/se
 and /metrics report it) until a load succeeds, and the next attempt waits a backoff that
 doubles with each failure (`RELOAD_BACKOFF_S`): meanwhile requests are refused at once with
 the reason (`failure`) instead of each paying a whole load before failing. An engine that
-failed (an RPC host dropped) is never unloaded: its failure stays reported, and no load is
-tried against a host that is gone. `close()` (shutdown) ends the waiting generations first,
-stops a load in progress (llama.cpp's progress callback, `closing`) and never starts the
-waiting generations on an engine that finished loading meanwhile.
+failed while loaded (an RPC host dropped) is unloaded at once, as a failed load is: what it
+holds that can be freed is freed (a thread stuck on a host that is gone keeps its part), the
+fleet gets its room back, its reason is kept as the load error with the same backoff, and the
+next request after it loads the model again (`failed_last`: its RPC hosts are connected anew
+first), which fails at once while a host is still gone. `close()` (shutdown) ends the waiting
+generations first, stops a load in progress (llama.cpp's progress callback, `closing`) and
+never starts the waiting generations on an engine that finished loading meanwhile.
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ from server.engine.base import (
 log = logging.getLogger(__name__)
 
 RELOAD_BACKOFF_S = (5.0, 300.0)  # the wait after a failed load: the first, doubling up to the last
+FAILURE_POLL_S = 1.0  # how often a loaded engine's failure is looked at when nothing ends
 
 
 class ModelState(StrEnum):
@@ -167,6 +172,7 @@ class ModelResidency:
         self._load_failures = 0
         self._failed_in_row = 0
         self._retry_at = 0.0  # time.monotonic() before which no load is tried again
+        self._failed_last = False  # the last engine failed while loaded (until a load succeeds)
         self._thread = threading.Thread(target=self._run, name="model-residency", daemon=True)
         self._thread.start()
 
@@ -181,6 +187,12 @@ class ModelResidency:
         """Requests in flight or waiting, or a load or unload under way: not to be unloaded
         (read without the lock: the fleet's snapshot; evict() checks again)."""
         return self._active > 0 or self._state is not ModelState.LOADED
+
+    @property
+    def failed_last(self) -> bool:
+        """The last engine failed while loaded, and no load succeeded since: the next load
+        connects its RPC hosts anew (the failed engine's connections are stuck for good)."""
+        return self._failed_last
 
     @property
     def closing(self) -> bool:
@@ -305,7 +317,20 @@ class ModelResidency:
     # the worker thread
 
     def evict(self) -> bool:
-        """Unload now to make room for another model, if idle (False: it is not)."""
+        """Unload now to make room for another model, if idle or failed (False: it is not)."""
+        with self._cond:
+            failed = self._failed_engine()
+            if failed is not None and not self._closing:
+                self._state = ModelState.UNLOADING
+                self._engine = None
+        if failed is not None and not self._closing:
+            try:
+                self._drop(failed)
+            finally:
+                with self._cond:
+                    self._state = ModelState.UNLOADED
+                    self._cond.notify_all()
+            return True
         with self._cond:
             engine = self._engine
             if (
@@ -334,6 +359,7 @@ class ModelResidency:
             idle = self._active == 0
             if idle:
                 self._idle_since = self.last_used = time.monotonic()
+            if idle or self._failed_engine() is not None:  # the worker unloads a failed one
                 self._cond.notify_all()
         if idle and self._gate is not None:
             self._gate.changed()  # outside the lock: the fleet's lock is taken before ours
@@ -341,6 +367,17 @@ class ModelResidency:
     def _run(self) -> None:
         with self._cond:
             while not self._closing:
+                failed = self._failed_engine()
+                if failed is not None:
+                    self._state = ModelState.UNLOADING
+                    self._engine = None
+                    self._cond.release()
+                    try:
+                        self._drop(failed)
+                    finally:
+                        self._cond.acquire()
+                    self._state = ModelState.UNLOADED
+                    continue
                 if self._state is ModelState.UNLOADED and self._pending:
                     self._state = ModelState.LOADING
                     self._cond.release()
@@ -356,7 +393,6 @@ class ModelResidency:
                     and self._state is ModelState.LOADED
                     and self._active == 0
                     and engine is not None
-                    and engine.failure is None  # a failed engine stays, and says so
                 )
                 if unloadable and idle_for >= (self.idle_unload_s or 0.0):
                     self._state = ModelState.UNLOADING
@@ -371,7 +407,45 @@ class ModelResidency:
                     self._state = ModelState.UNLOADED
                     continue
                 wait = (self.idle_unload_s or 0.0) - idle_for if unloadable else None
+                if self._state is ModelState.LOADED:  # a failure no request's end reported
+                    wait = min(wait, FAILURE_POLL_S) if wait is not None else FAILURE_POLL_S
                 self._cond.wait(wait)
+
+    def _failed_engine(self) -> Engine | None:
+        """The loaded engine, once it reports that it can no longer generate (under the lock)."""
+        engine = self._engine
+        if self._state is ModelState.LOADED and engine is not None and engine.failure is not None:
+            return engine
+        return None
+
+    def _drop(self, engine: Engine) -> None:
+        """Unload an engine that failed while loaded (off the lock): its requests have ended
+        with its failure (the engine ends them); close() frees what is not held by a thread
+        stuck on a host that is gone, and returns at once where one is. Its failure is kept
+        as a failed load's reason is, with the same backoff: requests meanwhile get it at once,
+        the first after it loads the model again."""
+        failure = engine.failure or "the engine failed"
+        log.error("%s failed: %s; unloading it, a request loads it again", self.name, failure)
+        engine.close()
+        if self._gate is not None:
+            self._gate.release(self)
+        with self._cond:
+            self._unloads += 1
+            self._failed_last = True
+            self._record_failure(f"{self._title()} failed while loaded: {failure}")
+
+    def _title(self) -> str:
+        return self.name[0].upper() + self.name[1:]
+
+    def _record_failure(self, error: str) -> float:
+        """Keep `error` as the reason requests are refused until the backoff ends (under the
+        lock); the backoff, which doubles with each failure in a row."""
+        first, most = RELOAD_BACKOFF_S
+        backoff: float = min(most, first * 2.0**self._failed_in_row)
+        self._failed_in_row += 1
+        self._load_error = error
+        self._retry_at = time.monotonic() + backoff
+        return backoff
 
     def _unload(self, engine: Engine | None, why: str, rule: str) -> None:
         assert engine is not None
@@ -416,6 +490,7 @@ class ModelResidency:
             self._loads += 1
             self._last_load_s = seconds
             self._load_error, self._failed_in_row = None, 0
+            self._failed_last = False
             pending, self._pending = self._pending, []
         log.info("%s loaded%s in %.1f s; %d request(s) were waiting",
                  self.name, self._again, seconds, len(pending))  # fmt: skip
@@ -430,14 +505,9 @@ class ModelResidency:
             if self._closing:  # abandoned for the shutdown: not a failure to report
                 log.info("the model's load stopped for the shutdown (%s)", exc)
                 return
-            first, most = RELOAD_BACKOFF_S
-            backoff = min(most, first * 2**self._failed_in_row)
-            self._failed_in_row += 1
             self._load_failures += 1
-            name = self.name[0].upper() + self.name[1:]
-            self._load_error = f"{name} could not be loaded{self._again}: {exc}"
-            self._retry_at = time.monotonic() + backoff
-            error = self._load_error
+            error = f"{self._title()} could not be loaded{self._again}: {exc}"
+            backoff = self._record_failure(error)
         log.error("loading %s%s failed: %s; the next try in %g s at the earliest",
                   self.name, self._again, exc, backoff)  # fmt: skip
         for stream in pending:
@@ -488,7 +558,7 @@ class PendingStream:
         self._call_soon(self._start, engine)
 
     def fail(self, message: str) -> None:
-        self._call_soon(self._end, StopReason.ERROR, message)
+        self._call_soon(self._end, StopReason.UNAVAILABLE, message)
 
     def _call_soon(self, callback: Callable[..., object], *args: object) -> None:
         try:
@@ -506,7 +576,7 @@ class PendingStream:
         try:
             inner = engine.submit(prompt, params, steering, save_points, pin)
         except EngineUnavailable as exc:
-            self._end(StopReason.ERROR, exc.message)
+            self._end(StopReason.UNAVAILABLE, exc.message)
             return
         self._inner = inner
         callbacks, self._callbacks = self._callbacks, []

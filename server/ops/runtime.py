@@ -26,7 +26,7 @@ class Runtime:
     model_name: str
     placement: Placement | None = None  # where the model went (GPU layers, experts on CPU)
     aliases: tuple[str, ...] = ()  # other names of the model (Ollama's, LM Studio's)
-    residency: ModelResidency | None = None  # the engine, when --idle-unload may unload it
+    residency: ModelResidency | None = None  # the engine, when it may be unloaded (idle, RPC)
 
     @property
     def names(self) -> tuple[str, ...]:

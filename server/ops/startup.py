@@ -68,16 +68,29 @@ def engine_config(settings: Settings, model_path: Path) -> EngineConfig:
     )
 
 
-def connect_rpc_hosts(settings: Settings) -> None:
-    """Check the --rpc hosts and register their devices, where llama.cpp and placement see them."""
+def connect_rpc_hosts(settings: Settings) -> rpc.RpcHosts | None:
+    """Check the --rpc hosts and register their devices, where llama.cpp and placement see
+    them; None without --rpc."""
     if not settings.rpc:
-        return
+        return None
+    hosts = rpc.RpcHosts(settings.rpc, settings.rpc_timeout_s, not settings.rpc_trust_network)
     try:
-        devices = rpc.connect(settings.rpc, settings.rpc_timeout_s, not settings.rpc_trust_network)
+        devices = hosts.connect()
     except RpcError as exc:
         raise StartupError(str(exc)) from exc
     for device in devices:
         log.info("RPC host %s: device %s", device.endpoint, device.name)
+    return hosts
+
+
+def reconnect_after_failure(hosts: rpc.RpcHosts | None, residency: ModelResidency) -> None:
+    """Before a load: the RPC hosts connected anew when the model's last engine failed while
+    loaded (its connections are stuck for good); RpcError, which fails the load, while a host
+    is still gone."""
+    if hosts is None or not residency.failed_last:
+        return
+    for device in hosts.reconnect():
+        log.info("RPC host %s: connected again, device %s", device.endpoint, device.name)
 
 
 GIB = 1024**3
@@ -96,7 +109,7 @@ def load_models(settings: Settings, sampling_hook: SamplingHook | None = None) -
     encoding = load_encoding(
         settings.cache_dir / "vocab", lambda: vocabulary_bytes(models[0][1].path)
     )
-    connect_rpc_hosts(settings)
+    hosts = connect_rpc_hosts(settings)
     fleet = ModelFleet(memory_budget(settings), settings.models_max)
     log.info(
         "%d models, loaded on demand within %.1f GiB%s",
@@ -109,8 +122,9 @@ def load_models(settings: Settings, sampling_hook: SamplingHook | None = None) -
         for index, (spec, model) in enumerate(models):
             own = model_settings(settings, spec, model, first=index == 0)
             runtime = served_runtime(
-                own, model, encoding, fleet, load_now=index == 0, sampling_hook=sampling_hook
-            )
+                own, model, encoding, fleet, load_now=index == 0, sampling_hook=sampling_hook,
+                hosts=hosts,
+            )  # fmt: skip
             runtimes.append(runtime)
     except BaseException:
         for runtime in runtimes:
@@ -162,6 +176,7 @@ def served_runtime(
     *,
     load_now: bool,
     sampling_hook: SamplingHook | None,
+    hosts: rpc.RpcHosts | None = None,
 ) -> Runtime:
     """One of several models: its residency in the fleet, loaded now (the first) or checked
     (header, vocabulary) and loaded when a request names it."""
@@ -184,7 +199,8 @@ def served_runtime(
     unloaded = Unloaded(info, settings.n_slots, settings.max_waiting, settings.prompt_cache)
 
     def reload() -> Engine:
-        """Placed anew (by the memory free now)."""
+        """Placed anew (by the memory free now), on RPC hosts connected anew after a failure."""
+        reconnect_after_failure(hosts, residency)
         engine, runtime.placement = load_engine(
             settings, config, sampling_hook, abort=lambda: residency.closing
         )
@@ -271,15 +287,19 @@ def load_runtime(settings: Settings, sampling_hook: SamplingHook | None = None) 
     model = resolve_model(settings.model[0], settings.download_dir)
     encoding = load_encoding(settings.cache_dir / "vocab", lambda: vocabulary_bytes(model.path))
     config = engine_config(settings, model.path)
-    engine, placement = start_engine(settings, config, sampling_hook)
+    check_prompt_cache_dir(config)
+    hosts = connect_rpc_hosts(settings)
+    engine, placement = load_engine(settings, config, sampling_hook)
     check_token_ids(engine, encoding)
     name = settings.served_model_name or model.name
     aliases = model_aliases(settings, engine.info.n_params)
-    if settings.idle_unload is None:
+    if settings.idle_unload is None and hosts is None:
         return Runtime(engine, encoding, name, placement, aliases)
 
     def reload() -> Engine:
-        """Placed anew (by the memory free now); the banner's placement follows."""
+        """Placed anew (by the memory free now), on RPC hosts connected anew after a failure;
+        the banner's placement follows."""
+        reconnect_after_failure(hosts, residency)
         engine, runtime.placement = load_engine(
             settings, config, sampling_hook, abort=lambda: residency.closing
         )
@@ -293,16 +313,18 @@ def load_runtime(settings: Settings, sampling_hook: SamplingHook | None = None) 
 def idle_unloading(
     settings: Settings, engine: Engine, open_engine: Callable[[], Engine]
 ) -> ModelResidency:
-    """The residency of a loaded engine: unloaded after --idle-unload, opened again on demand."""
-    assert settings.idle_unload is not None
+    """The residency of a loaded engine: unloaded after --idle-unload (or only when it fails:
+    with RPC hosts, one may drop), opened again on demand."""
     try:
         vocabulary = Vocabulary(engine.info.path)
     except RuntimeError as exc:
         engine.close()
         raise StartupError(str(exc)) from exc
-    log.info(
-        "--idle-unload: the model is unloaded after %g s without a request", settings.idle_unload
-    )
+    if settings.idle_unload is not None:
+        log.info(
+            "--idle-unload: the model is unloaded after %g s without a request",
+            settings.idle_unload,
+        )
     return ModelResidency(engine, open_engine, vocabulary, settings.idle_unload)
 
 

@@ -159,7 +159,8 @@ def test_a_failed_reload_is_reported_and_backed_off(tiny_gguf: Path, tmp_path: P
         wait_for(lambda: state(proc) == "unloaded")
         model.rename(tmp_path / "gone.gguf")
         failed = chat(proc, key)
-        assert failed.status_code == 500
+        assert failed.status_code == 503  # the model cannot be served now, not a server bug
+        assert failed.json()["error"]["code"] == "engine_unavailable"
         assert "could not be loaded again" in failed.json()["error"]["message"]
         keyless = httpx.get(proc.health_url)
         assert keyless.status_code == 503

@@ -4,7 +4,9 @@ Two `gpt-oss-server rpc-worker` processes listen on 127.0.0.1 (ggml's RPC server
 llama-cpp-python build); the model's layers go to the local CPU and to both workers, and greedy
 output must be the local-only output token for token: in the engine, and through chat and
 responses, streaming and not. A worker killed mid-stream ends the stream with an error naming
-it, turns /health to 503 and refuses new requests with 503, while the server keeps answering.
+it, turns /health to 503 and refuses new requests with 503, while the server keeps answering;
+one killed under a non-streamed request gets it a 503, the model is unloaded, and once the host
+is back the next request loads it again.
 Start-up refuses a host nothing listens on, one that never answers (bounded by --rpc-timeout-s)
 and one that speaks another protocol version.
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -223,31 +226,82 @@ def test_a_host_that_drops_mid_stream_ends_the_request_and_health(
         assert proc.ended.returncode == 0
 
 
-def test_a_failed_engine_stays_failed_across_the_idle_unload(
+def active(base: str) -> bool:
+    return bool(re.search(r"^gpt_oss_active_sequences\S* [1-9]", metrics(base), re.M))
+
+
+def metrics(base: str) -> str:
+    return httpx.get(f"{base}/metrics", timeout=10).text
+
+
+def cut_by_a_drop(base: str, worker: Worker) -> httpx.Response:
+    """A non-streamed request's answer when `worker` is killed while it is generated."""
+    body = {**CHAT, "max_tokens": 3000, "temperature": 1}
+    answers: list[httpx.Response] = []
+    client = threading.Thread(
+        target=lambda: answers.append(
+            httpx.post(f"{base}/v1/chat/completions", json=body, timeout=120)
+        )
+    )
+    client.start()
+    deadline = time.monotonic() + 60
+    while not active(base):
+        assert time.monotonic() < deadline
+        assert client.is_alive()
+        time.sleep(0.02)
+    worker.kill()
+    client.join(60)
+    (answer,) = answers
+    return answer
+
+
+def test_a_dropped_host_unloads_the_model_until_it_is_back(
     tiny_gguf: Path, workers: list[Worker], tmp_path: Path
 ) -> None:
-    """--idle-unload must not forget that a host dropped: /health stays 503 with the reason,
-    requests are refused, and no load is tried against the host that is gone."""
-    options = (*SPLIT, *rpc_flag(workers), "--idle-unload", "1s", "--log-level", "info")
+    """A host killed under a non-streamed request: that request gets 503 with the reason (not
+    a 500), the model is unloaded (/health 503 with the reason), each API refuses in its own
+    shape while the host is gone, and once it is back on its port the next request connects
+    the hosts anew (the surviving one hung up on first: it serves one client at a time),
+    loads the model again and is answered."""
+    options = (*SPLIT, *rpc_flag(workers), "--log-level", "info")
+    gone = workers[1].endpoint
     with server(tiny_gguf, tmp_path, *options) as proc:
         base = proc.health_url.removesuffix("/health")
-        body = {**CHAT, "max_tokens": 3000, "temperature": 1, "stream": True}
-        for n, _ in enumerate(sse_data(f"{base}/v1/chat/completions", body)):
-            if n == 4:
-                threading.Thread(target=workers[1].kill).start()
-        seen = len(proc.log_path.read_text())  # what was logged until the host dropped
-        time.sleep(3)  # three times --idle-unload: an unload would have happened by now
+        cut = cut_by_a_drop(base, workers[1])
+        assert cut.status_code == 503, cut.text
+        assert cut.json()["error"]["code"] == "engine_unavailable"
+        assert f"RPC host {gone} stopped answering" in cut.json()["error"]["message"]
+
+        deadline = time.monotonic() + 60
+        while httpx.get(proc.health_url, timeout=10).json()["model_state"] != "unloaded":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
         health = httpx.get(proc.health_url, timeout=10)
         assert health.status_code == 503
-        assert workers[1].endpoint in health.json()["error"]
-        assert health.json()["model_state"] == "loaded"
+        assert gone in health.json()["error"]
+        assert "gpt_oss_model_unloads_total 1.0" in metrics(base)
         refused = httpx.post(f"{base}/v1/chat/completions", json=CHAT, timeout=30)
         assert refused.status_code == 503
-        assert workers[1].endpoint in refused.json()["error"]["message"]
-        assert httpx.get(proc.health_url, timeout=10).status_code == 503
-        logged = proc.log_path.read_text()[seen:]
-        assert "unloading the model" not in logged
-        assert "loading the model again" not in logged
+        assert gone in refused.json()["error"]["message"]
+        anthropic_body = {"model": "gpt-oss-tiny", "max_tokens": 8,
+                          "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip
+        claude = httpx.post(f"{base}/v1/messages", json=anthropic_body, timeout=30)
+        assert claude.status_code == 503
+        assert claude.json()["error"]["type"] == "overloaded_error"
+        assert gone in claude.json()["error"]["message"]
+
+        workers[1].process = start_rpc_worker(workers[1].port, 1, workers[1].log_path)
+        answered = httpx.post(f"{base}/v1/chat/completions", json=CHAT, timeout=120)
+        while answered.status_code != 200:  # after the backoff (5 s)
+            assert time.monotonic() < deadline + 60, answered.text
+            time.sleep(0.5)
+            answered = httpx.post(f"{base}/v1/chat/completions", json=CHAT, timeout=120)
+        health = httpx.get(proc.health_url, timeout=10)
+        assert (health.status_code, health.json()["model_state"]) == (200, "loaded")
+        log = proc.log_path.read_text()
+        assert "unloading it, a request loads it again" in log
+        assert f"RPC host {gone}: connected again" in log
+        assert f"RPC host {workers[0].endpoint}: connected again" in log
         proc.stop()
     assert proc.ended is not None
     assert proc.ended.returncode == 0

@@ -13,8 +13,10 @@ chat picks one by name; `serve --model A --model B` as a real process.
 from __future__ import annotations
 
 import asyncio
+import re
 import shutil
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -164,6 +166,14 @@ def test_a_request_swaps_its_model_in_and_a_waiting_stream_says_so(server: str) 
     answer = chat(server, "gpt-oss:20b")  # alpha by an alias, beta unloaded to make room
     assert answer.status_code == 200, answer.text
     assert answer.json()["model"] == "gpt-oss:20b"
+    loaded_s = re.search(
+        r'^gpt_oss_model_last_reload_seconds\{model="alpha"\} ([\d.e+-]+)$',
+        httpx.get(f"{server}/metrics").text,
+        re.M,
+    )
+    assert loaded_s is not None
+    # a non-streamed request's wait, its model's load included, is in its body's timings
+    assert answer.json()["timings"]["queue_ms"] >= float(loaded_s.group(1)) * 1000 - 1
     assert states(server) == {"alpha": "loaded", "beta": "unloaded"}
     budget = facts(server)["budget"]
     assert budget["loaded"] == ["alpha"]
@@ -210,8 +220,9 @@ def test_a_model_that_fails_to_load_leaves_the_other_serving(
     with served(create_app(settings_for(alpha, beta, tmp_path)), start_s=START_S) as url:
         with beta.open("r+b") as file:  # damaged since the start: cut short
             file.truncate(beta.stat().st_size // 2)
-        failed = chat(url, "beta")  # waited for the load, which failed
-        assert failed.status_code == 500, failed.text
+        failed = chat(url, "beta")  # waited for the load, which failed: 503, not a 500
+        assert failed.status_code == 503, failed.text
+        assert failed.json()["error"]["code"] == "engine_unavailable"
         assert "Beta could not be loaded" in failed.json()["error"]["message"]
         again = chat(url, "beta")  # refused at once while the load's backoff lasts
         assert again.status_code == 503
@@ -223,6 +234,42 @@ def test_a_model_that_fails_to_load_leaves_the_other_serving(
         assert health["status"] == "ok"
         assert health["models"] == {"alpha": "loaded", "beta": "unloaded"}
         assert facts(url)["budget"]["loaded"] == ["alpha"]
+
+
+def test_a_model_whose_engine_failed_is_unloaded_and_gives_its_room_back(
+    sources: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """An engine that can no longer generate (an RPC host dropped: ggml's abort hook reports it
+    through the engine's `_fail`, as here, and the engine thread waits for good) is unloaded:
+    its requests get 503 with the reason, the budget gets its room back so the other model
+    loads (it waited for good before), and a request after the backoff loads it again."""
+    alpha, beta = copies(sources, tmp_path)
+    app = create_app(settings_for(alpha, beta, tmp_path))
+    with served(app, start_s=START_S) as url:
+        assert chat(url, "alpha").status_code == 200
+        residency = app.state.models.runtimes[0].engine
+        engine = residency._engine
+        engine._fail("ggml-rpc.cpp:560: Remote RPC server crashed or returned malformed response")
+        refused = chat(url, "alpha")
+        assert refused.status_code == 503, refused.text
+        assert refused.json()["error"]["code"] == "engine_unavailable"
+        assert "Remote RPC server crashed" in refused.json()["error"]["message"]
+        answer = chat(url, "beta")  # alpha's room is given back
+        assert answer.status_code == 200, answer.text
+        assert states(url) == {"alpha": "unloaded", "beta": "loaded"}
+        health = httpx.get(f"{url}/health").json()
+        assert "failed while loaded" in health["error"]
+        assert residency.failed_last
+        deadline = time.monotonic() + 60
+        again = chat(url, "alpha")
+        while again.status_code == 503:  # during the backoff (5 s)
+            assert time.monotonic() < deadline, again.text
+            time.sleep(0.5)
+            again = chat(url, "alpha")
+        assert again.status_code == 200, again.text
+        assert states(url) == {"alpha": "loaded", "beta": "unloaded"}
+        assert not residency.failed_last
+        assert httpx.get(f"{url}/health").json()["status"] == "ok"
 
 
 def test_the_terminal_chat_picks_a_model_of_the_server(server: str) -> None:

@@ -23,6 +23,7 @@ from tqdm.std import tqdm as std_tqdm
 
 from server.engine.base import EngineConfig
 from server.engine.ggml import functions as ggml_functions
+from server.engine.ggml import retired
 from server.engine.loading.gguf_header import (
     GGUFFormatError,
     TensorInfo,
@@ -89,8 +90,8 @@ def _offload_devices() -> list[tuple[int, GpuMemory]]:
     found = []
     for i in range(ggml.ggml_backend_dev_count()):
         device = ggml.ggml_backend_dev_get(i)
-        if ggml.ggml_backend_dev_type(device) not in _GPU_TYPES:
-            continue
+        if ggml.ggml_backend_dev_type(device) not in _GPU_TYPES or retired(int(device)):
+            continue  # a retired RPC device: its stuck connection would never answer
         free, total = ctypes.c_size_t(), ctypes.c_size_t()
         ggml.ggml_backend_dev_memory(device, ctypes.byref(free), ctypes.byref(total))
         description = _text(ggml.ggml_backend_dev_description(device))

@@ -15,6 +15,16 @@ handshake (a protocol version mismatch) or drops while a graph is computed. So:
   on the RPC client's own thread before `abort()`; the hook tells the engine and then parks that
   thread for good, so `abort()` is never reached. The decode waiting on it never returns; the
   engine ends the requests in flight and reports itself failed (see server.engine.llama).
+- `RpcHosts.reconnect()` makes the hosts usable again for the next load after that: ggml keeps
+  one connection per endpoint for the process (the failed engine's, stuck for good with its
+  waiting thread), and one device set per endpoint, both keyed by the endpoint's spelling; so
+  the devices registered so far are retired (the placement skips them) and each host, checked
+  again, is registered under a new spelling of its address (the port with leading zeros, which
+  ggml reads as the same port): a fresh connection and fresh devices. Before that, the old
+  connections are shut down (not closed: ggml owns them): a host serves one client at a time,
+  so a surviving host would never answer the new one, and it frees what the failed engine held
+  there once that client hangs up. What the failed engine holds here stays held until the
+  process ends (its thread waits for good).
 """
 
 from __future__ import annotations
@@ -23,17 +33,20 @@ import ctypes
 import json
 import logging
 import re
+import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import llama_cpp.llama_cpp as lc
+import psutil
 
 from server.engine.ggml import functions as ggml_functions
-from server.engine.rpc.hosts import RpcError, reachable, resolve
+from server.engine.ggml import retire
+from server.engine.rpc.hosts import RpcError, reachable, resolve, split_endpoint
 
 log = logging.getLogger(__name__)
 
@@ -69,17 +82,82 @@ def connect(
 ) -> list[RemoteDevice]:
     """Resolve and check each endpoint, then register its devices at the address checked;
     RpcError names the first bad one. `loopback_only`: every address must be this machine's."""
-    require_rpc()
-    addresses = {endpoint: resolve(endpoint, loopback_only) for endpoint in endpoints}
-    for endpoint, address in addresses.items():
+    return RpcHosts(endpoints, timeout_s, loopback_only).connect()
+
+
+class RpcHosts:
+    """The --rpc hosts: resolved once, checked, their devices registered; connected anew for
+    a load after an engine's connection to them got stuck (a host dropped)."""
+
+    def __init__(self, endpoints: Sequence[str], timeout_s: float, loopback_only: bool) -> None:
+        self.endpoints = tuple(endpoints)
+        self.timeout_s = timeout_s
+        self.loopback_only = loopback_only
+        self._addresses: dict[str, str] = {}
+        self._connections = 0  # how many times the devices were registered
+        self.devices: list[RemoteDevice] = []
+
+    def connect(self) -> list[RemoteDevice]:
+        """Resolve (once) and check each endpoint, then register its devices; RpcError names
+        the first bad one."""
+        require_rpc()
+        if not self._addresses:
+            self._addresses = {e: resolve(e, self.loopback_only) for e in self.endpoints}
+        for endpoint, address in self._addresses.items():
+            try:
+                reachable(address, self.timeout_s)
+            except RpcError as exc:
+                if address == endpoint:
+                    raise
+                raise RpcError(f"{exc} (named {endpoint})") from exc
+            handshake(address, self.timeout_s, endpoint)
+        times = self._connections
+        self.devices = [
+            device
+            for endpoint in self.endpoints
+            for device in register(respelled(self._addresses[endpoint], times), endpoint)
+        ]
+        self._connections += 1
+        return self.devices
+
+    def reconnect(self) -> list[RemoteDevice]:
+        """The devices registered so far retired (an engine's connection to them is stuck for
+        good), each host checked and registered again under a new spelling; RpcError names a
+        host that is still gone (the next reconnect tries again)."""
+        retire([device.handle for device in self.devices])
+        self.devices = []
+        hang_up(self._addresses.values())
+        return self.connect()
+
+
+def hang_up(addresses: Iterable[str]) -> int:
+    """Shut down this process's TCP connections to `addresses` (ggml's, to retired devices),
+    leaving their file descriptors to ggml; how many."""
+    wanted = {split_endpoint(address) for address in addresses}
+    count = 0
+    for connection in psutil.Process().net_connections(kind="tcp"):
+        remote = connection.raddr
+        if connection.fd < 0 or not remote or (remote[0], remote[1]) not in wanted:
+            continue
+        held = socket.socket(fileno=connection.fd)
         try:
-            reachable(address, timeout_s)
-        except RpcError as exc:
-            if address == endpoint:
-                raise
-            raise RpcError(f"{exc} (named {endpoint})") from exc
-        handshake(address, timeout_s, endpoint)
-    return [device for endpoint in endpoints for device in register(addresses[endpoint], endpoint)]
+            held.shutdown(socket.SHUT_RDWR)
+            count += 1
+        except OSError:  # closed meanwhile, or never connected
+            pass
+        finally:
+            held.detach()  # the descriptor stays ggml's
+    return count
+
+
+def respelled(address: str, times: int) -> str:
+    """`address` (IPV4:PORT) as ggml takes it for a new connection: the port with `times`
+    leading zeros, the same port to ggml's parser and to the socket, another endpoint to
+    ggml's per-endpoint connection and device tables."""
+    if times == 0:
+        return address
+    host, port = split_endpoint(address)
+    return f"{host}:{'0' * times}{port}"
 
 
 def handshake(endpoint: str, timeout_s: float, named: str | None = None) -> list[dict[str, Any]]:

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from devkit.serving import free_port
 from server.contracts.errors import StartupError
+from server.engine.rpc.backend import hang_up, respelled
 from server.engine.rpc.hosts import (
     RpcError,
     is_loopback,
@@ -117,3 +118,34 @@ def test_resolve_gives_the_address_to_connect_to() -> None:
     assert resolve("10.1.2.3:50052", loopback_only=False) == "10.1.2.3:50052"
     with pytest.raises(RpcError, match=r"10\.1\.2\.3, which is not this machine"):
         resolve("10.1.2.3:50052", loopback_only=True)
+
+
+def test_a_host_connected_anew_is_another_endpoint_to_ggml_on_the_same_port() -> None:
+    """ggml keys its connections and devices by the endpoint's spelling and reads the port as
+    a number: leading zeros make a new connection to the same host and port."""
+    assert respelled("127.0.0.1:50052", 0) == "127.0.0.1:50052"
+    again = [respelled("127.0.0.1:50052", times) for times in (1, 2)]
+    assert again == ["127.0.0.1:050052", "127.0.0.1:0050052"]
+    assert {split_endpoint(endpoint) for endpoint in again} == {("127.0.0.1", 50052)}
+
+
+def test_hanging_up_shuts_down_this_process_s_connections_to_a_host_only() -> None:
+    """A host serves one client at a time: the retired connections are shut down (the other
+    side sees the end) while their descriptors stay open for their owner."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    other = socket.create_server(("127.0.0.1", 0))
+    port, other_port = listener.getsockname()[1], other.getsockname()[1]
+    ours = socket.create_connection(("127.0.0.1", port))
+    kept = socket.create_connection(("127.0.0.1", other_port))
+    served, _ = listener.accept()
+    served_other, _ = other.accept()
+    try:
+        assert hang_up([f"127.0.0.1:{port}"]) == 1
+        served.settimeout(5)
+        assert served.recv(1) == b""  # the host sees the client hang up
+        assert ours.fileno() >= 0  # the descriptor is still its owner's
+        kept.sendall(b"x")
+        assert served_other.recv(1) == b"x"  # another host's connection is untouched
+    finally:
+        for s in (ours, kept, served, served_other, listener, other):
+            s.close()
