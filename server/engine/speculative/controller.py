@@ -173,33 +173,41 @@ class DraftController:
         many (its cost is shared, so the curve of one says little); a batch that emitted
         tokens more slowly than plain ones backs off the same way."""
         plain_s = self.plain_time(sequences)
-        if not self.timed or k <= 0 or plain_s <= 0.0:
+        probe, self.probing = self.probing, False
+        if not self.timed or k <= 0:
+            return
+        if plain_s <= 0.0:  # nothing to weigh it against: a probe costs what it was predicted to
+            if probe:
+                self._spend(self.cost(k) - 1.0)
             return
         taken = seconds / plain_s  # in plain steps
-        if self.probing:  # its time over that of the plain steps emitting as many tokens
-            self.probing = False
-            loss = max(0.0, taken - max(emitted, sequences) / sequences)
-            self.credit -= loss * self.doubt
-            self.doubt = min(2 * self.doubt, PROBE_DOUBT) if loss > 0 else 1
-            self.probe_loss += loss
+        if probe:  # its time over that of the plain steps emitting as many tokens
+            self._spend(max(0.0, taken - max(emitted, sequences) / sequences))
         if sequences > 1:
             if emitted * plain_s < sequences * seconds:  # fewer tokens a second than plain
-                self._back_off()
+                self._back_off(0)
             return
         predicted = self.cost(k)
         g = group(k)
         measured = self.measured.cost[min(k, self.draft_max)]
         if taken > SLOW * predicted:  # slower than predicted: its cost at once, and a pause
             self.factor[g] = taken / measured
-            self.slow = g
-            self._back_off()
+            self._back_off(g)
             return
         old = self.factor.get(g)  # a group's first measure is its factor
         learnt = taken / measured
         self.factor[g] = learnt if old is None else (1 - LEARN) * old + LEARN * learnt
         self.gap = PROBE_FIRST
 
-    def _back_off(self) -> None:
+    def _spend(self, loss: float) -> None:
+        """A probe lost `loss` plain steps: its charge on the credit, and the doubt's."""
+        self.credit -= loss * self.doubt
+        self.doubt = min(2 * self.doubt, PROBE_DOUBT) if loss > 0 else 1
+        self.probe_loss += loss
+
+    def _back_off(self, slow: int) -> None:
+        """Pause drafting; `slow`: the group whose step was slow (0: a batch's)."""
+        self.slow = slow
         self.paused = self.gap
         self.gap = min(2 * self.gap, PROBE_MAX)
         self.backoffs += 1

@@ -441,3 +441,25 @@ def test_one_measured_group_scales_the_curve_of_the_others() -> None:
     controller.drafted(8, PLAIN_S * 2 * CURVE.cost[8])  # not slow: 2 < 1.25 x 9
     assert controller.cost(16) == pytest.approx(2 * CURVE.cost[16], rel=0.01)
     assert controller.cost(4) == pytest.approx(CURVE.cost[4], rel=0.01)
+
+
+def test_a_probe_in_a_batch_is_charged_against_plain_batches_of_as_many() -> None:
+    """In a batch of 4, a probe is weighed against plain batches of 4: with none timed yet it
+    is charged its predicted cost on the start-up curve; with them, what it lost; either way
+    the next probe can come once the credit allows it."""
+    controller = DraftController(TOO_STEEP)
+    warm(controller)  # one sequence alone
+    credit = controller.credit
+    assert controller.length(0.95, 16, 100.0) == PROBE_K
+    controller.drafted(PROBE_K, 2 * PLAIN_S, sequences=4, emitted=6)
+    assert not controller.probing
+    assert controller.credit == pytest.approx(credit - (TOO_STEEP.cost[PROBE_K] - 1))
+    for _ in range(PLAIN_WINDOW):
+        controller.plain(2 * PLAIN_S, sequences=4)
+    controller.credit = 0.0
+    controller.doubt = 1
+    assert controller.length(0.95, 16, 100.0) == PROBE_K
+    controller.drafted(PROBE_K, 3 * PLAIN_S, sequences=4, emitted=5)  # 1.5 steps for 1.25
+    assert controller.credit == pytest.approx(-0.25)
+    assert controller.backoffs == 1  # fewer tokens a second than plain batches: a back-off
+    assert controller.slow == 0
