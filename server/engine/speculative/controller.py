@@ -22,9 +22,10 @@ It backs off at once: a drafting step that took more than SLOW times what it pre
 group's factor to what that step measured (no averaging) and stops all drafting for `gap` plain
 steps. After the pause that group's factor is dropped (its cost is the start-up curve's again,
 scaled as the other groups measured) and a draft that pays on it is a probe; a probe that is
-slow again doubles the gap (up to PROBE_MAX), one as predicted resets it. So a wrong cost costs one slow step, then one probe per gap: the loss is bounded by
-construction (with the defaults, a probe's extra time over 32, 64, … 1,024 plain steps), and an
-OS pause in a drafting step costs a pause in drafting, never a draft that loses.
+slow again doubles the gap (up to PROBE_MAX), one as predicted resets it. So a wrong cost costs
+one slow step, then one probe per gap: the loss is bounded by construction (with the defaults,
+a probe's extra time over 32, 64, … 1,024 plain steps), and an OS pause in a drafting step
+costs a pause in drafting, never a draft that loses.
 
 A curve that is too steep (timed at start-up on a loaded machine: 9 plain steps for one drafted
 row) would keep every draft declined for good, and nothing would ever correct it: only drafting
@@ -35,7 +36,7 @@ cost. Probes are paid from a credit that every plain step adds PROBE_LOSS of a p
 (up to PROBE_CREDIT), and each probe spends what it lost (its time over that of plain steps
 emitting as many tokens) times a doubt that doubles with each probe that lost (up to
 PROBE_DOUBT) and is 1 again after one that paid. A probe needs the credit at or above zero, so
-the next probe waits for its loss × doubt / PROBE_LOSS plain steps (a probe that lost 8 steps:
+the next probe waits for its loss * doubt / PROBE_LOSS plain steps (a probe that lost 8 steps:
 800, then 1,600, … 12,800): all probes together cost at most PROBE_LOSS (1 %) of the plain
 steps' time plus one probe, and on a machine where drafts never pay, a share that halves with
 each probe down to PROBE_LOSS / PROBE_DOUBT.

@@ -415,7 +415,8 @@ def test_losing_probes_wait_twice_as_long_each_up_to_their_bound() -> None:
         waits.append(wait_for_probe(controller, 0.8))  # at 3 plain steps for 2, none pays
         controller.drafted(PROBE_K, 3 * PLAIN_S, emitted=1)  # lost 2 steps
     assert waits[0] == 0
-    assert [round(w * PROBE_LOSS) for w in waits[1:]] == [2, 4, 8, 16, 2 * PROBE_DOUBT, 2 * PROBE_DOUBT]
+    doubled = [2, 4, 8, 16, 2 * PROBE_DOUBT, 2 * PROBE_DOUBT]  # 2 steps lost, x 1, 2, ... 16
+    assert [round(w * PROBE_LOSS) for w in waits[1:]] == doubled
 
 
 def test_a_probe_that_runs_as_a_plain_step_spends_nothing() -> None:
