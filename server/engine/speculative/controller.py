@@ -31,20 +31,25 @@ A curve that is too steep (timed at start-up on a loaded machine: 9 plain steps 
 row) would keep every draft declined for good, and nothing would ever correct it: only drafting
 steps measure a draft's cost. So where no draft pays on the costs known, a sequence whose
 acceptance evidence is strong (PROBE_RATE over PROBE_EVIDENCE tokens tried, verified or declined
-and scored) may still verify a short draft (PROBE_K tokens): a probe, whose time then teaches the
-cost. Probes are paid from a credit that every plain step adds PROBE_LOSS of a plain step to
-(up to PROBE_CREDIT), and each probe spends what it lost (its time over that of plain steps
-emitting as many tokens) times a doubt that doubles with each probe that lost (up to
-PROBE_DOUBT) and is 1 again after one that paid. A probe needs the credit at or above zero, so
-the next probe waits for its loss * doubt / PROBE_LOSS plain steps (a probe that lost 8 steps:
-800, then 1,600, … 12,800): all probes together cost at most PROBE_LOSS (1 %) of the plain
-steps' time plus one probe, and on a machine where drafts never pay, a share that halves with
-each probe down to PROBE_LOSS / PROBE_DOUBT.
+and scored) may still verify a draft: a probe, whose time then teaches the cost. A probe drafts
+the shortest group's bound (1, 2, 4, 8, 16) that no step has measured yet, so probes that cost
+nothing go on until every group is measured (a curve timed under load is wrong in its shape too:
+one came out 15.6 plain steps at k = 1 and 1.23 at k = 2). Probes are paid from a credit that
+every plain step adds PROBE_LOSS of a plain step to (up to PROBE_CREDIT), and each probe spends
+what it lost (its time over that of plain steps emitting as many tokens) times a doubt that
+doubles with each probe that lost (its length does not pay at its acceptance on the time it
+took; up to PROBE_DOUBT) and is 1 again after one that paid; after a probe that lost, probes
+draft the shortest group's bound. A probe needs the credit at or above zero, so the next probe
+waits for its loss * doubt / PROBE_LOSS plain steps (a probe that lost 8 steps: 800, then 1,600,
+… 12,800): all probes together cost at most PROBE_LOSS (1 %) of the plain steps' time plus one
+probe, and on a machine where drafts never pay, a share that halves with each probe down to
+PROBE_LOSS / PROBE_DOUBT.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from server.engine.speculative.draft_length import VerifyCost, expected_tokens
@@ -57,8 +62,7 @@ LEARN = 0.5  # the weight of a drafting step's time in its group's factor (as pr
 PROBE_FIRST = 32  # plain steps without drafts after the first back-off
 PROBE_MAX = 1024  # the longest pause between probes
 GROUPS = (1, 2, 4, 8, 16)  # a draft length's group: the first bound at or above it
-PROBE_K = 2  # drafted tokens of a probe
-PROBE_RATE = 0.7  # the acceptance a probe needs ...
+PROBE_RATE = 0.4  # the acceptance a probe needs ...
 PROBE_EVIDENCE = 12.0  # ... over at least this many (decayed) drafted tokens tried
 PROBE_LOSS = 0.01  # the share of the plain steps' time all probes together may lose
 PROBE_CREDIT = 1.0  # the most credit kept, in plain steps (no burst of probes after a quiet spell)
@@ -88,6 +92,7 @@ class DraftController:
     probing: bool = False  # a probe was proposed and its step has not been timed yet
     probed: int = 0  # probes proposed where no draft paid on the costs known
     probe_loss: float = 0.0  # what they lost in all, in plain steps
+    probe_acceptance: float = 0.0  # the acceptance the last probe was drafted at
 
     @property
     def draft_max(self) -> int:
@@ -138,8 +143,22 @@ class DraftController:
         if best_k == 0 and self._may_probe(acceptance, evidence):
             self.probing = True
             self.probed += 1
-            return min(PROBE_K, available, self.draft_max)
+            return self._probe_length(acceptance, min(available, self.draft_max))
         return best_k
+
+    def _probe_length(self, acceptance: float, limit: int) -> int:
+        """A probe's draft length, up to `limit`: after a probe that lost, the shortest group's
+        bound; else the shortest one no step has measured (a start-up curve can be wrong in
+        its shape, not only its scale); all measured, the one with the best expected rate."""
+        self.probe_acceptance = acceptance
+        bounds = [g for g in GROUPS if g <= limit] or [limit]
+        unmeasured = [g for g in bounds if g not in self.factor]
+        if self.doubt > 1 or not unmeasured:
+            return bounds[0] if self.doubt > 1 else max(bounds, key=self._rate(acceptance))
+        return unmeasured[0]
+
+    def _rate(self, acceptance: float) -> Callable[[int], float]:
+        return lambda k: expected_tokens(k, acceptance) / self.cost(k)
 
     def _may_probe(self, acceptance: float, evidence: float) -> bool:
         return (
@@ -179,11 +198,12 @@ class DraftController:
             return
         if plain_s <= 0.0:  # nothing to weigh it against: a probe costs what it was predicted to
             if probe:
-                self._spend(self.cost(k) - 1.0)
+                self._spend(self.cost(k) - 1.0, True)
             return
         taken = seconds / plain_s  # in plain steps
         if probe:  # its time over that of the plain steps emitting as many tokens
-            self._spend(max(0.0, taken - max(emitted, sequences) / sequences))
+            lost = expected_tokens(k if sequences == 1 else 0, self.probe_acceptance) < taken
+            self._spend(max(0.0, taken - max(emitted, sequences) / sequences), lost)
         if sequences > 1:
             if emitted * plain_s < sequences * seconds:  # fewer tokens a second than plain
                 self._back_off(0)
@@ -200,10 +220,12 @@ class DraftController:
         self.factor[g] = learnt if old is None else (1 - LEARN) * old + LEARN * learnt
         self.gap = PROBE_FIRST
 
-    def _spend(self, loss: float) -> None:
-        """A probe lost `loss` plain steps: its charge on the credit, and the doubt's."""
+    def _spend(self, loss: float, lost: bool) -> None:
+        """A probe lost `loss` plain steps (`lost`: its draft length does not pay at the
+        acceptance it was drafted at, on the time it took): its charge on the credit, and the
+        doubt's."""
         self.credit -= loss * self.doubt
-        self.doubt = min(2 * self.doubt, PROBE_DOUBT) if loss > 0 else 1
+        self.doubt = min(2 * self.doubt, PROBE_DOUBT) if lost else 1
         self.probe_loss += loss
 
     def _back_off(self, slow: int) -> None:

@@ -24,7 +24,6 @@ from server.engine.speculative.controller import (
     PROBE_DOUBT,
     PROBE_EVIDENCE,
     PROBE_FIRST,
-    PROBE_K,
     PROBE_LOSS,
     PROBE_MAX,
     DraftController,
@@ -353,58 +352,75 @@ def test_without_probes_a_curve_far_too_steep_never_drafts(
     assert run.rate < 1.1
 
 
-@pytest.mark.parametrize("acceptance", [0.7, 0.9, 1.0])
+@pytest.mark.parametrize("acceptance", [0.5, 0.9, 1.0])
 def test_probes_on_a_truly_steep_machine_cost_at_most_their_bound(acceptance: float) -> None:
     """Where drafting steps really cost what the steep curve says, no draft pays: the probes
-    that strong acceptance evidence asks for lose at most PROBE_LOSS of the plain steps' time
-    plus one probe's loss (the module's bound), and far fewer than one step in a hundred
-    drafts."""
+    that strong acceptance evidence asks for (one drafted token each: the first lost) lose at
+    most PROBE_LOSS of the plain steps' time plus one probe's loss (the module's bound), and
+    far fewer than one step in a hundred drafts."""
     steps = 5000
     for seed in range(2):
         run = simulate(TOO_STEEP, acceptance, steps, seed, TOO_STEEP)
-        one_probe = TOO_STEEP.cost[PROBE_K] * 1.1 * PLAIN_S  # its time, the noise at its worst
+        one_probe = TOO_STEEP.cost[1] * 1.1 * PLAIN_S  # its time, the noise at its worst
         assert run.lost <= PROBE_LOSS * run.plain_seconds + one_probe
         assert run.controller.probed >= 1  # it did look
         assert run.controller.probed <= steps // 500
         assert run.rate >= 1 - PROBE_LOSS - one_probe / (steps * PLAIN_S) - 0.01
 
 
-def wait_for_probe(controller: DraftController, acceptance: float) -> int:
-    """Plain steps until a draft of strong evidence is verified: a probe (PROBE_K tokens)."""
+def wait_for_probe(controller: DraftController, acceptance: float) -> tuple[int, int]:
+    """Plain steps until a draft of strong evidence is verified (a probe), and its length."""
     for waited in range(100_000):
         k = controller.length(acceptance, 16, 100.0)
         if k:
-            assert k == PROBE_K
-            return waited
+            assert controller.probing
+            return waited, k
         controller.plain(PLAIN_S)
     raise AssertionError("no probe")
 
 
 def test_a_probe_waits_for_strong_evidence_and_for_its_credit() -> None:
-    """No probe on a prior or on weak evidence; with strong evidence one probe of PROBE_K
-    tokens a step; a probe that lost L plain steps allows the next one after L / PROBE_LOSS
-    plain steps; one that paid (no loss) allows the next at once."""
+    """No probe on a prior or on weak evidence; with strong evidence one probe a step; a
+    probe that lost L plain steps allows the next one after L / PROBE_LOSS plain steps, the
+    next loss counts twice; one that paid allows the next at once, and the doubt is 1 again."""
     controller = DraftController(TOO_STEEP)
     warm(controller)
     assert controller.length(0.95, 16) == 0  # a prior: no evidence
     assert controller.length(0.95, 16, PROBE_EVIDENCE - 1) == 0
-    assert controller.length(0.6, 16, 100.0) == 0  # evidence of a low acceptance
-    assert controller.length(0.95, 16, PROBE_EVIDENCE) == PROBE_K
+    assert controller.length(0.3, 16, 100.0) == 0  # evidence of a low acceptance
+    assert controller.length(0.95, 16, PROBE_EVIDENCE) == 1  # group 1: none measured yet
     assert controller.length(0.95, 16, PROBE_EVIDENCE) == 0  # one a step
     credit = controller.credit  # what the plain steps so far put by
-    controller.drafted(PROBE_K, 5 * PLAIN_S, emitted=1)  # lost 4 plain steps
+    controller.drafted(1, 5 * PLAIN_S, emitted=1)  # lost 4 plain steps
     assert controller.credit == pytest.approx(credit - 4.0)
-    waited = wait_for_probe(controller, 0.95)
+    assert controller.doubt == 2
+    waited, k = wait_for_probe(controller, 0.95)
     assert waited == pytest.approx((4.0 - credit) / PROBE_LOSS, abs=2)
-    controller.drafted(PROBE_K, 5 * PLAIN_S, emitted=3)  # its cost is now known: 5 steps
-    assert controller.cost(PROBE_K) == pytest.approx(5.0)
-    assert controller.credit == pytest.approx(-2 * 2.0, abs=0.05)  # its loss of 2, doubled
+    assert k == 1  # after a probe that lost: the shortest
+    controller.drafted(1, 3 * PLAIN_S, emitted=2)  # its cost: 5 (1 - LEARN) + 3 LEARN
+    assert controller.cost(1) == pytest.approx(4.0)
+    assert controller.credit == pytest.approx(-2 * 1.0, abs=0.05)  # its loss of 1, doubled
     assert controller.doubt == 4
     controller.credit = 0.0
-    controller.length(0.95, 16, 100.0)  # on a curve that says 5: a probe again
-    controller.drafted(PROBE_K, 3 * PLAIN_S, emitted=3)  # paid: the doubt is 1 again
+    assert controller.length(0.95, 16, 100.0) == 1
+    controller.drafted(1, 1.0 * PLAIN_S, emitted=2)  # paid: the doubt is 1 again
     assert controller.doubt == 1
     assert controller.credit == 0.0
+
+
+def test_probes_that_pay_measure_one_group_after_another() -> None:
+    """A start-up curve wrong in its shape: each probe that pays measures the shortest group
+    no step measured yet, the next chance at once (nothing spent)."""
+    controller = DraftController(VerifyCost((1.0, *(20.0 for _ in range(16)))))
+    warm(controller)
+    lengths = []
+    for _ in range(3):
+        k = controller.length(0.6, 16, 100.0)
+        lengths.append(k)
+        controller.drafted(k, 18.0 * PLAIN_S, emitted=1)  # 18 steps: none pays at 0.6
+        controller.doubt = 1  # as if each had paid: the next group
+        controller.credit = 0.0
+    assert lengths == [1, 2, 4]
 
 
 def test_losing_probes_wait_twice_as_long_each_up_to_their_bound() -> None:
@@ -412,8 +428,10 @@ def test_losing_probes_wait_twice_as_long_each_up_to_their_bound() -> None:
     warm(controller)
     waits = []
     for _ in range(7):
-        waits.append(wait_for_probe(controller, 0.8))  # at 3 plain steps for 2, none pays
-        controller.drafted(PROBE_K, 3 * PLAIN_S, emitted=1)  # lost 2 steps
+        waited, k = wait_for_probe(controller, 0.8)  # at 3 plain steps for 1, none pays
+        assert k == 1
+        waits.append(waited)
+        controller.drafted(k, 3 * PLAIN_S, emitted=1)  # lost 2 steps
     assert waits[0] == 0
     doubled = [2, 4, 8, 16, 2 * PROBE_DOUBT, 2 * PROBE_DOUBT]  # 2 steps lost, x 1, 2, ... 16
     assert [round(w * PROBE_LOSS) for w in waits[1:]] == doubled
@@ -422,11 +440,11 @@ def test_losing_probes_wait_twice_as_long_each_up_to_their_bound() -> None:
 def test_a_probe_that_runs_as_a_plain_step_spends_nothing() -> None:
     controller = DraftController(TOO_STEEP)
     warm(controller)
-    assert controller.length(0.95, 16, 100.0) == PROBE_K
+    assert controller.length(0.95, 16, 100.0) == 1
     controller.plain(PLAIN_S)  # the cache had no room for its drafts
     assert not controller.probing
     assert controller.credit > 0
-    assert controller.length(0.95, 16, 100.0) == PROBE_K
+    assert controller.length(0.95, 16, 100.0) == 1
 
 
 def test_one_measured_group_scales_the_curve_of_the_others() -> None:
@@ -446,21 +464,20 @@ def test_one_measured_group_scales_the_curve_of_the_others() -> None:
 
 def test_a_probe_in_a_batch_is_charged_against_plain_batches_of_as_many() -> None:
     """In a batch of 4, a probe is weighed against plain batches of 4: with none timed yet it
-    is charged its predicted cost on the start-up curve; with them, what it lost; either way
-    the next probe can come once the credit allows it."""
+    is charged its predicted cost on the start-up curve; with them, what it lost."""
     controller = DraftController(TOO_STEEP)
     warm(controller)  # one sequence alone
     credit = controller.credit
-    assert controller.length(0.95, 16, 100.0) == PROBE_K
-    controller.drafted(PROBE_K, 2 * PLAIN_S, sequences=4, emitted=6)
+    assert controller.length(0.95, 16, 100.0) == 1
+    controller.drafted(1, 2 * PLAIN_S, sequences=4, emitted=6)
     assert not controller.probing
-    assert controller.credit == pytest.approx(credit - (TOO_STEEP.cost[PROBE_K] - 1))
+    assert controller.credit == pytest.approx(credit - (TOO_STEEP.cost[1] - 1))
     for _ in range(PLAIN_WINDOW):
         controller.plain(2 * PLAIN_S, sequences=4)
     controller.credit = 0.0
     controller.doubt = 1
-    assert controller.length(0.95, 16, 100.0) == PROBE_K
-    controller.drafted(PROBE_K, 3 * PLAIN_S, sequences=4, emitted=5)  # 1.5 steps for 1.25
+    assert controller.length(0.95, 16, 100.0) == 1
+    controller.drafted(1, 3 * PLAIN_S, sequences=4, emitted=5)  # 1.5 steps for 1.25
     assert controller.credit == pytest.approx(-0.25)
     assert controller.backoffs == 1  # fewer tokens a second than plain batches: a back-off
     assert controller.slow == 0
