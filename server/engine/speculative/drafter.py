@@ -151,7 +151,8 @@ class SequenceDrafter:
         if not tokens:
             return ()
         rate = self.acceptance.rate(found.order)
-        k = self.speculator.controller.length(rate, min(limit, len(tokens)))
+        evidence = self.acceptance.tried.get(found.order, 0.0)  # this sequence's own
+        k = self.speculator.controller.length(rate, min(limit, len(tokens)), evidence)
         if k == 0:  # declined: what it would have had accepted is learnt all the same
             if not self._shadow:
                 self._shadow, self._shadow_order, self._shadow_matched = tokens, found.order, 0

@@ -3,7 +3,7 @@
 A verify step evaluates a sequence's pending token and k drafted ones, every one with its logits.
 `measure_verify_cost` times such steps against plain ones on an empty sequence of the context
 (through `VerifyTarget`, which a LlamaContext is) and `start_speculation` decides from the
-settings and that cost whether the engine speculates at all.
+settings (and, batch-invariant, that cost) whether the engine speculates at all.
 """
 
 from __future__ import annotations
@@ -77,9 +77,11 @@ def measure_verify_cost(
 
 def start_speculation(ctx: VerifyTarget, config: EngineConfig) -> Speculator | None:
     """The engine's Speculator, its verify cost measured (auto); None where speculation is off
-    (by the settings, because rejected cells cannot be removed, or because drafts cannot pay on
-    this model). With "on" every verify counts as one step: each sequence drafts whatever the
-    context offers (up to draft_max) while any of its drafts are accepted."""
+    (by the settings, because rejected cells cannot be removed, or, batch-invariant, because
+    drafts cannot pay on the start-up curve). Otherwise a curve on which no draft pays keeps
+    speculation on: a timing on a loaded machine can be far too steep, and the controller
+    probes (controller.py). With "on" every verify counts as one step: each sequence drafts
+    whatever the context offers (up to draft_max) while any of its drafts are accepted."""
     if config.speculative == "off" or config.draft_max <= 0:
         return None
     isolated = config.batch_invariant  # a sequence's drafts weighed by its own acceptance only
@@ -93,10 +95,13 @@ def start_speculation(ctx: VerifyTarget, config: EngineConfig) -> Speculator | N
         )
     cost, _ = measure_verify_cost(ctx, 0, config.draft_max)
     shown = ", ".join(f"{k}:{c:.2f}" for k, c in enumerate(cost.cost))
-    if not cost.pays():
+    if cost.pays():
+        log.info("speculative decoding on, verify cost by draft length %s", shown)
+    elif isolated:  # drafts weighed on this curve alone: none would ever be verified
         log.info("speculative decoding off: a verify costs too much here (%s)", shown)
         return None
-    log.info("speculative decoding on, verify cost by draft length %s", shown)
+    else:  # a timing on a loaded machine can be far too steep: the steps' own times decide
+        log.info("speculative decoding on, drafting only where measured steps pay (%s)", shown)
     # the batch-invariant mode drafts by acceptance alone: its steps' times would make which
     # drafts it verifies depend on the machine's load
     return Speculator(cost, isolated=isolated, timed=not isolated)
