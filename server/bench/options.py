@@ -52,6 +52,7 @@ class BenchOptions(BaseModel):
     pairs: int = Field(
         8,
         ge=2,
+        le=1000,
         description="Pairs of each depth and each stream count; every pair's ratio counts, "
         "and the median of them is printed with its bootstrap 95 percent interval.",
     )

@@ -49,8 +49,10 @@ from server.ops.settings import default_cache_dir
 
 log = logging.getLogger(__name__)
 
-DEPTH_INDEX = 1_000_000  # prompt indices of the depth prompts, apart from the steps'
-STREAM_INDEX = 2_000_000  # ... and of the streams' (room for 1000 streams a pair)
+# prompt indices, apart from the steps': a token-id prompt starts with token 100 + index, which
+# must stay an ordinary token (prompts.py)
+DEPTH_INDEX = 40_000
+STREAM_INDEX = 50_000  # + 100 a pair (at most 64 streams) + the stream
 HEADER_WORDS = 16  # words of the request that counts the chat's tokens around the words
 
 T = TypeVar("T")
@@ -277,7 +279,7 @@ def http_streams(
 ) -> Sample:
     def sample(i: int) -> Measurement:
         def one(j: int) -> tuple[float, float, int]:
-            index = STREAM_INDEX + 1000 * i + j
+            index = STREAM_INDEX + 100 * i + j
             text = prompts.text(plan.seed, index, plan.prompt_sizes[0] - tail)
             sampling = (plan.temperature, plan.top_p)
             with httpx.Client() as client:
@@ -297,7 +299,7 @@ def http_streams(
 def llama_server_streams(url: str, plan: Plan, n: int, pid: int) -> Sample:
     def sample(i: int) -> Measurement:
         def one(j: int) -> tuple[float, float, int]:
-            index = STREAM_INDEX + 1000 * i + j
+            index = STREAM_INDEX + 100 * i + j
             prompt = random_tokens(plan.seed, index, plan.prompt_sizes[0])
             sampling = (plan.temperature, plan.top_p)
             with httpx.Client() as client:

@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 
 from server.bench.options import BenchOptions
-from server.bench.paired import aggregate, alternate
+from server.bench.paired import STREAM_INDEX, aggregate, alternate
 from server.bench.plan import CTX_MARGIN, BenchError
+from server.bench.prompts import ORDINARY_TOKENS, random_tokens
 from server.bench.report import pairs_table
 from server.bench.runner import fitting
 from server.bench.stats import paired_ratio
@@ -98,3 +99,11 @@ def test_the_table_prints_each_ratio_with_its_interval(tmp_path: Path) -> None:
     assert pairs_table({"depth": {"error": "BenchError: boom"}}).endswith(
         "failed: BenchError: boom"
     )
+
+
+def test_the_streams_prompts_are_ordinary_tokens_for_any_pair() -> None:
+    pairs = BenchOptions.model_fields["pairs"].metadata[-1].le
+    for i in (-1, 0, pairs - 1):  # -1: the warm-up
+        for j in (0, 63):
+            tokens = random_tokens(0, STREAM_INDEX + 100 * i + j, 4)
+            assert all(0 <= token < ORDINARY_TOKENS for token in tokens)
