@@ -47,7 +47,6 @@ from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
 
 from devkit.models import cached_gguf
-from scripts.bench.ttft_pairs import median_interval
 from server.api.chat.schemas import ChatCompletionRequest
 from server.bench.http_path import chat, free_port, server_command, tail_tokens
 from server.bench.llama_server import complete
@@ -56,6 +55,7 @@ from server.bench.plan import BenchError, Plan
 from server.bench.procs import ServerProcess
 from server.bench.prompts import WordPrompts, random_tokens
 from server.bench.report import print_json
+from server.bench.stats import median_interval
 from server.engine.loading.gguf_header import vocabulary_bytes
 from server.harmony.encoding import load_encoding
 from server.ops.settings import default_cache_dir

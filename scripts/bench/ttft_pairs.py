@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import random
 import statistics
 import sys
 import tempfile
@@ -40,20 +39,10 @@ from server.bench.http_path import chat, free_port, tail_tokens
 from server.bench.procs import ServerProcess, serve_command
 from server.bench.prompts import WordPrompts
 from server.bench.report import print_json
+from server.bench.stats import median_interval
 from server.engine.loading.gguf_header import vocabulary_bytes
 from server.harmony.encoding import load_encoding
 from server.ops.settings import default_cache_dir
-
-BOOTSTRAP = 2000  # resamples of the paired differences
-
-
-def median_interval(values: list[float], seed: int = 0, digits: int = 3) -> list[float]:
-    """The bootstrap 95 % interval of the median of `values`."""
-    rng = random.Random(seed)
-    n = len(values)
-    medians = sorted(statistics.median(rng.choices(values, k=n)) for _ in range(BOOTSTRAP))
-    low, high = medians[int(0.025 * BOOTSTRAP)], medians[int(0.975 * BOOTSTRAP)]
-    return [round(low, digits), round(high, digits)]
 
 
 def main(argv: list[str] | None = None) -> int:

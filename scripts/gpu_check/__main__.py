@@ -99,7 +99,7 @@ GPU = Mode(
         "models": 330,
         "doctor": 40,
         "load": 170,
-        "bench": 170,
+        "bench": 300,  # the depth and streams pairs: ~20 llama-bench runs, 8 servers
         "concurrency": 110,
         "speculation": 110,
         "tests": 120,
@@ -110,7 +110,8 @@ GPU = Mode(
     },
     preset="20b",
     ngl="-1",
-    bench="--prompt-tokens 512,4096 --gen-tokens 128 --repetitions 3 --rounds 2",
+    bench="--prompt-tokens 512,4096 --gen-tokens 128 --repetitions 3 --rounds 1 "
+    "--depths 0,4096,16384,32768 --streams 1,2,4,8 --pairs 5",
     concurrency="--prompt-tokens 64 --gen-tokens 128 --repetitions 1",
     streams=(4, 8),
     speculation="--rounds 2 --cost-rounds 3 --tokens 128",
@@ -130,7 +131,7 @@ CPU = Mode(
         "models": 300,
         "doctor": 60,
         "load": 120,
-        "bench": 240,
+        "bench": 420,
         "concurrency": 180,
         "speculation": 420,
         "tests": 120,
@@ -141,7 +142,8 @@ CPU = Mode(
     },
     preset="tiny",
     ngl="0",
-    bench="--prompt-tokens 512 --gen-tokens 64 --repetitions 2 --rounds 1",
+    bench="--prompt-tokens 512 --gen-tokens 64 --repetitions 2 --rounds 1 "
+    "--depths 0,4096,16384 --streams 1,2,4 --pairs 3",
     concurrency="--prompt-tokens 32 --gen-tokens 32 --repetitions 1",
     streams=(4,),
     speculation="--rounds 1 --cost-rounds 2 --tokens 64 --only apply_patch no_copy",
@@ -831,7 +833,30 @@ def bench_summary(report: dict[str, Any]) -> dict[str, Any]:
         "ratios": report.get("ratios"),
         "ms_per_token_over_llama_bench": report.get("ms_per_token_over_llama_bench"),
         "ttft_http_overhead_ms": report.get("ttft_http_overhead_ms"),
+        "paired": paired_summary(report),
     }
+
+
+def paired_summary(report: dict[str, Any]) -> dict[str, Any]:
+    """Per paired section (depth, streams): each row's medians and paired ratio with its
+    interval, or the section's error."""
+    out: dict[str, Any] = {}
+    for key in ("depth", "streams"):
+        section = report.get(key)
+        if not section:
+            continue
+        if section.get("error"):
+            out[key] = {"error": str(section["error"])[:300]}
+            continue
+        ref = section["reference"]
+        out[key] = {"reference": ref, "rows": [
+            {key: entry[key], "http": median((entry.get("http") or {}).get("tokens_per_s")),
+             ref: median((entry.get(ref) or {}).get("tokens_per_s")),
+             "ratio": (entry.get("ratio") or {}).get("median"),
+             "interval_95": (entry.get("ratio") or {}).get("interval_95")}
+            for entry in section.get("rows", [])
+        ]}  # fmt: skip
+    return out
 
 
 def concurrency_summary(report: dict[str, Any]) -> dict[str, Any]:
@@ -939,6 +964,19 @@ def render_markdown(gpu: bool, machine: dict[str, Any], phases: list[PhaseResult
         lines += ["", f"ratios: `{json.dumps(bench.detail.get('ratios'))}`",
                   f"ms/token over llama-bench: "
                   f"`{json.dumps(bench.detail.get('ms_per_token_over_llama_bench'))}`"]  # fmt: skip
+    for key, section in ((bench.detail.get("paired") or {}) if bench else {}).items():
+        if "error" in section:
+            lines += ["", f"## bench {key}: failed: {section['error']}"]
+            continue
+        ref = section["reference"]
+        lines += ["", f"## bench {key} (paired medians, tok/s)", "",
+                  f"| {key} | http | {ref} | http / {ref} | 95 % interval |",
+                  "| --- | --- | --- | --- | --- |"]  # fmt: skip
+        for row in section["rows"]:
+            interval = "–".join(f"{v:.3f}" for v in row["interval_95"] or [])
+            ratio = "-" if row["ratio"] is None else f"{row['ratio']:.3f}"
+            lines.append(f"| {row[key]} | {readable(row['http'])} | {readable(row[ref])} "
+                         f"| {ratio} | {interval or '-'} |")  # fmt: skip
     conc = by_name.get("concurrency")
     if conc and any(k.endswith("_streams") for k in conc.detail):
         lines += ["", "## concurrency (decode tok/s)", "",

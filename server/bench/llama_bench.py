@@ -59,12 +59,23 @@ def common_flags(plan: Plan) -> list[str]:
     ]  # fmt: skip
 
 
-def bench_commands(plan: Plan) -> list[list[str]]:
+def base_command(plan: Plan, repetitions: int) -> list[str]:
+    """llama-bench on the plan's file and settings, JSON out, `repetitions` of each test."""
     binary = str(llama_binary("llama-bench"))
-    base = [binary, "-m", str(plan.model_path), "-r", str(plan.repetitions), "-o", "json"]
+    base = [binary, "-m", str(plan.model_path), "-r", str(repetitions), "-o", "json"]
     base += common_flags(plan)
     if plan.warmup == 0:
         base.append("--no-warmup")
+    return base
+
+
+def depth_command(plan: Plan, depth: int) -> list[str]:
+    """One decode sample after `depth` tokens (`-d`: filled untimed, then tgN timed)."""
+    return [*base_command(plan, 1), "-p", "0", "-n", str(plan.gen_tokens), "-d", str(depth)]
+
+
+def bench_commands(plan: Plan) -> list[list[str]]:
+    base = base_command(plan, plan.repetitions)
     sizes = ",".join(str(n) for n in plan.prompt_sizes)
     prefill = [*base, "-p", sizes, "-n", "0"]
     decode = [*base, "-p", "0", "-n", str(plan.gen_tokens), "-d", str(plan.tg_depth)]

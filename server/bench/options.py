@@ -36,6 +36,26 @@ class BenchOptions(BaseModel):
     gen_tokens: int = Field(
         128, ge=2, description="Decode size (tgN), generated after a prompt of the first size."
     )
+    depths: list[int] = Field(
+        default=[0, 4096, 16384, 32768],
+        description="Decode (tgN) after a prompt of each of these many tokens, through HTTP "
+        "paired request by request with llama-bench -d (the server's cache filled once per "
+        "depth, every pair decoding after it); depths beyond the context are left out, and "
+        "said so. [] skips it.",
+    )
+    streams: list[int] = Field(
+        default=[1, 2, 4, 8],
+        description="Aggregate decode tokens/s of this many concurrent requests (a prompt of "
+        "the first size each) through HTTP (--n-slots N) paired round by round with "
+        "llama-server -np N, both servers up. [] skips it.",
+    )
+    pairs: int = Field(
+        8,
+        ge=2,
+        le=1000,
+        description="Pairs of each depth and each stream count; every pair's ratio counts, "
+        "and the median of them is printed with its bootstrap 95 percent interval.",
+    )
     repetitions: int = Field(3, ge=1, description="Measured runs of every test.")
     warmup: int = Field(1, ge=0, description="Unmeasured runs before the measured ones.")
     rounds: int = Field(

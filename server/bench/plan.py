@@ -15,6 +15,7 @@ Measurement = dict[str, float]
 CTX_MARGIN = 256  # room for the chat prompt's system/user headers beyond the prompt tokens
 WARMUP_PROMPT_CAP = 128  # warm-up prompts touch every weight; they need not be full size
 PP_ONLY_GEN = 16  # tokens generated after a prefill-only prompt: enough for a visible delta
+TUPLES = ("prompt_sizes", "depths", "streams")  # the Plan's fields that JSON holds as lists
 
 
 class BenchError(RuntimeError):
@@ -61,6 +62,10 @@ class Plan:
     memory_wait_s: float = 600.0
     temperature: float = 1.0  # sampling of every path; top_k 0 and min_p 0 everywhere
     top_p: float = 1.0
+    depths: tuple[int, ...] = ()  # paired decode after these depths (server/bench/paired.py)
+    streams: tuple[int, ...] = ()  # paired aggregate decode of these many streams
+    pairs: int = 8  # paired requests of each depth and stream count
+    context_limit: int | None = None  # the context the depths and streams had to fit in
 
     @property
     def sampling(self) -> str:
@@ -85,14 +90,16 @@ class Plan:
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["model_path"] = str(self.model_path)
-        data["prompt_sizes"] = list(self.prompt_sizes)
+        for name in TUPLES:
+            data[name] = list(data[name])
         return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Plan:
         values = dict(data)
         values["model_path"] = Path(values["model_path"])
-        values["prompt_sizes"] = tuple(values["prompt_sizes"])
+        for name in TUPLES:
+            values[name] = tuple(values.get(name, ()))
         return cls(**values)
 
 

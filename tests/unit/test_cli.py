@@ -56,8 +56,17 @@ def test_a_short_flag_ends_the_values_and_a_negative_number_does_not() -> None:
     assert join_list_values(["--prompt-tokens", "-1", "7"], flags) == ["--prompt-tokens", "-1,7"]
 
 
+def test_depths_and_streams_default_to_the_usual_sizes_and_empty_skips_them() -> None:
+    options = parsed("--model", "m")
+    assert options.depths == [0, 4096, 16384, 32768]
+    assert options.streams == [1, 2, 4, 8]
+    options = parsed("--model", "m", "--depths", "0", "256", "--streams", "[]")
+    assert options.depths == [0, 256]
+    assert options.streams == []
+
+
 def test_only_the_subcommands_list_flags_are_joined() -> None:
-    assert list_flags("bench") == {"--paths", "--prompt-tokens"}
+    assert list_flags("bench") == {"--paths", "--prompt-tokens", "--depths", "--streams"}
     assert list_flags("serve") == frozenset()
     assert list_flags("no-such-command") == frozenset()
     args = ["serve", "--model", "a", "b"]
