@@ -25,9 +25,8 @@ the chain taken off for one token (drawn on the host from the raw logits), then 
 `switch_ms` is the median of those two steps' time less two steady backend steps' (the step:
 the decode and the token read back).
 
-Each token read back is accepted by its chain: llama.cpp's backend draw is transactional (its
-random stream advances only on accept), and without it every step would draw with the same
-number (server/engine/sampling/backend_chain.py).
+Each token read back is accepted by its chain, as the engine does (llama.cpp's backend draw may
+be transactional: its stream then advances on accept; server/engine/sampling/backend_chain.py).
 """
 
 from __future__ import annotations

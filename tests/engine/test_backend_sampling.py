@@ -122,22 +122,6 @@ def test_backend_draws_follow_the_host_distribution(ctx: LlamaContext) -> None:
         assert stat > critical, (wrong, stat, critical)
 
 
-def test_a_drawn_token_must_be_accepted_or_every_step_draws_alike(ctx: LlamaContext) -> None:
-    """llama.cpp's draw is transactional: its stream advances only on accept. The picker
-    accepts each token it reads back (above: thousands of distinct draws); without it, the
-    same number is drawn every step."""
-    params = SamplingParams(max_tokens=64, temperature=1.0, seed=11)
-    picker = TokenPicker(ctx, params, Script(CONTENT), None, seq_id=0, backend=True)
-    try:
-        assert picker.next_pick() is True
-        picker.sample_on_backend(True)
-        draws = {ctx.sampled_token(last_token_again(ctx)) for _ in range(32)}  # none accepted
-    finally:
-        picker.free()
-    assert len(draws) == 1
-    assert len(set(backend_draws(ctx, params, 32))) > 8  # accepted: they differ
-
-
 @pytest.fixture
 def counted(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """How often the engine set or took off a chain, and read a drawn token back."""
@@ -199,7 +183,7 @@ def test_greedy_is_the_hosts_through_header_switches(
             assert counted == {"set": 0, "clear": 0, "read": 0}
     assert outputs["on"] == outputs["off"]
     assert len(outputs["on"]) == 80
-    assert counted["read"] >= 40
+    assert counted["read"] >= 8 * 5 - 1  # every free token but the prompt's first pick
     assert counted["set"] >= 8
     assert counted["clear"] >= 8
 

@@ -14,10 +14,10 @@ Two facts of llama.cpp shape this:
   the generation's random stream, so the same seed gives the same tokens. Each set or clear
   makes llama.cpp reserve its graphs again at the next decode (the switch cost,
   `scripts/bench/backend_sampling.py --switches`).
-- Its draw is transactional (a context may keep several outputs per sequence): the uniform
-  number comes from a copy of the stream at each decode, and the stream itself advances only
-  when a token is accepted. Every token read back is accepted (`take`); without that every
-  step would draw with the same number.
+- Its draw may be transactional (where a context keeps several outputs per sequence): the
+  uniform number then comes from a copy of the stream at each decode, and the stream itself
+  advances when a token is accepted. Every token read back is accepted (`accept`), as
+  llama.cpp's own server does.
 
 While a sequence has a chain, llama.cpp copies no logits for a batch whose every output row has
 one: the host can read none of them; the engine clears the chain before a step whose pick needs
