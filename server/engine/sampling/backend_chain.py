@@ -56,11 +56,11 @@ def eligible_directive(directive: object) -> bool:
 
 def resolve(mode: str, *, output_on_gpu: bool, speculative: str) -> bool:
     """Whether the engine samples free text on the backend. `auto`: only where it measured
-    faster: with the output layer on a GPU and speculation off (measured there: the decode
-    loop 280.8 against 272.7 tok/s on an H200). On the CPU a token's time is the decode's and
-    the switches (a graph reserved again) cost more than the host sampler's 0.02 ms
-    (devkit/notes/sampling-measurements.md): off. With speculation on, a sequence whose free
-    text is drawn on the backend drafts nothing: unmeasured, off."""
+    faster: with the output layer on a GPU and speculation off (the decode loop of
+    scripts/bench/backend_sampling.py, H200: 280.8 against 272.7 tok/s). On the CPU it measured
+    slower (tiny model, 2 threads: 17.6 against 36.2 tok/s; devkit/notes/sampling-measurements.md):
+    off. With speculation on, a sequence whose free text is drawn on the backend drafts nothing:
+    unmeasured, off."""
     if mode not in MODES:
         raise ValueError(f"backend sampling mode {mode!r} is not one of {', '.join(MODES)}")
     if mode == "auto":
