@@ -24,6 +24,9 @@ assertion), so a new one goes back. The backend context's decode loop runs on wi
 the chain taken off for one token (drawn on the host from the raw logits), then a new one set;
 `switch_ms` is the median of those two steps' time less two steady backend steps' (the step:
 the decode and the token read back).
+
+Each token read back is accepted by its chain, as the engine does (llama.cpp's backend draw may
+be transactional: its stream then advances on accept; server/engine/sampling/backend_chain.py).
 """
 
 from __future__ import annotations
@@ -100,6 +103,7 @@ class Loop:
         for position in range(len(prompt), len(prompt) + args.gen):
             if self.backend:
                 token = int(lc.llama_get_sampled_token_ith(self.ctx, -1))
+                lc.llama_sampler_accept(self.chain, token)  # the draw's stream advances
             else:
                 pointer = lc.llama_get_logits_ith(self.ctx, -1)
                 logits = np.ctypeslib.as_array(pointer, (self.n_vocab,))
@@ -122,6 +126,7 @@ class Loop:
                 began = time.perf_counter()
                 self._decode([token], position)
                 token = int(lc.llama_get_sampled_token_ith(self.ctx, -1))
+                lc.llama_sampler_accept(self.chain, token)
                 steady.append(time.perf_counter() - began)
                 position += 1
             began = time.perf_counter()
@@ -136,6 +141,7 @@ class Loop:
                 raise RuntimeError("the chain could not be put back")
             self._decode([token], position + 1)
             token = int(lc.llama_get_sampled_token_ith(self.ctx, -1))
+            lc.llama_sampler_accept(self.chain, token)
             took = time.perf_counter() - began
             position += 2
             extra.append((took - 2 * statistics.median(steady)) * 1000)

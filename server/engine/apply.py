@@ -13,6 +13,9 @@ guessed after the lead: plan.py); the logits there are those of the true prefix.
 is the pick of no extra: it picks (and emits) once. After every rollback the sequence's
 sliding window must be whole (a rejected draft's cells may have taken cells it needs again).
 
+Before the decode, `sample_where` sets or takes off the sequence's backend chain as the plan
+decided (its pick is then the token the chain drew in the graph: picker.py).
+
 Nothing here finishes, forgets or evicts: each call returns an `Outcome` (the generation ended,
 the sequence's cells cannot be trusted, the job failed) that the scheduler acts on.
 """
@@ -46,6 +49,13 @@ class Outcome:
 
 
 GOES_ON = Outcome()
+
+
+def sample_where(job: Job, backend: bool | None) -> None:
+    """Before the decode: the job's next pick drawn by its sequence's backend chain (True),
+    from the logits on the host (False: the chain taken off), or left as it is (None)."""
+    assert job.picker is not None
+    job.picker.sample_on_backend(backend)
 
 
 def rejected_cells(n_draft: int, kept: int) -> int:

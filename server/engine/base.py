@@ -118,6 +118,9 @@ class EngineConfig:
     sampler: str = "numpy"  # numpy (sampling/numpy_sampler.py) | llama (llama.cpp's chain)
     speculative: str = "auto"  # auto (drafts weighed by the measured verify cost) | on | off
     draft_max: int = 16  # the most drafted tokens verified in one step
+    # free text drawn inside the graph by llama.cpp's backend chain (sampling/backend_chain.py):
+    # auto (where it measured faster: the output layer on a GPU, speculation off) | on | off
+    backend_sampling: str = "off"
     # a request's tokens depend on it alone (scheduler.py): its own decodes, fixed prefill
     # chunks, no prefix computed by another request, drafts weighed by its own acceptance,
     # KV cells of its own (n_ctx / n_slots each)

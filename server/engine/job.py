@@ -72,8 +72,11 @@ class Job:
         return self.extra.tokens if self.extra is not None else ()
 
     def row(self) -> Row:
-        """What the plan reads of this running job."""
+        """What the plan reads of this running job (a generating job's next pick: what it
+        needs of the step, read from its steering ahead)."""
         assert self.slot is not None
+        assert self.picker is not None
+        backend = self.picker.next_pick() if self.pending and not self.prefilling else False
         return Row(
             self.slot.seq_id,
             len(self.slot.tokens),
@@ -85,6 +88,7 @@ class Job:
             self.save_points,
             bool(self.params.prompt_logprobs),
             self.params.max_tokens - self.completed,
+            backend,
         )
 
     def propose(self, limit: int) -> tuple[int, ...]:

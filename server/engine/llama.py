@@ -31,8 +31,10 @@ from server.engine.disk_cache.prompt_cache import PromptCache
 from server.engine.disk_cache.state_layout import UnknownStateFormat
 from server.engine.job import Job
 from server.engine.llama_context import LlamaContext
+from server.engine.loading.offload import gpu_devices
 from server.engine.rpc.backend import AbortWatch, abort_reason
 from server.engine.rpc.hosts import RpcError, unreachable
+from server.engine.sampling.backend_chain import resolve
 from server.engine.sampling.vocab_trie import trie_build
 from server.engine.scheduler import Scheduler
 from server.engine.speculative.verify_cost import start_speculation
@@ -41,6 +43,16 @@ log = logging.getLogger(__name__)
 
 CLOSED = "The server cannot generate: the model was closed"
 IDLE_AFTER_S = 0.05  # no job for this long: the engine thread's idle work may go on
+
+
+def backend_sampling(config: EngineConfig) -> bool:
+    """Whether free text is drawn inside the graph (EngineConfig.backend_sampling, `auto`
+    resolved: sampling/backend_chain.py); the output layer is on a GPU when any layer is
+    offloaded (it counts as the last)."""
+    on_gpu = config.n_gpu_layers != 0 and bool(gpu_devices())
+    on = resolve(config.backend_sampling, output_on_gpu=on_gpu, speculative=config.speculative)
+    log.info("backend sampling %s (%s)", "on" if on else "off", config.backend_sampling)
+    return on
 
 
 class IdleWork(Protocol):
@@ -206,6 +218,7 @@ class LlamaEngine:
             speculator,
             batch_invariant=config.batch_invariant,
             guess_header=self._ctx.n_swa == 0 or config.swa_full,
+            backend_sampling=backend_sampling(config),
         )
         self._scheduler = scheduler
         try:

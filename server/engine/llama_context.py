@@ -305,6 +305,17 @@ class LlamaContext:
         from sampling.llama_chain.chain_seed."""
         return LlamaSamplerChain(self._ctx, self._vocab, params, seed, constraint)
 
+    def set_backend_chain(self, seq_id: int, chain: Any) -> bool:
+        """Draw a sequence's tokens with `chain` inside the graph from the next decode on (a
+        llama_sampler pointer, set up on the backend once: sampling/backend_chain.py); None
+        takes it off, and its logits come back to the host again. False where llama.cpp cannot
+        sample this chain on the backend (the sequence then has none)."""
+        return bool(lc.llama_set_sampler(self._ctx, seq_id, chain))
+
+    def sampled_token(self, index: int) -> int:
+        """The token the backend chain drew at batch position `index` (-1: none drawn)."""
+        return int(lc.llama_get_sampled_token_ith(self._ctx, index))
+
     def logits(self, index: int) -> np.ndarray[Any, np.dtype[np.float32]]:
         """The logits of batch position `index`, as a view (no copy).
 

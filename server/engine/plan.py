@@ -20,6 +20,14 @@ falls out of its sequence's window as of that advance; a prefill chunk placed af
 sequence's drafts could take cells that sequence's window needs again once its rejected drafts
 are dropped (`draft_room`).
 
+Where backend sampling is on (Budgets.backend), each generating row's next pick is drawn by
+its sequence's chain inside the graph when it is plain free text (Row.backend, the job's
+picker tells) and carries no extra: such a row is offered no draft (its draws then follow the
+directives alone, the same seed giving the same tokens run to run), and its chain is kept
+while its free text goes on. A pick that needs the logits (a header's allowed set, a grammar,
+drafts to verify, a prompt's end) takes the chain off; a step whose pick needs nothing (the
+steering forces it) leaves it as it is (`Planned.backend`).
+
 A prompt chunk ends at the next save point when the disk cache is on (the state saved is the
 prompt's alone), and holds at most `PROMPT_LOGPROBS_CHUNK` tokens when every position keeps its
 logits (a request for the prompt's own logprobs). In the batch-invariant mode each part is a
@@ -69,6 +77,8 @@ class Row:
     save_points: tuple[int, ...] = ()  # prompt lengths a chunk ends at (the disk cache on)
     prompt_logprobs: bool = False  # every prompt position keeps its logits
     remaining: int = 0  # tokens it may still emit (max_tokens less those emitted)
+    # its next pick: True free text the backend may draw, False the host's logits, None forced
+    backend: bool | None = False
 
     @property
     def prefilling(self) -> bool:
@@ -85,6 +95,7 @@ class Budgets:
     prefill_chunk: int  # prompt tokens per step while others generate (invariant: chunk size)
     invariant: bool = False  # the batch-invariant mode
     save_points: bool = False  # chunks end at save points (the disk cache is on)
+    backend: bool = False  # free text drawn by the sequences' backend chains
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +105,8 @@ class Planned:
     row: int  # index in the rows planned
     part: BatchPart
     extra: Extra | None = None
+    # its chain set (True), taken off (False), left as it is (None; always, backend sampling off)
+    backend: bool | None = None
 
 
 Propose = Callable[[int, int], tuple[int, ...]]  # (row, at most this many tokens) -> its draft
@@ -113,7 +126,8 @@ def decide(rows: Sequence[Row], budgets: Budgets, propose: Propose) -> list[Plan
         row = rows[i]
         # decoded alone, a row's draft has the ubatch to itself
         room = budgets.n_ubatch - len(row.pending) if budgets.invariant else shared_room
-        extra = _extra(i, row, room, budgets, propose)
+        on_backend = budgets.backend and not budgets.invariant and row.backend is True
+        extra = None if on_backend else _extra(i, row, room, budgets, propose)
         n_extra = len(extra.tokens) if extra is not None else 0
         drafting = drafting or n_extra > 0
         shared_room -= n_extra
@@ -122,13 +136,26 @@ def decide(rows: Sequence[Row], budgets: Budgets, propose: Propose) -> list[Plan
         outputs = 1 + n_extra
         if budgets.invariant:  # two rows at least: see repeat_guess
             outputs = min(len(tokens), max(2, outputs))
-        planned.append(Planned(i, BatchPart(row.seq_id, tokens, row.held, True, outputs), extra))
+        backend = _backend(on_backend, row, extra) if budgets.backend else None
+        part = BatchPart(row.seq_id, tokens, row.held, True, outputs)
+        planned.append(Planned(i, part, extra, backend))
     if drafting and not budgets.invariant:
         used = sum(len(p.part.tokens) for p in planned)
         budget = min(budget, budgets.n_ubatch - used)
     if prefill is not None and (budget > 0 or budgets.invariant):
         planned.append(_chunk(prefill, rows[prefill], budgets, budget, beside=bool(planned)))
     return planned
+
+
+def _backend(on_backend: bool, row: Row, extra: Extra | None) -> bool | None:
+    """A generating row's chain this step: set where its pick is drawn on the backend, taken
+    off where the pick reads the logits (its extra's verify, or a pick on the host), left as
+    it is where the steering forces the next token."""
+    if on_backend:
+        return True
+    if extra is not None or row.backend is not None:
+        return False
+    return None
 
 
 def _extra(index: int, row: Row, room: int, budgets: Budgets, propose: Propose) -> Extra | None:
@@ -173,7 +200,9 @@ def _chunk(index: int, row: Row, budgets: Budgets, budget: int, *, beside: bool)
             chunk = [*chunk, *guess]
             extra, outputs = Extra(Kind.HEADER, guess), 1 + len(guess)
     part = BatchPart(row.seq_id, chunk, start, last, outputs, all_logits=row.prompt_logprobs)
-    return Planned(index, part, extra)
+    # the pick after a prompt (a header) and a prompt's own logprobs read the logits
+    backend = False if budgets.backend and (last or row.prompt_logprobs) else None
+    return Planned(index, part, extra, backend)
 
 
 def repeat_guess(row: Row, n_ctx: int) -> tuple[int, ...]:

@@ -78,9 +78,13 @@ class Scheduler:
         *,
         batch_invariant: bool = False,
         guess_header: bool = False,
+        backend_sampling: bool = False,
     ) -> None:
         self._ctx = ctx
         self._invariant = batch_invariant
+        # free text drawn inside the graph (sampling/backend_chain.py); never in the invariant
+        # mode, whose tokens must not depend on how a step is made up
+        self._backend = backend_sampling and not batch_invariant
         self._budgets = Budgets(
             ctx.n_batch,
             ctx.n_ubatch,
@@ -88,6 +92,7 @@ class Scheduler:
             max(1, prefill_chunk),
             invariant=batch_invariant,
             save_points=cache is not None,
+            backend=self._backend,
         )
         # evaluate the likely first header with the prompt (plan.py): its cells must be removable
         # as a draft's are (no window-sized sliding-window cache), outside the invariant mode
@@ -257,7 +262,9 @@ class Scheduler:
         job.cached = job.next_prompt = keep
         job.started = time.perf_counter()
         chooser = self._hook(job.prompt_tokens) if self._hook is not None else None
-        job.picker = TokenPicker(ctx, job.params, job.steering, chooser)
+        job.picker = TokenPicker(
+            ctx, job.params, job.steering, chooser, seq_id=slot.seq_id, backend=self._backend
+        )
         if self._speculator is not None and job.params.speculate:
             earlier = self._indexes.pop(slot.seq_id, None)
             job.drafter = self._speculator.follow(job.prompt_tokens, earlier)
@@ -276,12 +283,14 @@ class Scheduler:
         slot.pin = job.pin
 
     def _plan(self) -> tuple[list[BatchPart], list[Job]]:
-        """This step's batch (plan.py), each job's extra tokens set for the pick."""
+        """This step's batch (plan.py), each job's extra tokens set for the pick and its
+        sequence's backend chain set or taken off as the plan decided."""
         jobs = self._running
         planned = decide([job.row() for job in jobs], self._budgets, self._propose)
         owners = [jobs[p.row] for p in planned]
         for p, job in zip(planned, owners, strict=True):
             job.extra = p.extra
+            apply.sample_where(job, p.backend)
         return [p.part for p in planned], owners
 
     def _propose(self, row: int, limit: int) -> tuple[int, ...]:

@@ -388,6 +388,13 @@ class Settings(BaseSettings):
     draft_max: int = Field(
         16, ge=0, le=64, description="The most drafted tokens verified in one step."
     )
+    backend_sampling: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Draw free text (no grammar, logprobs, top-k/top-p/min-p) inside the "
+        "model's graph with llama.cpp's backend sampler, so only the token comes back; headers "
+        "and everything else are sampled on the host. auto: on where it measured faster (the "
+        "output layer on a GPU, speculation off); off on the CPU (docs/sampling.md).",
+    )
     batch_invariant: bool = Field(
         False,
         description="A request's tokens depend on the request alone, not on what else the "

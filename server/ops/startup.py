@@ -60,6 +60,7 @@ def engine_config(settings: Settings, model_path: Path) -> EngineConfig:
         swa_full=settings.swa_full,
         speculative=settings.speculative,
         draft_max=settings.draft_max,
+        backend_sampling=settings.backend_sampling,
         batch_invariant=settings.batch_invariant,
         prompt_cache_dir=str(settings.prompt_cache_dir) if settings.prompt_cache else None,
         prompt_cache_bytes=int(settings.prompt_cache_gb * 1024**3),

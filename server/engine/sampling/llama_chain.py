@@ -33,7 +33,7 @@ class LlamaSamplerChain:
     ) -> None:
         self._ctx = ctx
         _check_seed(seed)  # before any stage is made: none leaks
-        stages = _constraint_stages(vocab, constraint) + sampler_stages(params, seed)
+        stages = constraint_stages(vocab, constraint) + sampler_stages(params, seed)
         self._chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
         for stage in stages:
             lc.llama_sampler_chain_add(self._chain, stage)  # the chain owns its stages
@@ -50,7 +50,7 @@ class LlamaSamplerChain:
         lc.llama_sampler_free(self._chain)
 
 
-def _constraint_stages(vocab: Any, constraint: Constrain | None) -> list[Any]:
+def constraint_stages(vocab: Any, constraint: Constrain | None) -> list[Any]:
     if constraint is None:
         return []
     stages: list[Any] = []

@@ -280,3 +280,79 @@ def test_a_lead_that_exactly_fills_the_chunk_goes_in_and_no_guess_after_it() -> 
 def test_without_extra_keeps_every_logit_a_prompt_asked_for() -> None:
     part = BatchPart(0, (1, 2, 3), 5, True, 3, all_logits=True)
     assert without_extra(part, Extra(Kind.DRAFT, (2, 3))) == BatchPart(0, (1,), 5, True, 1, True)
+
+
+BACKEND = Budgets(n_batch=64, n_ubatch=16, n_ctx=256, prefill_chunk=8, backend=True)
+
+
+def on_backend(seq_id: int, pending: tuple[int, ...], backend: bool | None) -> Row:
+    row = generating(seq_id, pending)
+    row.backend = backend
+    return row
+
+
+def test_backend_sampling_off_leaves_every_chain_alone() -> None:
+    rows = [prefill(0), on_backend(1, (7,), True), on_backend(2, (8,), False)]
+    assert [p.backend for p in decide(rows, BUDGETS, no_drafts)] == [None, None, None]
+
+
+def test_free_text_goes_to_the_backend_and_is_offered_no_draft() -> None:
+    asked: list[tuple[int, int]] = []
+    propose = drafts({0: (1, 2, 3), 1: (4, 5)}, asked)
+    rows = [on_backend(0, (7,), True), on_backend(1, (8,), False), on_backend(2, (9,), None)]
+    free, host, forced = decide(rows, BACKEND, propose)
+    assert free == Planned(0, BatchPart(0, (7,), 50, True, 1), None, True)
+    assert [row for row, _ in asked] == [1, 2]  # the free-text row is never asked
+    assert host.extra == Extra(Kind.DRAFT, (4, 5))
+    assert host.backend is False
+    assert forced.extra is None
+    assert forced.backend is None
+
+
+def test_a_draft_takes_the_chain_off_where_the_pick_needed_none() -> None:
+    (planned,) = decide([on_backend(0, (7,), None)], BACKEND, drafts({0: (1, 2)}))
+    assert planned.extra == Extra(Kind.DRAFT, (1, 2))
+    assert planned.backend is False  # the verify reads the logits at each drafted position
+
+
+def test_the_invariant_mode_never_samples_on_the_backend() -> None:
+    invariant = Budgets(n_batch=64, n_ubatch=16, n_ctx=256, prefill_chunk=8, invariant=True)
+    invariant_backend = Budgets(
+        n_batch=64, n_ubatch=16, n_ctx=256, prefill_chunk=8, invariant=True, backend=True
+    )
+    (planned,) = decide([on_backend(0, (7,), True)], invariant_backend, no_drafts)
+    assert planned.backend is False
+    assert planned.extra == decide([on_backend(0, (7,), True)], invariant, no_drafts)[0].extra
+
+
+def test_a_prompts_last_chunk_takes_the_chain_off_and_others_leave_it() -> None:
+    budgets = Budgets(n_batch=16, n_ubatch=16, n_ctx=256, prefill_chunk=16, backend=True)
+    (first,) = decide([prefill(0)], budgets, no_drafts)
+    assert first.backend is None  # no logits kept: nothing to decide
+    (last,) = decide([prefill(0, next_prompt=32)], budgets, no_drafts)
+    assert last.part.logits
+    assert last.backend is False
+    (scored,) = decide([prefill(0, prompt_logprobs=True)], budgets, no_drafts)
+    assert scored.backend is False  # every position's logits
+
+
+@given(
+    st.lists(st.tuples(st.sampled_from([True, False, None]), st.booleans()), min_size=1, max_size=4)
+)
+def test_a_row_on_the_backend_carries_no_extra_and_keeps_one_output(
+    shapes: list[tuple[bool | None, bool]],
+) -> None:
+    rows = [on_backend(i, (7 + i,), backend) for i, (backend, _) in enumerate(shapes)]
+    proposals: dict[int, tuple[int, ...]] = {
+        i: (1, 2) for i, (_, offered) in enumerate(shapes) if offered
+    }
+    for planned in decide(rows, BACKEND, drafts(proposals)):
+        backend = shapes[planned.row][0]
+        if planned.backend is True:
+            assert backend is True
+            assert planned.extra is None
+            assert planned.part.outputs == 1
+        elif planned.extra is not None:
+            assert planned.backend is False  # logits read at the drafted positions
+        else:
+            assert planned.backend is (False if backend is False else None)

@@ -199,6 +199,15 @@ def test_speculative_flags_reach_the_engine(tmp_path: Path) -> None:
         Settings(draft_max=65)
 
 
+def test_the_backend_sampling_flag_reaches_the_engine(tmp_path: Path) -> None:
+    assert engine_config(Settings(), tmp_path / "model.gguf").backend_sampling == "auto"
+    for mode in ("on", "off", "auto"):
+        config = engine_config(parse_serve(["--backend-sampling", mode]), tmp_path / "m.gguf")
+        assert config.backend_sampling == mode
+    with pytest.raises(ValidationError):
+        parse_serve(["--backend-sampling", "sometimes"])
+
+
 def test_batch_invariant_flag_reaches_the_engine(tmp_path: Path) -> None:
     assert engine_config(Settings(), tmp_path / "model.gguf").batch_invariant is False
     serve = parse_serve(["--batch-invariant"])
