@@ -26,7 +26,6 @@ import json
 import logging
 import statistics
 import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -36,7 +35,7 @@ from typing import Any
 
 import httpx
 
-from server.bench import http_path, llama_server
+from server.bench import http_path, llama_server, paired
 from server.bench.machine import OtherLoad, machine_info, wait_for_memory
 from server.bench.plan import CTX_MARGIN, BenchError, Plan
 from server.bench.procs import ServerProcess
@@ -92,25 +91,7 @@ def aggregate(streams: Sequence[Stream]) -> dict[str, float]:
 
 def concurrent(request: Request, indices: Sequence[int]) -> list[Stream]:
     """Send the requests at once (a thread each) and wait for all of them."""
-    results: dict[int, Stream] = {}
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(len(indices))
-
-    def worker(index: int) -> None:
-        barrier.wait()
-        try:
-            results[index] = request(index)
-        except BaseException as exc:  # re-raised below, on the caller's thread
-            errors.append(exc)
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in indices]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise errors[0]
-    return [results[i] for i in indices]
+    return paired.concurrent(lambda j: request(indices[j]), len(indices))
 
 
 def measure(request: Request, plan: Plan, streams: int, pid: int) -> dict[str, Any]:
