@@ -44,6 +44,31 @@ _DEBUG = 1  # ggml_log_level of llama.cpp's debug lines
 _debug_sinks: list[Callable[[str], None]] = []  # LlamaContext.debug_sink's (the step trace's)
 
 
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's malloc_trim, or None where the C library has none (macOS, musl)."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (AttributeError, OSError):
+        return None
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return trim  # type: ignore[no-any-return]
+
+
+_MALLOC_TRIM = _malloc_trim()
+
+
+def return_freed_memory() -> None:
+    """Give the pages that freeing a model left in malloc's arenas back to the system.
+
+    glibc keeps freed blocks below its mmap threshold in its heaps, and raises that threshold
+    each time a large block is freed: after one unload, the next load's weight buffers come
+    from the heaps, and freeing them again returned only part of the model (71 to 93 MB of the
+    trained test model's 93 MB, measured over five unloads of one process). malloc_trim(0)
+    releases every free page of every arena."""
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
+
+
 @lc.llama_log_callback  # type: ignore[untyped-decorator]
 def _route_llama_log(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
     message = text.decode("utf-8", errors="replace").rstrip()
@@ -180,6 +205,7 @@ class LlamaContext:
         self.debug_sink = None
         lc.llama_free(self._ctx)
         lc.llama_model_free(self._model)
+        return_freed_memory()
 
     def reusable_prefix(self, seq_id: int, n_common: int) -> int:
         """How much of a common prefix of `n_common` tokens a sequence can really keep.

@@ -88,20 +88,31 @@ def rss_while_loaded(proc: ServerProcess) -> int:
     raise AssertionError("the model never stayed loaded long enough to read the RSS")
 
 
+def freed_by_an_unload(proc: ServerProcess) -> int:
+    """The RSS an idle unload gives back: read while loaded, then once unloaded."""
+    rss_loaded = rss_while_loaded(proc)
+    wait_for(lambda: state(proc) == "unloaded")
+    return rss_loaded - psutil.Process(proc.pid).memory_info().rss
+
+
+# What an unload of the trained model at N_CTX gives back: its weights (the file's size, in
+# anonymous buffers without mmap) and its context's KV and compute buffers. Measured over eight
+# unloads of one process: 187–249 MB, twice the file's 93 MB; before the freed heap was trimmed,
+# 71–93 MB over five, less than the weights whenever a reload had taken them from malloc's heaps.
+FREED_FLOOR = 1.5
+
+
 def test_idle_model_is_unloaded_and_loaded_again_on_demand(
     server: ServerProcess, model: Path
 ) -> None:
-    rss_loaded = rss_while_loaded(server)
-    wait_for(lambda: state(server) == "unloaded")
-    rss_unloaded = psutil.Process(server.pid).memory_info().rss
+    freed = freed_by_an_unload(server)
     facts = httpx.get(f"{base(server)}/v1/server").json()
     assert facts["model_state"] == "unloaded"
     assert facts["idle_unload_s"] == 1.0
     assert metric(server, 'gpt_oss_model_state{state="unloaded"}') == 1.0
     assert metric(server, "gpt_oss_model_unloads_total") >= 1
-    # the model's weights are gone from the process (it keeps the vocabulary, ≈20 MB)
-    freed = rss_loaded - rss_unloaded
-    assert freed > 0.7 * model.stat().st_size, (rss_loaded, rss_unloaded)
+    # the model's weights and context are gone from the process (it keeps the vocabulary)
+    assert freed > FREED_FLOOR * model.stat().st_size, freed
 
     # reading the RSS may have taken reloads (an unload 1 s after an answer, on a busy machine)
     reloads = metric(server, "gpt_oss_model_reloads_total")
@@ -130,6 +141,8 @@ def test_idle_model_is_unloaded_and_loaded_again_on_demand(
     assert "unloading the model (--idle-unload)" in log
     assert "a request is waiting: loading the model again" in log
     assert "model loaded again in" in log
+    # a model loaded again gives all of its memory back again
+    assert (freed := freed_by_an_unload(server)) > FREED_FLOOR * model.stat().st_size, freed
 
 
 def test_first_answer_after_a_reload_counts_the_wait(server: ServerProcess) -> None:
