@@ -1,18 +1,25 @@
 """`--speculative auto` against `off`, paired per round, with bootstrap 95 % intervals.
 
 `python -m scripts.bench.auto_off [--rounds 5] [--workloads codex prose tiny concurrent edit]
-[--tokens 256] [--resamples 4000] [--trace DIR] [--out FILE]`
+[--tokens 256] [--instances 2] [--control] [--resamples 4000] [--trace DIR] [--out FILE]`
 
-One `serve` process per model and setting, started once (scripts/bench/codex_loop.py's
-server: the trained preset, greedy by default, two threads, no disk cache), each warmed up by
-one uncounted run of every workload; then every round runs every workload on both settings
-back to back, which goes first alternating by round, so each pair sees the machine as it is
-then. The workloads:
+`--instances` `serve` processes per model and setting, started once (scripts/bench/codex_loop.py's
+server: the trained preset, greedy by default, two threads, no disk cache), in the order
+auto, off, off, auto, ..., each warmed up by one uncounted run of every workload; round r runs
+every workload on both settings back to back on their instance r mod `--instances`, which goes
+first alternating by round, so each pair sees the machine as it is then. Two processes of the
+same build and settings differ by several per cent here, steadily (where each one's memory
+landed, which started first): with one process a setting, an off-against-off run read 0.938
+(0.878 to 1.001) on 20 rounds, so the processes are sampled too. `--control` runs `off` on both
+sides (the JSON's `auto` is then a second `off`): the bench's own noise, which a result must
+stand clear of. The workloads:
 
 - `codex`: Codex CLI's read-then-patch loop (codex_loop.loop; the CLI the tests install);
-- `prose`: a long reply that copies nothing, sampled (temperature 1, a seed per round) on the
-  trained model, `--tokens` tokens;
-- `tiny`: the same request on the random-weight tiny model;
+- `prose`: a long sampled reply (temperature 1, a seed per round), `--tokens` tokens, on the
+  trained model: its continuation of a plain-text opening through /v1/completions (its chat
+  replies end within 15 to 23 tokens, which would time the request, not the decode); it repeats
+  itself at times, so drafts are sometimes right, and at temperature 1 often wrong;
+- `tiny`: the same request on the random-weight tiny model: nothing to copy, nothing to win;
 - `concurrent`: four such replies at once on the trained model (throughput: the tokens of the
   four over the wall time until the last ended);
 - `edit`: the trained model's apply_patch turn after reading the file (Codex's short head,
@@ -20,9 +27,15 @@ then. The workloads:
   analysis message first (a raw completion ends at `<|end|>`; not measured), then the call.
 
 A run's rate is its generated tokens over the server's decode seconds (Prometheus), as in
-codex_loop, except `concurrent` (wall time). Both settings must generate the same tokens
-(speculation is exact): each pair's token counts are compared, and `codex` compares what the
-loop did. Per workload, the paired ratios auto / off, their geometric mean and a percentile
+codex_loop, except `concurrent` (wall time). The greedy workloads must generate the same tokens
+on both settings (speculation is exact): each pair's token counts are compared, and `codex`
+compares what the loop did. The sampled ones (`prose`, `tiny`, `concurrent`) need not: a seed
+gives the same tokens only where the logits are bit-identical, and without `--batch-invariant`
+a verify's rows (docs/speculative.md) and the streams that share a batch move their last bits,
+so a near-tie at temperature 1 can part the two texts and their lengths (`pairs_differing`
+counts them; a pair's rate is still its tokens over its decode seconds). Two `off` processes
+never parted on one stream (0 of 20 pairs of `--control`).
+Per workload, the paired ratios auto / off, their geometric mean and a percentile
 bootstrap 95 % interval of it (resampling the rounds); over all workloads, the geometric mean
 of the workloads' means, its interval resampling the rounds within each workload. Prints JSON
 with the machine's load average before and after: on a busy machine the intervals are wide.
@@ -58,21 +71,21 @@ from server.private_files import open_private, private_dir
 
 WORKLOADS = ("codex", "prose", "tiny", "concurrent", "edit")
 MODES = ("auto", "off")
-PROSE = "Write a long story about a lighthouse keeper and the ships she watches, in detail."
+PROSE = "Once upon a time, a lighthouse keeper"  # the trained model ends a full sentence at once
 STREAMS = 4
 
 Run = Callable[[str, int], dict[str, float]]  # (url, round) -> generated, seconds, extra
 
 
-def chat(url: str, seed: int, tokens: int) -> dict[str, Any]:
+def prose_reply(url: str, seed: int, tokens: int) -> dict[str, Any]:
     body = {
         "model": MODEL_NAME,
-        "messages": [{"role": "user", "content": PROSE}],
+        "prompt": PROSE,
         "max_tokens": tokens,
         "temperature": 1.0,
         "seed": seed,
     }
-    response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=600)
+    response = httpx.post(f"{url}/v1/completions", json=body, timeout=600)
     response.raise_for_status()
     return dict(response.json())
 
@@ -87,7 +100,21 @@ def by_counters(url: str, work: Callable[[], object]) -> dict[str, float]:
     return {key: after.get(c, 0.0) - before.get(c, 0.0) for key, c in names.items()}
 
 
-def runs(args: argparse.Namespace, place: Path) -> dict[str, Run]:
+def long_seeds(url: str, count: int, tokens: int, start: int) -> list[int]:
+    """The first `count` seeds from `start` whose prose reply runs to `tokens` tokens (the
+    trained model ends it early for about half of them): every measured reply is as long."""
+    seeds: list[int] = []
+    for seed in range(start, start + 20 * count):
+        if prose_reply(url, seed, tokens)["usage"]["completion_tokens"] == tokens:
+            seeds.append(seed)
+            if len(seeds) == count:
+                return seeds
+    raise SystemExit(f"{len(seeds)} of {20 * count} seeds from {start} ran to {tokens} tokens")
+
+
+def runs(args: argparse.Namespace, place: Path, seeds: dict[str, list[int]]) -> dict[str, Run]:
+    """The workloads; `seeds`: the long replies' seeds of "prose", "tiny" and "concurrent"
+    (`long_seeds`, found before the warm-up, which runs round `args.rounds`)."""
     edits = trained_cases(args.rounds + 1)["trained_apply_patch"]
     encoding = load_encoding(Path.home() / ".cache" / "gpt-oss-server" / "vocab")
 
@@ -100,13 +127,19 @@ def runs(args: argparse.Namespace, place: Path) -> dict[str, Run]:
         measured = by_counters(url, work)
         return {**measured, "exact": float(out["exact"]), "items": hash(str(out["items"]))}
 
-    def prose(url: str, r: int) -> dict[str, float]:
-        return by_counters(url, lambda: chat(url, 1000 + r, args.tokens))
+    def prose(url: str, r: int, kind: str = "prose") -> dict[str, float]:
+        return by_counters(url, lambda: prose_reply(url, seeds[kind][r], args.tokens))
+
+    def tiny(url: str, r: int) -> dict[str, float]:
+        return prose(url, r, "tiny")
 
     def concurrent(url: str, r: int) -> dict[str, float]:
         def work() -> None:
             threads = [
-                threading.Thread(target=chat, args=(url, 2000 + STREAMS * r + i, args.tokens))
+                threading.Thread(
+                    target=prose_reply,
+                    args=(url, seeds["concurrent"][STREAMS * r + i], args.tokens),
+                )
                 for i in range(STREAMS)
             ]
             for thread in threads:
@@ -138,7 +171,7 @@ def runs(args: argparse.Namespace, place: Path) -> dict[str, Run]:
         prompt = [*edits[r], *encoding.encode(turn, allowed_special="all")]
         return by_counters(url, lambda: complete(url, prompt))
 
-    return {"codex": codex, "prose": prose, "tiny": prose, "concurrent": concurrent, "edit": edit}
+    return {"codex": codex, "prose": prose, "tiny": tiny, "concurrent": concurrent, "edit": edit}
 
 
 def rate_of(run: dict[str, float]) -> float:
@@ -174,6 +207,7 @@ def summary(rows: dict[str, list[dict[str, Any]]], resamples: int) -> dict[str, 
             "geomean": round(math.exp(statistics.fmean(math.log(x) for x in ratios)), 3),
             "ci95": interval(means),
             "same_tokens": all(p["same_tokens"] for p in pairs),
+            "pairs_differing": sum(not p["same_tokens"] for p in pairs),
             "auto_drafted": sum(p["auto"]["drafted"] for p in pairs),
             "auto_accepted": sum(p["auto"]["accepted"] for p in pairs),
         }
@@ -194,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
     parser.add_argument("--tokens", type=int, default=256, help="tokens of each prose reply")
+    parser.add_argument("--instances", type=int, default=2, help="processes a model and setting")
+    parser.add_argument("--control", action="store_true", help="off on both sides (A/A)")
     parser.add_argument("--resamples", type=int, default=4000)
     parser.add_argument("--codex", type=Path, default=CODEX, help="the Codex CLI binary")
     parser.add_argument("--trace", type=Path, help="a folder for the servers' step traces")
@@ -208,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
         "models": models,
         "loadavg_before": load_average(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "instances": args.instances,
+        "control": args.control,
     }
     rows: dict[str, list[dict[str, Any]]] = {w: [] for w in args.workloads}
     with ExitStack() as stack:
@@ -218,21 +256,34 @@ def main(argv: list[str] | None = None) -> int:
         fcntl.flock(lock, fcntl.LOCK_EX)  # Codex's place: never beside its test
         CODEX_PLACE.mkdir(exist_ok=True)
         stack.callback(shutil.rmtree, CODEX_PLACE, True)
-        urls: dict[tuple[str, str], str] = {}
+        urls: dict[tuple[str, str, int], str] = {}
         for name, model in models.items():
-            for mode in MODES:
-                process, urls[name, mode] = server(model, mode, logs, args.trace)
-                stack.enter_context(process)
-        work = runs(args, CODEX_PLACE)
+            for i in range(args.instances):
+                for mode in MODES if i % 2 == 0 else MODES[::-1]:  # who starts first, in turn
+                    setting = "off" if args.control else mode
+                    process, urls[name, mode, i] = server(model, setting, logs, args.trace)
+                    stack.enter_context(process)
+        seeds: dict[str, list[int]] = {}
+        for kind, model, count, start in (
+            ("prose", "trained", args.rounds + 1, 1000),
+            ("tiny", "tiny", args.rounds + 1, 1000),
+            ("concurrent", "trained", STREAMS * (args.rounds + 1), 2000),
+        ):
+            if kind in args.workloads:
+                seeds[kind] = long_seeds(urls[model, "off", 0], count, args.tokens, start)
+        report["seeds"] = seeds
+        work = runs(args, CODEX_PLACE, seeds)
         for workload in args.workloads:  # warm-up: grammars built, first turns cached
             model = "tiny" if workload == "tiny" else "trained"
-            for mode in MODES:
-                work[workload](urls[model, mode], args.rounds)
+            for (name, _, _), url in urls.items():
+                if name == model:
+                    work[workload](url, args.rounds)
         for r in range(args.rounds):
             for workload in args.workloads:
                 model = "tiny" if workload == "tiny" else "trained"
                 order = MODES if r % 2 == 0 else MODES[::-1]
-                got = {mode: work[workload](urls[model, mode], r) for mode in order}
+                at = r % args.instances
+                got = {mode: work[workload](urls[model, mode, at], r) for mode in order}
                 rate = {m: rate_of(g) for m, g in got.items()}
                 pair = {
                     "round": r,
