@@ -10,9 +10,11 @@ every workload on both settings back to back on their instance r mod `--instance
 first alternating by round, so each pair sees the machine as it is then. Two processes of the
 same build and settings differ by several per cent here, steadily (where each one's memory
 landed, which started first): with one process a setting, an off-against-off run read 0.938
-(0.878 to 1.001) on 20 rounds, so the processes are sampled too. `--control` runs `off` on both
-sides (the JSON's `auto` is then a second `off`): the bench's own noise, which a result must
-stand clear of. The workloads:
+(0.878 to 1.001) on 20 rounds, so the processes are sampled too. `--control` adds a third side
+in the same rounds, `off` again on processes of its own (`control`, its ratio control / off
+beside auto / off): the bench's own noise, measured in the same minutes, which a result must
+stand clear of (runs of the same code an hour apart differ by more than their intervals, so a
+control from another run does not do). The sides take turns going first. The workloads:
 
 - `codex`: Codex CLI's read-then-patch loop (codex_loop.loop; the CLI the tests install);
 - `prose`: a long sampled reply (temperature 1, a seed per round), `--tokens` tokens, on the
@@ -192,6 +194,10 @@ def interval(log_means: list[float]) -> list[float]:
     return [round(math.exp(low), 3), round(math.exp(high), 3)]
 
 
+def geomean(ratios: list[float]) -> float:
+    return round(math.exp(statistics.fmean(math.log(x) for x in ratios)), 3)
+
+
 def summary(rows: dict[str, list[dict[str, Any]]], resamples: int) -> dict[str, Any]:
     rng = random.Random(0)
     out: dict[str, Any] = {}
@@ -202,10 +208,16 @@ def summary(rows: dict[str, list[dict[str, Any]]], resamples: int) -> dict[str, 
             continue
         means = bootstrap(ratios, resamples, rng)
         boots.append(means)
+        controls = [p["control_ratio"] for p in pairs if p.get("control_ratio", 0) > 0]
+        control = {}
+        if controls:  # control / off in the same rounds: what a ratio of two offs spans
+            spread = bootstrap(controls, resamples, rng)
+            control = {"control": {"geomean": geomean(controls), "ci95": interval(spread)}}
         out[workload] = {
             "ratios": [round(x, 3) for x in ratios],
-            "geomean": round(math.exp(statistics.fmean(math.log(x) for x in ratios)), 3),
+            "geomean": geomean(ratios),
             "ci95": interval(means),
+            **control,
             "same_tokens": all(p["same_tokens"] for p in pairs),
             "pairs_differing": sum(not p["same_tokens"] for p in pairs),
             "auto_drafted": sum(p["auto"]["drafted"] for p in pairs),
@@ -223,13 +235,39 @@ def summary(rows: dict[str, list[dict[str, Any]]], resamples: int) -> dict[str, 
     return out
 
 
+def turn(sides: tuple[str, ...], n: int) -> tuple[str, ...]:
+    """The sides in the order of turn `n`: each goes first in its turn; with two, the order
+    flips from one turn to the next."""
+    k = n % len(sides)
+    return (*sides[k:], *sides[:k])
+
+
+def start_servers(
+    stack: ExitStack,
+    models: dict[str, str],
+    sides: tuple[str, ...],
+    args: argparse.Namespace,
+    logs: Path,
+) -> dict[tuple[str, str, int], str]:
+    """Every model's `args.instances` servers of each side, up (the control's are `off`); their
+    URLs by (model, side, instance)."""
+    urls: dict[tuple[str, str, int], str] = {}
+    for name, model in models.items():
+        for i in range(args.instances):
+            for side in turn(sides, i):  # who starts first, in turn
+                setting = "off" if side == "control" else side
+                process, urls[name, side, i] = server(model, setting, logs, args.trace)
+                stack.enter_context(process)
+    return urls
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
     parser.add_argument("--tokens", type=int, default=256, help="tokens of each prose reply")
     parser.add_argument("--instances", type=int, default=2, help="processes a model and setting")
-    parser.add_argument("--control", action="store_true", help="off on both sides (A/A)")
+    parser.add_argument("--control", action="store_true", help="a third side, off again")
     parser.add_argument("--resamples", type=int, default=4000)
     parser.add_argument("--codex", type=Path, default=CODEX, help="the Codex CLI binary")
     parser.add_argument("--trace", type=Path, help="a folder for the servers' step traces")
@@ -256,13 +294,8 @@ def main(argv: list[str] | None = None) -> int:
         fcntl.flock(lock, fcntl.LOCK_EX)  # Codex's place: never beside its test
         CODEX_PLACE.mkdir(exist_ok=True)
         stack.callback(shutil.rmtree, CODEX_PLACE, True)
-        urls: dict[tuple[str, str, int], str] = {}
-        for name, model in models.items():
-            for i in range(args.instances):
-                for mode in MODES if i % 2 == 0 else MODES[::-1]:  # who starts first, in turn
-                    setting = "off" if args.control else mode
-                    process, urls[name, mode, i] = server(model, setting, logs, args.trace)
-                    stack.enter_context(process)
+        sides = (*MODES, "control") if args.control else MODES
+        urls = start_servers(stack, models, sides, args, logs)
         seeds: dict[str, list[int]] = {}
         for kind, model, count, start in (
             ("prose", "trained", args.rounds + 1, 1000),
@@ -281,9 +314,8 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(args.rounds):
             for workload in args.workloads:
                 model = "tiny" if workload == "tiny" else "trained"
-                order = MODES if r % 2 == 0 else MODES[::-1]
                 at = r % args.instances
-                got = {mode: work[workload](urls[model, mode, at], r) for mode in order}
+                got = {side: work[workload](urls[model, side, at], r) for side in turn(sides, r)}
                 rate = {m: rate_of(g) for m, g in got.items()}
                 pair = {
                     "round": r,
@@ -292,11 +324,11 @@ def main(argv: list[str] | None = None) -> int:
                     "same_tokens": got["auto"]["generated"] == got["off"]["generated"]
                     and got["auto"].get("items") == got["off"].get("items"),
                 }
+                if "control" in rate:
+                    pair["control_ratio"] = rate["control"] / rate["off"] if rate["off"] else 0.0
                 rows[workload].append(pair)
-                print(
-                    f"round {r} {workload}: auto {rate['auto']:.1f} off {rate['off']:.1f} tok/s",
-                    file=sys.stderr,
-                )
+                rates = " ".join(f"{side} {rate[side]:.1f}" for side in sides)
+                print(f"round {r} {workload}: {rates} tok/s", file=sys.stderr)
     report |= {
         "pairs": rows,
         "summary": summary(rows, args.resamples),
