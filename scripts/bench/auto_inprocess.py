@@ -24,7 +24,6 @@ import argparse
 import asyncio
 import dataclasses
 import logging
-import math
 import random
 import statistics
 import sys
@@ -35,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from devkit.models import cached_gguf
-from scripts.bench.auto_off import MODES, bootstrap, interval
+from scripts.bench.auto_off import MODES, bootstrap, geomean, interval
 from scripts.bench.token_floor import StepTimers
 from server.bench.inprocess import PACE_S
 from server.bench.machine import load_average
@@ -125,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             for mode, rows in splits.items()
         },
         "ratios": [round(x, 3) for x in ratios],
-        "geomean": round(math.exp(statistics.fmean(math.log(x) for x in ratios)), 3),
+        "geomean": geomean(ratios),
         "ci95": interval(means),
         "loadavg_after": load_average(),
     }

@@ -36,7 +36,7 @@ gives the same tokens only where the logits are bit-identical, and without `--ba
 a verify's rows (docs/speculative.md) and the streams that share a batch move their last bits,
 so a near-tie at temperature 1 can part the two texts and their lengths (`pairs_differing`
 counts them; a pair's rate is still its tokens over its decode seconds). Two `off` processes
-never parted on one stream (0 of 20 pairs of `--control`).
+never parted on one stream (0 of 40 pairs of off-against-off runs).
 Per workload, the paired ratios auto / off, their geometric mean and a percentile
 bootstrap 95 % interval of it (resampling the rounds); over all workloads, the geometric mean
 of the workloads' means, its interval resampling the rounds within each workload. Prints JSON
