@@ -69,6 +69,7 @@ from server.ops.startup import engine_config
 
 ARMS = ("llama-bench", "bare", "read", "sampled", "engine")
 CHILD_ARMS = ("bare", "read", "sampled")  # the bare loops' process runs these
+PROMPT_CHUNK = 512  # the bare loops' prompt, decoded in `serve`'s ubatch size (a depth)
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,11 @@ class BareLoop:
         args, ctx = self.args, self.ctx
         ctx.truncate(0, 0)
         prompt = self.rng.integers(100, 199_000, args.prompt).tolist()
-        index = ctx.decode([BatchPart(0, prompt, 0, True)])[0]
+        for start in range(0, len(prompt), PROMPT_CHUNK):  # a batch holds at most n_batch
+            chunk = prompt[start : start + PROMPT_CHUNK]
+            last = start + len(chunk) == len(prompt)
+            indices = ctx.decode([BatchPart(0, chunk, start, last)])
+        index = indices[0]
         ctx.synchronize()
         params = SamplingParams(max_tokens=args.gen, temperature=1.0, seed=1)
         sampler = NumpySampler(ctx.workspace, params, np.random.default_rng(1))
@@ -166,6 +171,10 @@ class Loops:
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
             )  # fmt: skip
         self.engine = LlamaEngine(self.setup.config) if "engine" in args.arms else None
+        # One prompt for every round: its cells are reused, as the bare loops reuse theirs. A
+        # new prompt a round would leave the earlier ones cached in the other slots, and every
+        # decode's attention reads up to the highest cell in use, a sequence's or not.
+        self.engine_prompt = self.rng.integers(100, 199_000, args.prompt).tolist()
         self.timers = StepTimers()
         self.llama_bench = self._llama_bench_command()
 
@@ -202,7 +211,7 @@ class Loops:
         args, engine = self.args, self.engine
         assert engine is not None
         params = SamplingParams(max_tokens=args.gen, temperature=1.0, seed=2)
-        prompt = self.rng.integers(100, 199_000, args.prompt).tolist()
+        prompt = self.engine_prompt
 
         async def generate() -> Any:
             stream = engine.submit(prompt, params)
@@ -246,7 +255,7 @@ class Loops:
 class StepTimers:
     """Times the engine's steps from inside, while `measuring`: each step, the decode in it
     (waited for: on a GPU `llama_decode` returns before the work is done) and the picks. Only
-    the steps that decode one token count (not the prefill's)."""
+    the steps that decode one token count (not the prompt's)."""
 
     def __init__(self) -> None:
         self._steps: list[dict[str, float]] | None = None
@@ -296,7 +305,8 @@ class StepTimers:
             # a generation's result comes out of its last step: that step ends after it
             self._between_steps.wait(timeout=60)
             self._steps = None
-            ones = [record for record in steps if record["tokens"] == 1]
+            # not the first step: the prompt's (one token where the prompt was cached)
+            ones = [record for record in steps[1:] if record["tokens"] == 1]
             for name in ("step", "decode", "pick"):
                 split[name] = statistics.fmean(r[name] for r in ones) if ones else math.nan
             split["steps"] = len(ones)

@@ -38,3 +38,19 @@ def test_every_loop_is_measured_and_the_engine_split(tiny_gguf: Path, tmp_path: 
     assert 0 < engine["decode_ms"] < engine["step_ms"]
     assert 0 < engine["pick_ms"] < engine["step_ms"]
     assert set(report["added_per_token"]) == {"row_pass_ms", "sampling_ms", "engine_ms"}
+
+
+def test_a_prompt_longer_than_a_batch_is_decoded(tiny_gguf: Path, tmp_path: Path) -> None:
+    """A depth beyond llama.cpp's batch (2,048 tokens): the bare loops decode their prompt in
+    chunks, and the engine's rounds reuse one prompt's cells instead of caching a new one."""
+    out = tmp_path / "floor.json"
+    argv = [
+        sys.executable, "-m", "scripts.bench.token_floor", "--model", str(tiny_gguf),
+        "--threads", "1", "--prompt", "2100", "--gen", "4", "--rounds", "2",
+        "--arms", "bare", "engine", "--out", str(out),
+    ]  # fmt: skip
+    done = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["medians"]["bare"]["ms_per_token"] > 0
+    assert report["medians"]["engine"]["one_token_steps"] == 3
