@@ -177,9 +177,10 @@ class CodexConfig(BaseModel):
 class Synth(BaseModel):
     """Write a synthetic gpt-oss GGUF: the real vocabulary and architecture, random weights."""
 
-    preset: Literal["tiny", "20b"] = Field(
+    preset: Literal["tiny", "20b", "20b-4l"] = Field(
         description="tiny: a few tens of MB, a smoke test of a build; 20b: gpt-oss-20b's exact "
-        "shapes and tensor types (about 12 GB), for honest speed benchmarks."
+        "shapes and tensor types (about 12 GB), for honest speed benchmarks; 20b-4l: the same "
+        "with 4 of its 24 layers (about 3 GB), where the bench must hold two copies at once."
     )
     out: Path = Field(description="Where to write the .gguf file (atomically).")
     seed: int = Field(0, description="Seed of the random weights.")

@@ -10,6 +10,7 @@ at a time: speed benchmarks at the real model's cost).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -31,6 +32,9 @@ PRESETS: dict[str, Shape] = {
     "tiny": Shape("tiny", 2, 64, 4, 2, 16, 4, 2, 64),
     "tiny-wide": Shape("tiny-wide", 3, 128, 4, 2, 32, 4, 2, 128),  # another shape, as small
     "20b": gpt_oss.GPT_OSS_20B,
+    # the 20b's widths with 4 of its 24 layers (3.0 GB): a step of a realistic share of
+    # embedding, experts and output, and room for two copies (a server beside llama-bench)
+    "20b-4l": dataclasses.replace(gpt_oss.GPT_OSS_20B, size_label="20B-4L", n_layer=4),
 }
 
 QK = 32  # elements per Q8_0 / MXFP4 block

@@ -185,6 +185,15 @@ def test_20b_preset_shapes_and_size() -> None:
     assert 11.5e9 < total < 12.5e9
 
 
+def test_the_20b_slice_is_the_20b_with_four_layers() -> None:
+    full = {s.name: s for s in gpt_oss.tensor_specs(build.PRESETS["20b"])}
+    specs = gpt_oss.tensor_specs(build.PRESETS["20b-4l"])
+    assert len(specs) == 3 + 4 * 19
+    assert all(full[s.name] == s for s in specs)  # the 20b's tensors, blk.0 to blk.3
+    assert "blk.3.ffn_down_exps.weight" in {s.name for s in specs}
+    assert 2.9e9 < sum(s.nbytes for s in specs) < 3.2e9
+
+
 def test_generated_blocks_are_deterministic_and_sane() -> None:
     spec = gpt_oss.TensorSpec("x", (64, 8), gpt_oss.Q8_0)
     a = build.generate_q8_0(spec, 0.02, np.random.default_rng([7, 0]))
