@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from server.bench.options import BenchOptions
-from server.bench.paired import STREAM_INDEX, aggregate, alternate
+from server.bench.paired import STREAM_INDEX, STREAM_TRIES, aggregate, alternate, overlapping
 from server.bench.plan import CTX_MARGIN, BenchError
 from server.bench.prompts import ORDINARY_TOKENS, random_tokens
 from server.bench.report import pairs_table
@@ -45,6 +45,23 @@ def test_aggregate_counts_tokens_only_while_every_stream_decodes() -> None:
     assert result["generated_tokens"] == 202
     # one stream: its own decode rate
     assert aggregate([(1.0, 3.0, 21)], sent=0.5)["tokens_per_s"] == pytest.approx(10.0)
+
+
+def test_a_streams_sample_that_measured_no_window_is_taken_again() -> None:
+    windows = iter([0.0, 0.0, 0.4])
+    taken: list[int] = []
+
+    def sample(i: int) -> dict[str, float]:
+        taken.append(i)
+        window = next(windows)
+        return {"window_s": window, "tokens_per_s": 10.0 if window else 0.0}
+
+    assert overlapping(sample)(5) == {"window_s": 0.4, "tokens_per_s": 10.0, "tries": 3}
+    assert taken == [5, 5, 5]
+    never = overlapping(lambda i: {"window_s": 0.0, "tokens_per_s": 0.0})
+    assert never(0) == {"window_s": 0.0, "tokens_per_s": 0.0, "tries": STREAM_TRIES}
+    once = overlapping(lambda i: {"window_s": 1.0, "tokens_per_s": 3.0})
+    assert once(0)["tries"] == 1
 
 
 def test_streams_run_one_after_another_gain_nothing() -> None:
